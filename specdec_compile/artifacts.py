@@ -1,0 +1,482 @@
+"""The artifact directory of the contract (sections 3-5), written atomically.
+
+``write_artifact(result, options, out)`` takes a rewrite result (anything with
+the fields of ``pipeline.CompileResult``) and writes::
+
+    OUT/model.onnx            the rewritten graph (+ its external data files)
+    OUT/specializations.json  from templates/specializations.json.j2
+    OUT/custom_io.yaml        from templates/custom_io.yaml.j2
+    OUT/compile.sh            from templates/compile.sh.j2   (target qaic)
+    OUT/mdp_partition.json    from templates/mdp_partition.json.j2 (qaic, --num-devices > 1)
+    OUT/manifest.json         what was built from what, and how
+
+This module only gathers values; every line of text in those files comes from
+a template in ``templates/``. Everything goes into a temporary directory next
+to OUT and is renamed into place at the end, so a failure at any step leaves
+OUT as it was (absent, or the previous artifact). Same input and options give
+byte-identical files: no timestamps, no absolute paths, sorted JSON keys.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+
+from . import __version__
+from .errors import SpecdecError
+from .io import external_data_files, save_model, sha256_file
+from .resources import templates_dir
+
+ROLES = ("tlm", "dlm")
+TARGETS = ("qaic", "ort")
+DTYPES = ("float16", "float32")
+PRECISIONS = ("fp16", "mx6")
+HW_VERSIONS = ("ai100", "2.0")
+MAX_CORES = 16
+
+MODEL_FILE = "model.onnx"
+SPECIALIZATIONS_FILE = "specializations.json"
+CUSTOM_IO_FILE = "custom_io.yaml"
+COMPILE_SCRIPT = "compile.sh"
+PARTITION_FILE = "mdp_partition.json"
+MANIFEST_FILE = "manifest.json"
+QPC_DIR = "qpc"
+
+COMPILERS = ("qaic-compile", "qaic-exec")
+SDK_EXEC_DIR = Path("/opt/qti-aic/exec")
+DEFAULT_HW_VERSION = {"qaic-compile": "ai100", "qaic-exec": "2.0"}
+
+_ONNX_DTYPES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+_ONNX_DTYPES.update({onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"})
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything besides the model that decides the artifact's contents."""
+
+    role: str
+    k: int | None = None
+    k_list: tuple[int, ...] = ()
+    prefill_len: int = 32
+    ctx_len: int = 256
+    batch_size: int = 1
+    target: str = "qaic"
+    kv_dtype: str = "float16"
+    logits_dtype: str | None = None
+    precision: str = "fp16"
+    num_cores: int = MAX_CORES
+    num_devices: int = 1
+    hw_version: str | None = None  # None: chosen by compile.sh from the compiler it finds
+
+    def validate(self) -> None:
+        """Raise SpecdecError (one line) for options no artifact can satisfy."""
+        if self.role not in ROLES:
+            raise SpecdecError(f"unknown role {self.role!r} (choose from {', '.join(ROLES)})")
+        if self.target not in TARGETS:
+            raise SpecdecError(f"unknown target {self.target!r} (choose from {', '.join(TARGETS)})")
+        for name, value, allowed in (("--kv-dtype", self.kv_dtype, DTYPES),
+                                     ("--precision", self.precision, PRECISIONS)):
+            if value not in allowed:
+                raise SpecdecError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.logits_dtype is not None and self.logits_dtype not in DTYPES:
+            raise SpecdecError(f"--logits-dtype {self.logits_dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.hw_version is not None and self.hw_version not in HW_VERSIONS:
+            raise SpecdecError(f"--hw-version {self.hw_version!r} is not one of {', '.join(HW_VERSIONS)}")
+        if self.batch_size < 1:
+            raise SpecdecError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.ctx_len < 1:
+            raise SpecdecError(f"--ctx-len must be at least 1, got {self.ctx_len}")
+        if self.prefill_len < 1:
+            raise SpecdecError(f"--prefill-len must be at least 1, got {self.prefill_len}")
+        if self.prefill_len > self.ctx_len:
+            raise SpecdecError(f"--prefill-len {self.prefill_len} is larger than --ctx-len {self.ctx_len}")
+        if not 1 <= self.num_cores <= MAX_CORES:
+            raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores}")
+        if self.num_devices < 1:
+            raise SpecdecError(f"--num-devices must be at least 1, got {self.num_devices}")
+        if self.role == "dlm":
+            if self.k is not None:
+                raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
+                                   "specializations prefill/2/1; give --k to the TLM")
+            if self.k_list:
+                raise SpecdecError("--k-list is for the target model only (--role tlm)")
+            if self.ctx_len < 2:
+                raise SpecdecError(f"--ctx-len {self.ctx_len} is too small for a DLM (needs seq_len 2)")
+            return
+        if self.k is None:
+            raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
+        for j in (self.k, *self.k_list):
+            if j < 1:
+                raise SpecdecError(f"k must be at least 1, got {j}")
+            if j + 1 > self.ctx_len:
+                raise SpecdecError(f"k={j} needs seq_len {j + 1}, larger than --ctx-len {self.ctx_len}")
+
+    def seq_lens(self) -> list[int]:
+        """seq_len of each specialization, in file order (contract section 3)."""
+        if self.role == "dlm":
+            wanted = [self.prefill_len, 2, 1]
+        else:
+            wanted = [self.prefill_len, self.k, self.k + 1] + [j + 1 for j in sorted(set(self.k_list))]
+        seen: list[int] = []
+        for s in wanted:  # a width equal to an earlier one is the same specialization
+            if s not in seen:
+                seen.append(s)
+        return seen
+
+    def widths(self) -> list[int] | None:
+        """Every verification width k this TLM artifact serves (None for a DLM)."""
+        if self.role == "dlm":
+            return None
+        return sorted({self.k, *self.k_list})
+
+
+@dataclass
+class Artifact:
+    """What was written, for the summary and --json."""
+
+    out: Path
+    files: list[str]
+    manifest: dict
+    io_changes: list[dict] = field(default_factory=list)
+    compile_flags: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- templates
+
+def _env():
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render(template: str, **values) -> str:
+    """Render ``templates/<template>`` with ``values`` (StrictUndefined)."""
+    return _env().get_template(template).render(**values)
+
+
+# --------------------------------------------------------------------------- the graph's interface
+
+def _dims(vi: onnx.ValueInfoProto) -> list:
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return []
+    return [d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else "?")
+            for d in t.shape.dim]
+
+
+def io_signature(model: onnx.ModelProto) -> dict:
+    """{"inputs": [...], "outputs": [...]}, each {"name", "dtype", "shape"}, graph order."""
+    inits = {t.name for t in model.graph.initializer}
+
+    def sig(vi):
+        return {"name": vi.name,
+                "dtype": _ONNX_DTYPES.get(vi.type.tensor_type.elem_type, "undefined"),
+                "shape": _dims(vi)}
+
+    return {"inputs": [sig(v) for v in model.graph.input if v.name not in inits],
+            "outputs": [sig(v) for v in model.graph.output]}
+
+
+_LAYER = re.compile(r"(?<=[._])(\d+)(?=[._]|$)")
+
+
+def _pattern(name: str) -> tuple[str, int | None]:
+    """'past_key.3_RetainedState' -> ('past_key.{i}_RetainedState', 3)."""
+    m = list(_LAYER.finditer(name))
+    if len(m) != 1:
+        return name, None
+    m = m[0]
+    return name[:m.start()] + "{i}" + name[m.end():], int(m.group(1))
+
+
+def _fmt(sig: dict) -> str:
+    return f"{sig['dtype']}[{', '.join(str(d) for d in sig['shape'])}]"
+
+
+def io_changes(before: dict | None, after: dict) -> list[dict]:
+    """The interface changes between two ``io_signature``s, per-layer names folded.
+
+    Each entry: {"kind": "input"|"output", "change": "removed"|"added"|"changed",
+    "name": pattern (with {i} for a layer index), "layers": "0..L-1" or None,
+    "before": "dtype[shape]" or None, "after": ... }.
+    """
+    if before is None:
+        return []
+    changes: list[dict] = []
+    for kind in ("inputs", "outputs"):
+        old = {s["name"]: s for s in before[kind]}
+        new = {s["name"]: s for s in after[kind]}
+        rows: list[tuple[str, str, dict | None, dict | None]] = []
+        for s in before[kind]:
+            if s["name"] not in new:
+                rows.append(("removed", s["name"], s, None))
+            elif _fmt(s) != _fmt(new[s["name"]]):
+                rows.append(("changed", s["name"], s, new[s["name"]]))
+        for s in after[kind]:
+            if s["name"] not in old:
+                rows.append(("added", s["name"], None, s))
+        folded: dict[tuple, dict] = {}
+        for change, name, b, a in rows:
+            pat, idx = _pattern(name)
+            key = (change, pat, _fmt(b) if b else None, _fmt(a) if a else None)
+            entry = folded.get(key)
+            if entry is None:
+                entry = folded[key] = {"kind": kind[:-1], "change": change, "name": pat,
+                                       "indices": [], "before": key[2], "after": key[3]}
+            if idx is not None:
+                entry["indices"].append(idx)
+        for entry in folded.values():
+            idx = sorted(entry.pop("indices"))
+            if len(idx) <= 1:  # not a per-layer family: show the real name
+                if idx:
+                    entry["name"] = entry["name"].replace("{i}", str(idx[0]))
+                entry["layers"] = None
+            elif idx == list(range(idx[0], idx[-1] + 1)):
+                entry["layers"] = f"{idx[0]}..{idx[-1]}"
+            else:
+                entry["layers"] = ",".join(str(i) for i in idx)
+            changes.append(entry)
+    return changes
+
+
+# --------------------------------------------------------------------------- output directory
+
+def check_out(out: Path, force: bool, model_path: Path | None = None) -> None:
+    """Fail (one line) unless an artifact can be written to ``out``. Writes nothing."""
+    shown = out
+    out = Path(os.path.abspath(out))
+    if out.exists() or out.is_symlink():
+        if out.is_symlink() or not out.is_dir():
+            raise SpecdecError(f"output {shown} exists and is not a directory")
+        if any(out.iterdir()):
+            if not force:
+                raise SpecdecError(f"output directory {shown} is not empty (use --force to replace it)")
+            if not (out / MANIFEST_FILE).is_file():
+                raise SpecdecError(f"output directory {shown} is not empty and holds no {MANIFEST_FILE}: "
+                                   f"--force only replaces a previous specdec-compile artifact")
+        if model_path is not None:
+            src = Path(model_path).resolve()
+            o = out.resolve()
+            if o == src.parent or o in src.parents:
+                raise SpecdecError(f"output directory {shown} holds the input model {model_path}; "
+                                   f"choose another -o")
+    parent = _existing_ancestor(out.parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecdecError(f"cannot write the output {shown}: {parent} is not writable")
+
+
+def _existing_ancestor(p: Path) -> Path:
+    p = Path(os.path.abspath(p))
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir():
+        raise SpecdecError(f"cannot write the output: {p} is not a directory")
+    return p
+
+
+# --------------------------------------------------------------------------- writing
+
+def template_values(result, options: Options) -> dict:
+    """All the values the templates need, gathered from the result and options."""
+    sig = io_signature(result.model)
+    kv_inputs = [s["name"] for s in sig["inputs"] if s["name"].startswith("past_")]
+    kv_outputs = [s["name"] for s in sig["outputs"] if s["name"].endswith("_RetainedState")]
+    if not kv_inputs or not kv_outputs:
+        raise SpecdecError("the rewritten graph has no past_* inputs or *_RetainedState outputs; "
+                           "it is not a retained-state graph")
+    logits = [s["name"] for s in sig["outputs"] if s["name"] == "logits"]
+    seq_lens = options.seq_lens()
+    qaic = options.target == "qaic"
+    return dict(
+        role=options.role,
+        k=options.k,
+        seq_lens=seq_lens,
+        ctx_len=options.ctx_len,
+        specializations=[{"batch_size": options.batch_size, "seq_len": s, "ctx_len": options.ctx_len}
+                         for s in seq_lens],
+        kv_inputs=kv_inputs,
+        kv_outputs=kv_outputs,
+        kv_dtype=options.kv_dtype,
+        logits_dtype=options.logits_dtype,
+        logits_name=logits[0] if logits else "logits",
+        model_file=MODEL_FILE,
+        specializations_file=SPECIALIZATIONS_FILE,
+        custom_io_file=CUSTOM_IO_FILE,
+        partition_file=PARTITION_FILE if qaic and options.num_devices > 1 else None,
+        qpc_dir=QPC_DIR,
+        num_cores=options.num_cores,
+        device_ids=list(range(options.num_devices)),
+        precision=options.precision,
+        hw_version=options.hw_version,
+        tool_version=__version__,
+    )
+
+
+def compile_flags(values: dict) -> list[str]:
+    """The compiler flags after ``-aic-hw -aic-hw-version=V``, from templates/qaic_flags.j2."""
+    return [line.strip() for line in render("qaic_flags.j2", **values).splitlines() if line.strip()]
+
+
+def _info(result) -> dict:
+    info = result.info
+    keys = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size", "dtype", "family", "exporter")
+    if isinstance(info, dict):
+        return {k: info.get(k) for k in keys}
+    return {k: getattr(info, k, None) for k in keys}
+
+
+def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> dict:
+    info = _info(result)
+    source = getattr(result, "source", None)
+    m = {
+        "role": options.role,
+        "k": options.k,
+        "k_list": options.widths(),
+        "prefill_len": options.prefill_len,
+        "ctx_len": options.ctx_len,
+        "batch_size": options.batch_size,
+        **info,
+        "target": options.target,
+        "kv_dtype": options.kv_dtype,
+        "logits_dtype": options.logits_dtype,
+        "precision": options.precision,
+        "num_cores": options.num_cores,
+        "num_devices": options.num_devices,
+        "hw_version": options.hw_version,
+        "specializations": values["seq_lens"],
+        "source": {"file": Path(source).name if source else None, "sha256": source_sha},
+        "passes": list(getattr(result, "passes", []) or []),
+        "tool_version": __version__,
+        "interface": io_signature(result.model),
+        "files": sorted(files),
+    }
+    return m
+
+
+def _dump_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _fill(tmp: Path, result, options: Options, values: dict, source_sha: str | None) -> list[str]:
+    """Write every file of the artifact into ``tmp``; return their names."""
+    source_dir = getattr(result, "source_dir", None)
+    data = save_model(result.model, tmp / MODEL_FILE, source_dir)
+    files = [MODEL_FILE] + [str(p.relative_to(tmp)) for p in data]
+    texts = {
+        SPECIALIZATIONS_FILE: render("specializations.json.j2", **values),
+        CUSTOM_IO_FILE: render("custom_io.yaml.j2", **values),
+    }
+    if options.target == "qaic":
+        texts[COMPILE_SCRIPT] = render("compile.sh.j2", **values)
+        if values["partition_file"]:
+            texts[PARTITION_FILE] = render("mdp_partition.json.j2", **values)
+    for name, text in texts.items():
+        (tmp / name).write_text(text, encoding="utf-8", newline="\n")
+    if COMPILE_SCRIPT in texts:
+        os.chmod(tmp / COMPILE_SCRIPT, 0o755)
+    files += list(texts)
+    files.append(MANIFEST_FILE)
+    manifest = build_manifest(result, options, values, files, source_sha)
+    (tmp / MANIFEST_FILE).write_text(_dump_json(manifest), encoding="utf-8", newline="\n")
+    return files
+
+
+def write_artifact(result, options: Options, out: str | os.PathLike, *, force: bool = False,
+                   original: onnx.ModelProto | None = None) -> Artifact:
+    """Write the artifact directory for ``result`` to ``out``, all or nothing.
+
+    ``original`` (the graph before the rewrite, weights not loaded) is only used
+    to report which inputs and outputs changed.
+    """
+    options.validate()
+    shown = Path(out)
+    source = getattr(result, "source", None)
+    check_out(shown, force, source)
+    out = Path(os.path.abspath(shown))
+    values = template_values(result, options)
+    source_sha = sha256_file(source) if source else None
+
+    created: list[Path] = []  # parent directories this call made, removed again on failure
+    p = out.parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    tmp = old = None
+    try:
+        for d in reversed(created):
+            d.mkdir()
+        parent = out.parent
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        os.chmod(tmp, 0o755)
+        files = _fill(tmp, result, options, values, source_sha)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+            os.rename(out, old / "prev")  # aside, so the new one can take its name
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                os.rename(old / "prev", out)
+                raise
+        else:
+            os.rename(tmp, out)
+        tmp = None
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        for d in created:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
+    before = io_signature(original) if original is not None else None
+    return Artifact(out=shown, files=files, manifest=manifest,
+                    io_changes=io_changes(before, manifest["interface"]),
+                    compile_flags=compile_flags(values) if options.target == "qaic" else [])
+
+
+# --------------------------------------------------------------------------- the compiler
+
+def find_compiler(path: str | None = None, sdk_dir: Path | None = None) -> Path | None:
+    """qaic-compile or qaic-exec: on PATH first, then in /opt/qti-aic/exec/."""
+    sdk_dir = SDK_EXEC_DIR if sdk_dir is None else sdk_dir
+    for name in COMPILERS:
+        found = shutil.which(name, path=path)
+        if found:
+            return Path(found)
+    for name in COMPILERS:
+        cand = Path(sdk_dir) / name
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def hw_version_for(compiler: Path | str | None, asked: str | None) -> str:
+    if asked:
+        return asked
+    name = Path(compiler).name if compiler else "qaic-compile"
+    return DEFAULT_HW_VERSION.get(name, "ai100")
+
+
+def options_dict(options: Options) -> dict:
+    d = asdict(options)
+    d["k_list"] = list(options.k_list)
+    return d

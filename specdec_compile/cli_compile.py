@@ -1,0 +1,260 @@
+"""``specdec-compile MODEL --role tlm|dlm ... -o OUT``: the compile subtool.
+
+Order of work: parse, check every option that does not need the model (fast
+failures), check OUT, read the model, rewrite, write the artifact atomically,
+print a summary (or JSON), then optionally run the Cloud AI 100 compiler.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import __version__
+from .artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, Artifact,
+                        Options, check_out, find_compiler, hw_version_for)
+from .errors import SpecdecError
+
+EPILOG = """\
+example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
+
+  specdec-compile draft.onnx  --role dlm --prefill-len 32 --ctx-len 256 -o out/dlm
+  specdec-compile target.onnx --role tlm --k 7 --prefill-len 32 --ctx-len 256 -o out/tlm
+
+  out/dlm gets specializations seq_len 32/2/1, out/tlm gets 32/7/8 (add --k-list 3,5
+  for extra verification widths 4 and 6). Each directory holds model.onnx,
+  specializations.json, custom_io.yaml, compile.sh and manifest.json. Compile on a
+  machine with the Cloud AI 100 SDK with out/tlm/compile.sh, or here with --compile.
+
+  specdec-compile target.onnx --role tlm --k 7 --precision mx6 --num-devices 4 -o out/tlm4
+      MXFP6 matmuls, partitioned over 4 devices (adds mdp_partition.json)
+  specdec-compile target.onnx --role tlm --k 7 --target ort -o out/tlm-ort
+      for the ONNX Runtime backend (opset 24 TensorScatter; no compile.sh)
+
+other subtools: specdec-compile verify ORIGINAL REWRITTEN, specdec-compile diff A B
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one-line SpecdecErrors (exit 2)."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        raise SpecdecError(f"{message} (see {self.prog} --help)")
+
+
+def _positive_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise SpecdecError(f"--k-list must be comma-separated integers like 3,5,7, got {text!r}") from None
+    if not vals:
+        raise SpecdecError("--k-list is empty")
+    return vals
+
+
+def _has_explain() -> bool:
+    try:
+        from . import diff
+    except Exception:
+        return False
+    return callable(getattr(diff, "explain", None))
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                description="Rewrite a stock ONNX export of a decoder LM into a retained-state graph for "
+                            "speculative decoding on Qualcomm Cloud AI 100, and write the artifact "
+                            "directory (model, specializations, custom IO, compile script, manifest).")
+    p.add_argument("model", metavar="MODEL", help="ONNX export with a KV cache (optimum or torch dynamo)")
+    p.add_argument("--role", required=True, choices=ROLES, help="dlm: draft model; tlm: target model")
+    p.add_argument("--k", type=int, default=None,
+                   help="TLM only, required: drafted tokens per round; adds seq_len k and k+1")
+    p.add_argument("--k-list", default=None, metavar="K1,K2,...",
+                   help="TLM only: extra verification widths j, one seq_len j+1 each")
+    p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
+    p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
+    p.add_argument("--batch-size", type=int, default=1, help="default 1")
+    p.add_argument("--target", choices=TARGETS, default="qaic",
+                   help="qaic: Cloud AI 100 (CtxScatter, opset 17); ort: ONNX Runtime (TensorScatter, opset 24)")
+    p.add_argument("--kv-dtype", choices=DTYPES, default="float16", help="KV cache precision in custom_io.yaml")
+    p.add_argument("--logits-dtype", choices=DTYPES, default=None,
+                   help="also list logits in custom_io.yaml at this precision")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp16",
+                   help="mx6 adds -mxfp6-matmul (MXFP6 weights for matmuls)")
+    p.add_argument("--num-cores", type=int, default=16, help="AI 100 cores per device (default 16)")
+    p.add_argument("--num-devices", type=int, default=1,
+                   help="devices to partition the model over (>1 writes mdp_partition.json)")
+    p.add_argument("--hw-version", choices=HW_VERSIONS, default=None,
+                   help="-aic-hw-version; default: ai100 with qaic-compile, 2.0 with qaic-exec")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
+    p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
+    p.add_argument("--compile", action="store_true",
+                   help="then run the Cloud AI 100 compiler (OUT/compile.sh) and return its exit code")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    if _has_explain():
+        p.add_argument("--explain", action="store_true", help="print what each pass changed in the graph")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def options_from_args(a: argparse.Namespace) -> Options:
+    return Options(role=a.role, k=a.k, k_list=_positive_list(a.k_list) if a.k_list is not None else (),
+                   prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size, target=a.target,
+                   kv_dtype=a.kv_dtype, logits_dtype=a.logits_dtype, precision=a.precision,
+                   num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version)
+
+
+def main(argv: list[str], prog: str = "specdec-compile") -> int:
+    a = build_parser(prog).parse_args(argv)
+    opts = options_from_args(a)
+    opts.validate()
+    if a.compile and opts.target != "qaic":
+        raise SpecdecError("--compile runs the Cloud AI 100 compiler: it needs --target qaic")
+    model_path = Path(a.model)
+    if not model_path.is_file():
+        raise SpecdecError(f"{model_path}: no such file" if not model_path.exists()
+                           else f"{model_path}: not a file, expected an .onnx model")
+    check_out(Path(a.output), a.force, model_path)
+
+    from . import pipeline
+    from .artifacts import write_artifact
+    from .io import load_model
+
+    explain = bool(getattr(a, "explain", False))
+    original = load_model(model_path)
+    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=explain)
+    art = write_artifact(res, opts, a.output, force=a.force, original=original)
+
+    compiler = find_compiler()
+    shown_compiler = compiler.name if compiler else "qaic-compile"
+    hw = hw_version_for(compiler, opts.hw_version)
+    command = ([shown_compiler, "-aic-hw", f"-aic-hw-version={hw}", *art.compile_flags]
+               if art.compile_flags else None)
+
+    explanation = _explain(res) if explain else None
+    if a.json:
+        print(json.dumps(_summary_dict(art, opts, command, explanation), indent=2, sort_keys=True))
+    else:
+        _print_summary(art, opts, command, compile_now=a.compile, explanation=explanation)
+
+    if not a.compile:
+        return 0
+    script = Path(a.output) / COMPILE_SCRIPT
+    if compiler is None:
+        raise SpecdecError(f"--compile: no Cloud AI 100 compiler here (neither qaic-compile nor qaic-exec on "
+                           f"PATH or in /opt/qti-aic/exec/); the artifact is written: copy {a.output} to a "
+                           f"machine with the Cloud AI 100 SDK and run {script}")
+    return run_compile(Path(a.output), compiler, to_stderr=a.json)
+
+
+def run_compile(out: Path, compiler: Path, to_stderr: bool = False) -> int:
+    """Run OUT/compile.sh with ``compiler``, streaming its output; return its exit code."""
+    env = dict(os.environ, QAIC_COMPILER=str(compiler))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        proc = subprocess.run(["bash", str(Path(os.path.abspath(out)) / COMPILE_SCRIPT)], env=env,
+                              stdout=sys.stderr.fileno() if to_stderr else None)
+    except OSError as e:
+        raise SpecdecError(f"--compile: cannot run {out / COMPILE_SCRIPT}: {e.strerror or e}") from None
+    return proc.returncode
+
+
+# --------------------------------------------------------------------------- reporting
+
+def _explain(res):
+    from . import diff
+
+    return diff.explain(res.snapshots, base_dir=getattr(res, "source_dir", None))
+
+
+def _summary_dict(art: Artifact, opts: Options, command, explanation=None) -> dict:
+    m = art.manifest
+    d = {
+        "out": str(art.out),
+        "role": m["role"],
+        "k": m["k"],
+        "k_list": m["k_list"],
+        "target": m["target"],
+        "batch_size": m["batch_size"],
+        "ctx_len": m["ctx_len"],
+        "prefill_len": m["prefill_len"],
+        "specializations": m["specializations"],
+        "model": {k: m[k] for k in ("family", "exporter", "num_layers", "num_heads", "num_kv_heads",
+                                    "head_dim", "vocab_size", "dtype")},
+        "passes": m["passes"],
+        "interface": m["interface"],
+        "io_changes": art.io_changes,
+        "files": art.files,
+        "compile_command": command,
+    }
+    if explanation is not None:
+        d["explain"] = explanation
+    return d
+
+
+def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(label, [(text, style), ...]) rows of the human summary."""
+    m = art.manifest
+    rows: list[tuple[str, list[tuple[str, str]]]] = []
+    fam = m.get("family") or "decoder"
+    rows.append(("model", [(f"{fam}, {m['num_layers']} layers, {m['num_heads']} heads ({m['num_kv_heads']} kv), "
+                            f"head_dim {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}", "")]))
+    shapes = (f"batch {m['batch_size']}, ctx_len {m['ctx_len']}, seq_len "
+              f"{'/'.join(str(s) for s in m['specializations'])}; KV {m['kv_dtype']}")
+    if m["logits_dtype"]:
+        shapes += f", logits {m['logits_dtype']}"
+    if m["target"] == "qaic":
+        shapes += f"; {m['precision']}, {m['num_cores']} cores"
+        if m["num_devices"] > 1:
+            shapes += f" x {m['num_devices']} devices"
+    rows.append(("shapes", [(shapes, "")]))
+    if m["passes"]:
+        rows.append(("passes", [(", ".join(m["passes"]), "")]))
+    marks = {"removed": ("-", "red"), "added": ("+", "green"), "changed": ("~", "yellow")}
+    for n, c in enumerate(art.io_changes):
+        mark, style = marks[c["change"]]
+        parts = [(f"{mark} {c['kind']:<6} {c['name']}", style)]
+        if c["layers"]:
+            parts.append((f" (i={c['layers']})", "dim"))
+        if c["change"] != "removed":
+            parts.append((f"  {c['after']}", "dim"))
+        rows.append(("I/O" if n == 0 else "", parts))
+    rows.append(("files", [(", ".join(art.files), "")]))
+    if command:
+        script = Path(art.out) / COMPILE_SCRIPT
+        if compile_now:
+            rows.append(("compile", [(f"running {script}", "")]))
+        else:
+            rows.append(("compile", [(f"{script}  (on a machine with the Cloud AI 100 SDK, or add --compile)", "")]))
+            rows.append(("", [(f"cd {art.out} && " + " ".join(command), "dim")]))
+    return rows
+
+
+def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, explanation=None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    con = Console(file=sys.stdout, highlight=False, markup=False, emoji=False, soft_wrap=True)
+    m = art.manifest
+    role = m["role"].upper() + (f" k={m['k']}" if m["k"] is not None else "")
+    if m["k_list"] and len(m["k_list"]) > 1:
+        role += f" (widths {','.join(str(j) for j in m['k_list'])})"
+    where = "Cloud AI 100 (qaic)" if m["target"] == "qaic" else "ONNX Runtime (ort)"
+    head = Text()
+    head.append(role, style="bold")
+    head.append(f" for {where} -> {art.out}")
+    con.print(head)
+    for label, parts in _summary_lines(art, command, compile_now):
+        t = Text(f"  {label:<8} ", style="cyan")
+        for text, style in parts:
+            t.append(text, style=style)
+        con.print(t)
+    if explanation is not None:
+        from . import diff
+
+        sys.stdout.flush()
+        diff.print_report(explanation, file=sys.stdout)
