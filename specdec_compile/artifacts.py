@@ -338,6 +338,31 @@ def _info(result) -> dict:
     return {k: getattr(info, k, None) for k in keys}
 
 
+def _token_ids(source_dir) -> dict:
+    """Special token ids from the export's config.json / generation_config.json (the latter wins).
+
+    Each ``*_token_id`` is one integer (the first, where the config lists several);
+    ``eos_token_ids`` keeps every end-of-sequence id.
+    """
+    found: dict = {}
+    if source_dir is not None:
+        for name in ("config.json", "generation_config.json"):
+            try:
+                cfg = json.loads((Path(source_dir) / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(cfg, dict):
+                continue
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                v = cfg.get(key)
+                v = [v] if isinstance(v, int) else v
+                if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                    found[key] = v
+    ids = {key: found[key][0] if key in found else None for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ids["eos_token_ids"] = found.get("eos_token_id")
+    return ids
+
+
 def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> dict:
     info = _info(result)
     source = getattr(result, "source", None)
@@ -357,6 +382,7 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         "num_devices": options.num_devices,
         "hw_version": options.hw_version,
         "specializations": values["seq_lens"],
+        **_token_ids(getattr(result, "source_dir", None)),
         "source": {"file": Path(source).name if source else None, "sha256": source_sha},
         "passes": list(getattr(result, "passes", []) or []),
         "tool_version": __version__,
@@ -433,7 +459,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         else:
             os.rename(tmp, out)
         tmp = None
-    except BaseException:
+    except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
@@ -443,6 +469,9 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
                 d.rmdir()
             except OSError:
                 pass
+        if isinstance(e, OSError):  # disk full, permissions, a racing writer: one line, exit 2
+            raise SpecdecError(f"cannot write the output {shown}: {e.strerror or e}"
+                               + (f" ({e.filename})" if e.filename else "")) from None
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -246,6 +246,23 @@ def test_manifest_fields_and_no_absolute_paths(tmp_path):
         assert b"/work/" not in data and b"/tmp/" not in data, name
 
 
+def test_token_ids_from_export_config_and_runtime_reads_artifact(tmp_path):
+    res = fake_result(tmp_path)
+    (res.source_dir / "config.json").write_text(json.dumps({"eos_token_id": 2, "bos_token_id": 1}))
+    (res.source_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
+    t = write_artifact(res, tlm(k_list=(3,)), tmp_path / "t")
+    d = write_artifact(res, dlm(), tmp_path / "d")
+    assert t.manifest["eos_token_id"] == 2 and t.manifest["eos_token_ids"] == [2, 9] and t.manifest["bos_token_id"] == 1
+    assert t.manifest["pad_token_id"] is None
+    try:
+        from specdec_compile.runtime.artifact import check_pair, load_artifact
+    except ImportError:
+        pytest.skip("runtime artifact reader not available")
+    ta, da = load_artifact(t.out, expect_role="tlm"), load_artifact(d.out, expect_role="dlm")
+    assert (ta.k, tuple(ta.k_list), ta.prefill_len, ta.ctx_len) == (7, (3, 7), 32, 256)
+    check_pair(ta, da)
+
+
 def test_external_data_is_linked_not_rewritten(tmp_path):
     res = fake_result(tmp_path)
     a = write_artifact(res, tlm(), tmp_path / "o")
@@ -314,7 +331,7 @@ def test_failure_in_final_rename_restores_previous(tmp_path, monkeypatch):
         return real(src, dst)
 
     monkeypatch.setattr(artifacts.os, "rename", rename)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(SpecdecError, match="cannot write the output .*injected rename failure"):
         write_artifact(fake_result(tmp_path), tlm(), out, force=True)
     assert listing(out) == before and _leftovers(tmp_path) == []
 
