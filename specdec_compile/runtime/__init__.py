@@ -1,0 +1,17 @@
+"""The thin runtime: run a DLM/TLM pair of artifact directories.
+
+    from specdec_compile.runtime import OrtBackend, SpecDecoder, SamplingParams
+    tlm = OrtBackend("OUT_TLM"); dlm = OrtBackend("OUT_DLM")
+    res = SpecDecoder(tlm, dlm, eos_token_id=2).generate([1, 5, 7], max_new_tokens=32)
+    res.generated_ids, res.metrics
+
+See docs/runtime.md.
+"""
+from .artifact import Artifact, check_pair, load_artifact
+from .backends import Backend, OrtBackend, QaicBackend, open_backend
+from .decoding import GenerationResult, SpecDecoder, TargetOnlyDecoder, aggregate_metrics, generate
+from .sampling import SamplingParams
+
+__all__ = ["Artifact", "Backend", "GenerationResult", "OrtBackend", "QaicBackend", "SamplingParams",
+           "SpecDecoder", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
+           "load_artifact", "open_backend"]

@@ -1,0 +1,254 @@
+"""Reading an artifact directory (contract section 5) for the runtime.
+
+An artifact directory holds ``model.onnx`` (plus its external data),
+``specializations.json``, ``manifest.json``, ``custom_io.yaml`` and
+``compile.sh``; for the Cloud AI 100 backend also a QPC directory. The runtime
+needs from it: the role, the lowering target, the specializations (batch,
+prefill length, context length, the compiled seq_lens) and, for a TLM, the
+speculation length(s). Everything is checked here, once, so that a bad
+artifact fails with one line before any model is loaded.
+
+The manifest is read leniently (a few spellings of each key) and checked
+against ``specializations.json``, which is the source of truth for shapes:
+it is what ``qaic-exec`` compiles and what the device enforces.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import SpecdecError
+
+ROLES = ("tlm", "dlm")
+TARGETS = ("ort", "qaic")
+
+# manifest key -> accepted spellings, first wins
+_ALIASES = {
+    "role": ("role",),
+    "target": ("target", "lowering", "lowering_target"),
+    "k": ("k", "spec_len", "speculation_length", "num_speculative_tokens"),
+    "k_list": ("k_list", "ks", "widths", "verification_widths"),
+    "prefill_len": ("prefill_len", "PL", "prefill_seq_len", "prefill_length", "pl"),
+    "ctx_len": ("ctx_len", "CL", "context_len", "context_length", "cl"),
+    "batch_size": ("batch_size", "B", "batch", "bs"),
+    "vocab_size": ("vocab_size", "vocab"),
+    "num_layers": ("num_layers", "layers", "n_layers", "num_hidden_layers"),
+    "num_kv_heads": ("num_kv_heads", "kv_heads", "n_kv_heads", "num_key_value_heads"),
+    "head_dim": ("head_dim",),
+    "eos_token_id": ("eos_token_id", "eos"),
+}
+
+
+def _get(manifest: dict, key: str):
+    for name in _ALIASES[key]:
+        if name in manifest and manifest[name] is not None:
+            return manifest[name]
+    # one level of nesting ("model": {...}, "shapes": {...}) is common
+    for v in manifest.values():
+        if isinstance(v, dict):
+            for name in _ALIASES[key]:
+                if name in v and v[name] is not None:
+                    return v[name]
+    return None
+
+
+def _as_int(value, what: str, where: Path) -> int:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, str):
+            value = value.strip()
+        i = int(value)
+        if isinstance(value, float) and value != i:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise SpecdecError(f"{where}: {what} is {value!r}, expected an integer") from None
+    return i
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """What the runtime knows about one artifact directory."""
+
+    path: Path
+    role: str
+    target: str
+    batch_size: int
+    ctx_len: int
+    prefill_len: int
+    seq_lens: tuple[int, ...]          # every compiled seq_len, sorted
+    k: int | None = None               # TLM: primary speculation length
+    k_list: tuple[int, ...] = ()       # TLM: every verification width (drafts per round)
+    vocab_size: int | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    eos_token_id: int | None = None
+    manifest: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / "model.onnx"
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.upper()} artifact {self.path}"
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """The (batch_size, seq_len) pairs a call may use."""
+        return [(self.batch_size, s) for s in self.seq_lens]
+
+    def check_call(self, batch: int, seq_len: int) -> None:
+        if batch != self.batch_size or seq_len not in self.seq_lens:
+            allowed = ", ".join(f"[{b}, {s}]" for b, s in self.shapes())
+            raise SpecdecError(f"{self.name}: a call of shape [{batch}, {seq_len}] matches no "
+                               f"specialization (compiled: {allowed})")
+
+
+def _read_json(path: Path, what: str):
+    if not path.is_file():
+        raise SpecdecError(f"{path}: missing ({what})")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecdecError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise SpecdecError(f"{path}: corrupt JSON ({e.msg} at line {e.lineno})") from None
+
+
+def read_specializations(path: Path) -> list[dict]:
+    data = _read_json(path, "the specialization file")
+    specs = data.get("specializations") if isinstance(data, dict) else None
+    if not isinstance(specs, list) or not specs:
+        raise SpecdecError(f"{path}: expected {{\"specializations\": [...]}} with at least one entry")
+    out = []
+    for i, s in enumerate(specs):
+        if not isinstance(s, dict):
+            raise SpecdecError(f"{path}: specialization {i} is not an object")
+        missing = [k for k in ("batch_size", "seq_len", "ctx_len") if k not in s]
+        if missing:
+            raise SpecdecError(f"{path}: specialization {i} lacks {', '.join(missing)}")
+        e = {k: _as_int(s[k], f"specialization {i} {k}", path) for k in ("batch_size", "seq_len", "ctx_len")}
+        if min(e.values()) < 1:
+            raise SpecdecError(f"{path}: specialization {i} has a non-positive value {e}")
+        out.append(e)
+    return out
+
+
+def load_artifact(path, expect_role: str | None = None, need_model: bool = True) -> Artifact:
+    """Read and check the artifact directory ``path``.
+
+    ``expect_role`` ("tlm"/"dlm") makes a role mismatch an error;
+    ``need_model`` requires ``model.onnx`` (the ONNX Runtime backend needs it,
+    the Cloud AI 100 backend needs the QPC instead).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise SpecdecError(f"{p}: no such artifact directory")
+    if not p.is_dir():
+        raise SpecdecError(f"{p}: not a directory (expected an artifact directory from specdec-compile)")
+    manifest = _read_json(p / "manifest.json", "the artifact manifest")
+    if not isinstance(manifest, dict):
+        raise SpecdecError(f"{p / 'manifest.json'}: expected a JSON object")
+    specs = read_specializations(p / "specializations.json")
+    where = p / "specializations.json"
+
+    role = str(_get(manifest, "role") or "").lower()
+    if role not in ROLES:
+        raise SpecdecError(f"{p / 'manifest.json'}: role is {role or 'missing'!r}, expected tlm or dlm")
+    if expect_role and role != expect_role:
+        raise SpecdecError(f"{p}: is a {role.upper()} artifact, expected a {expect_role.upper()} "
+                           f"(were --tlm and --dlm swapped?)")
+    target = str(_get(manifest, "target") or "qaic").lower()
+    if target not in TARGETS:
+        raise SpecdecError(f"{p / 'manifest.json'}: target is {target!r}, expected ort or qaic")
+
+    batches = {s["batch_size"] for s in specs}
+    ctxs = {s["ctx_len"] for s in specs}
+    if len(batches) != 1:
+        raise SpecdecError(f"{where}: batch_size differs between specializations ({sorted(batches)})")
+    if len(ctxs) != 1:
+        raise SpecdecError(f"{where}: ctx_len differs between specializations ({sorted(ctxs)})")
+    B, CL = batches.pop(), ctxs.pop()
+    seq_lens = tuple(sorted({s["seq_len"] for s in specs}))
+
+    def mcheck(key, value):
+        m = _get(manifest, key)
+        if m is not None and _as_int(m, key, p / "manifest.json") != value:
+            raise SpecdecError(f"{p}: manifest.json says {key}={m} but specializations.json says {value}")
+
+    mcheck("batch_size", B)
+    mcheck("ctx_len", CL)
+    pl = _get(manifest, "prefill_len")
+    PL = _as_int(pl, "prefill_len", p / "manifest.json") if pl is not None else max(seq_lens)
+    if PL not in seq_lens:
+        raise SpecdecError(f"{p}: prefill length {PL} is not a compiled seq_len {list(seq_lens)}")
+    if PL > CL:
+        raise SpecdecError(f"{p}: prefill length {PL} exceeds the context length {CL}")
+
+    k = None
+    k_list: tuple[int, ...] = ()
+    if role == "dlm":
+        for s in (1, 2):
+            if s not in seq_lens:
+                raise SpecdecError(f"{where}: a DLM needs a seq_len={s} specialization (has {list(seq_lens)})")
+    else:
+        mk = _get(manifest, "k")
+        if mk is not None:
+            k = _as_int(mk, "k", p / "manifest.json")
+        mkl = _get(manifest, "k_list")
+        if mkl is not None:
+            if not isinstance(mkl, (list, tuple)) or not mkl:
+                raise SpecdecError(f"{p / 'manifest.json'}: k_list is {mkl!r}, expected a list of integers")
+            k_list = tuple(sorted({_as_int(x, "k_list entry", p / "manifest.json") for x in mkl}))
+        if k is None:
+            if k_list:
+                k = max(j for j in k_list if j in seq_lens) if any(j in seq_lens for j in k_list) else None
+            else:  # infer: the largest s with s and s+1 compiled, other than the prefill length
+                cands = [s for s in seq_lens if s + 1 in seq_lens and s != PL]
+                k = max(cands) if cands else None
+            if k is None:
+                raise SpecdecError(f"{p}: cannot tell the speculation length k (no k in manifest.json)")
+        if k < 1:
+            raise SpecdecError(f"{p / 'manifest.json'}: k={k}, expected k >= 1")
+        k_list = tuple(sorted(set(k_list) | {k}))
+        if k not in seq_lens:
+            raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
+                               f"(has {list(seq_lens)})")
+        for j in k_list:
+            if j < 1 or j + 1 not in seq_lens:
+                raise SpecdecError(f"{where}: the TLM needs seq_len={j + 1} to verify {j} drafts "
+                                   f"(has {list(seq_lens)})")
+        if k + 1 > CL:
+            raise SpecdecError(f"{p}: k+1={k + 1} exceeds the context length {CL}")
+
+    def opt_int(key):
+        v = _get(manifest, key)
+        return None if v is None else _as_int(v, key, p / "manifest.json")
+
+    if need_model and not (p / "model.onnx").is_file():
+        raise SpecdecError(f"{p / 'model.onnx'}: missing (the rewritten graph)")
+
+    return Artifact(path=p, role=role, target=target, batch_size=B, ctx_len=CL, prefill_len=PL,
+                    seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=opt_int("vocab_size"),
+                    num_layers=opt_int("num_layers"), num_kv_heads=opt_int("num_kv_heads"),
+                    head_dim=opt_int("head_dim"), eos_token_id=opt_int("eos_token_id"),
+                    manifest=manifest)
+
+
+def check_pair(tlm: Artifact, dlm: Artifact) -> None:
+    """A TLM and a DLM can run together: same batch, context, prefill length and vocabulary."""
+    if tlm.role != "tlm":
+        raise SpecdecError(f"{tlm.path}: --tlm is a {tlm.role.upper()} artifact")
+    if dlm.role != "dlm":
+        raise SpecdecError(f"{dlm.path}: --dlm is a {dlm.role.upper()} artifact")
+    for attr, what in (("batch_size", "batch size"), ("ctx_len", "context length"),
+                       ("prefill_len", "prefill length")):
+        a, b = getattr(tlm, attr), getattr(dlm, attr)
+        if a != b:
+            raise SpecdecError(f"TLM and DLM differ in {what}: {a} ({tlm.path}) vs {b} ({dlm.path}); "
+                               f"compile both with the same value")
+    if tlm.vocab_size and dlm.vocab_size and tlm.vocab_size != dlm.vocab_size:
+        raise SpecdecError(f"TLM and DLM have different vocabularies: {tlm.vocab_size} vs {dlm.vocab_size} "
+                           f"tokens; speculative decoding needs one shared tokenizer")

@@ -1,0 +1,269 @@
+"""``specdec-run``: generate text with a DLM/TLM pair of artifact directories.
+
+    specdec-run --tlm OUT_TLM --dlm OUT_DLM --tokenizer DIR --prompt "Hello"
+    specdec-run --tlm OUT_TLM --target-only --prompt-ids 1,2,3 --json
+
+Text streams as it is accepted (accepted drafts and target tokens in two
+colours on a terminal, plain otherwise); the metrics follow on stderr.
+``--json`` prints one JSON object on stdout instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..cli import run_cli
+from ..errors import SpecdecError
+
+PROG = "specdec-run"
+PROMPT_SEP = "<endofprompt>"
+DRAFT_STYLE = "green"
+TARGET_STYLE = "bold"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other error
+        raise SpecdecError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
+                                       "(ONNX Runtime or Cloud AI 100).")
+    p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
+    p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with --target-only)")
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (transformers); "
+                   "optional with --prompt-ids")
+    p.add_argument("--dlm-tokenizer", metavar="DIR", help="the DLM's tokenizer, checked to equal the TLM's")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", metavar="TEXT")
+    g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
+    g.add_argument("--prompt-ids", metavar="IDS", help="token ids, comma separated: 1,2,3")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--seed", type=int, default=None, metavar="S")
+    p.add_argument("--k", type=int, default=None, metavar="K",
+                   help="drafts per round (one of the TLM's compiled widths; default: its k, "
+                        "adaptive when several are compiled)")
+    p.add_argument("--backend", choices=("ort", "qaic"), default="ort")
+    p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
+    p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
+    p.add_argument("--copy-cache", action="store_true",
+                   help="ONNX Runtime: feed the cache back by swapping buffers even for ort targets")
+    p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline)")
+    p.add_argument("--eos-id", type=int, default=None, metavar="ID",
+                   help="end-of-sequence id (default: the tokenizer's; -1 = none)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
+    p.add_argument("--no-color", action="store_true")
+    return p
+
+
+def _ids(text: str, what: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise SpecdecError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    return ids
+
+
+def _prompts(args, tok) -> list[list[int]]:
+    if args.prompt_ids is not None:
+        ids = _ids(args.prompt_ids, "--prompt-ids")
+        if not ids:
+            raise SpecdecError("--prompt-ids: no ids given")
+        return [ids]
+    if tok is None:
+        raise SpecdecError("--tokenizer DIR is needed to encode a text prompt (or give --prompt-ids)")
+    if args.prompt is not None:
+        texts = [args.prompt]
+    else:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                raw = f.read()
+        except OSError as e:
+            raise SpecdecError(f"{args.prompt_file}: cannot read: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise SpecdecError(f"{args.prompt_file}: not UTF-8 text") from None
+        texts = [t.strip() for t in raw.split(PROMPT_SEP)]
+        texts = [t for t in texts if t]
+        if not texts:
+            raise SpecdecError(f"{args.prompt_file}: no prompts in it")
+    out = []
+    for t in texts:
+        ids = list(tok(t)["input_ids"])
+        if not ids:
+            raise SpecdecError(f"prompt {t[:40]!r} encodes to no tokens")
+        out.append(ids)
+    return out
+
+
+class _Printer:
+    """Streams tokens: accepted drafts and target tokens in two styles."""
+
+    def __init__(self, tok, color: bool):
+        self.tok = tok
+        self.color = color
+        self.console = None
+        if color:
+            from rich.console import Console
+            self.console = Console(highlight=False, soft_wrap=True)
+        self.stream = None
+
+    def start(self, prompt_ids, index: int, total: int):
+        from .tokenizer import StreamDecoder
+        if total > 1:
+            self._write(f"\n[prompt {index + 1}/{total}]\n", "dim")
+        if self.tok is not None:
+            self._write(self.tok.decode(prompt_ids, skip_special_tokens=True), "dim")
+            self.stream = StreamDecoder(self.tok, prompt_ids)
+
+    def _write(self, text: str, style: str | None):
+        if not text:
+            return
+        if self.console is not None:
+            self.console.print(text, style=style, end="")
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def on_tokens(self, ids, sources):
+        for t, s in zip(ids, sources):
+            text = self.stream.push(t) if self.stream is not None else f" {t}"
+            self._write(text, DRAFT_STYLE if s == "draft" else TARGET_STYLE)
+
+    def end(self):
+        self._write("\n", None)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+METRIC_ROWS = [
+    ("new_tokens", "new tokens"),
+    ("ttft_s", "time to first token (s)"),
+    ("decode_tokens_per_s", "decode tokens/s"),
+    ("acceptance_rate", "acceptance rate"),
+    ("mean_tokens_per_tlm_call", "mean tokens per TLM call"),
+    ("acceptance_histogram", "acceptance histogram (rounds by drafts accepted)"),
+    ("dlm_time_s", "DLM time (s)"),
+    ("tlm_time_s", "TLM time (s)"),
+    ("host_time_s", "host overhead (s)"),
+]
+
+
+def print_metrics(metrics: dict, color: bool, file=None) -> None:
+    file = file or sys.stderr
+    if color:
+        from rich.console import Console
+        from rich.table import Table
+        t = Table(title="specdec-run metrics", show_header=False)
+        for key, label in METRIC_ROWS:
+            t.add_row(label, _fmt(metrics.get(key)))
+        Console(file=file, highlight=False).print(t)
+    else:
+        for key, label in METRIC_ROWS:
+            print(f"{label}: {_fmt(metrics.get(key))}", file=file)
+
+
+def _device_ids(text, what):
+    if text is None:
+        return None
+    ids = _ids(text, what)
+    if not ids or min(ids) < 0:
+        raise SpecdecError(f"{what}: expected device ids like 0 or 0,1")
+    return ids
+
+
+def run(argv: list[str]) -> int:
+    from .artifact import check_pair, load_artifact
+    from .backends import open_backend
+    from .decoding import SpecDecoder, TargetOnlyDecoder, aggregate_metrics
+    from .sampling import SamplingParams
+    from .tokenizer import check_same_tokenizer, check_tokenizer_fits, load_tokenizer
+
+    args = build_parser().parse_args(argv)
+    if args.max_new_tokens < 0:
+        raise SpecdecError("--max-new-tokens must be >= 0")
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if not args.target_only and not args.dlm:
+        raise SpecdecError("--dlm DIR is required (or --target-only)")
+    if args.k is not None and args.target_only:
+        raise SpecdecError("--k has no meaning with --target-only")
+    if args.dlm_tokenizer and not args.tokenizer:
+        raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+    tlm_dev = _device_ids(args.tlm_device_ids, "--tlm-device-ids")
+    dlm_dev = _device_ids(args.dlm_device_ids, "--dlm-device-ids")
+
+    # cheap checks first: artifacts, their pairing, tokenizers; then load models
+    need_model = args.backend == "ort"
+    tlm_art = load_artifact(args.tlm, expect_role="tlm", need_model=need_model)
+    dlm_art = None
+    if not args.target_only:
+        dlm_art = load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
+        check_pair(tlm_art, dlm_art)
+    tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    if tok is not None and args.dlm_tokenizer and not args.target_only:
+        check_same_tokenizer(tok, load_tokenizer(args.dlm_tokenizer))
+    prompts = _prompts(args, tok)
+
+    kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}
+    tlm = open_backend(tlm_art, args.backend, expect_role="tlm", device_ids=tlm_dev, **kw)
+    dlm = None
+    if dlm_art is not None:
+        dlm = open_backend(dlm_art, args.backend, expect_role="dlm", device_ids=dlm_dev, **kw)
+    if tok is not None:
+        check_tokenizer_fits(tok, tlm.vocab_size, "TLM")
+        if dlm is not None:
+            check_tokenizer_fits(tok, dlm.vocab_size, "DLM")
+
+    if args.eos_id is not None:
+        eos = None if args.eos_id < 0 else args.eos_id
+    elif tok is not None:
+        eos = tok.eos_token_id
+    else:
+        eos = tlm_art.eos_token_id
+    if dlm is None:
+        dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
+    else:
+        dec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=args.k)
+
+    rng = sampling.rng()
+    color = (not args.no_color) and sys.stdout.isatty() and not args.json
+    printer = None if args.json else _Printer(tok, color)
+    results = []
+    for i, ids in enumerate(prompts):
+        if printer:
+            printer.start(ids, i, len(prompts))
+        r = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng,
+                         on_tokens=printer.on_tokens if printer else None)
+        if tok is not None:
+            r.text = tok.decode(r.generated_ids, skip_special_tokens=True)
+        else:
+            r.text = None
+        r.metrics["stop_reason"] = r.stop_reason
+        results.append(r)
+        if printer:
+            printer.end()
+    summary = aggregate_metrics(results)
+    if args.json:
+        obj = {"results": [r.to_json() for r in results], "metrics": summary}
+        print(json.dumps(obj))
+    else:
+        print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_cli(run, argv, PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

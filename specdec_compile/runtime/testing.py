@@ -1,0 +1,134 @@
+"""A FAKE backend for tests: a numpy "language model" with a retained-state cache.
+
+Not a model of anything; it exists so the decoding loop can be tested fast
+and exactly, without ONNX. It behaves like a compiled artifact in everything
+the loop can observe:
+
+* its cache holds one token per slot; a call writes the token at position p
+  into slot p, padding (position -1) writes a junk token into slot ctx_len-1
+  (as QEfficient's ScatterND does), and nothing else is ever cleared;
+* the logits of a query at position p are a pseudo-random function of the
+  whole cache content in slots 0..p, so any token the loop forgets to feed,
+  feeds at the wrong position, or fails to overwrite, changes them;
+* calls must match its specializations (batch, seq_len), like the device.
+
+``logits_fn(history)`` gives the same logits directly from a token list, for
+reference decoders in tests. A DLM that agrees with a TLM most of the time is
+the TLM's function plus ``noise`` times another pseudo-random vector.
+"""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .artifact import Artifact
+from .backends import Backend
+
+
+class FakeLM:
+    """Logits as a deterministic function of a token history."""
+
+    def __init__(self, vocab: int, salt: int = 0, scale: float = 3.0, noise: float = 0.0,
+                 noise_salt: int = 1, bias=None):
+        self.vocab = vocab
+        self.salt = salt
+        self.scale = scale
+        self.noise = noise
+        self.noise_salt = noise_salt
+        self.bias = None if bias is None else np.asarray(bias, np.float64)
+
+    def _vec(self, hist: np.ndarray, salt: int) -> np.ndarray:
+        h = zlib.crc32(np.ascontiguousarray(hist, dtype=np.int64).tobytes())
+        return np.random.default_rng([h, salt, len(hist)]).standard_normal(self.vocab)
+
+    def __call__(self, history) -> np.ndarray:
+        hist = np.asarray(history, np.int64)
+        x = self.scale * self._vec(hist, self.salt)
+        if self.noise:
+            x = x + self.noise * self._vec(hist, self.noise_salt + 7919)
+        if self.bias is not None:
+            x = x + self.bias
+        return x.astype(np.float32)
+
+
+def fake_artifact(role: str, *, batch_size=1, ctx_len=64, prefill_len=8, k=4, k_list=None, vocab=23,
+                  seq_lens=None, target="ort") -> Artifact:
+    if seq_lens is None:
+        if role == "dlm":
+            seq_lens = {prefill_len, 1, 2}
+        else:
+            ks = sorted(set(k_list or ()) | {k})
+            seq_lens = {prefill_len, k} | {j + 1 for j in ks}
+    return Artifact(path=Path(f"<fake {role}>"), role=role, target=target, batch_size=batch_size,
+                    ctx_len=ctx_len, prefill_len=prefill_len, seq_lens=tuple(sorted(seq_lens)),
+                    k=k if role == "tlm" else None,
+                    k_list=tuple(sorted(set(k_list or ()) | {k})) if role == "tlm" else (),
+                    vocab_size=vocab)
+
+
+class FakeBackend(Backend):
+    """FAKE: a FakeLM behind the Backend interface (see the module doc)."""
+
+    kind = "fake"
+
+    def __init__(self, artifact: Artifact, lm: FakeLM, call_log: list | None = None, cost: float = 0.0):
+        super().__init__(artifact)
+        self.lm = lm
+        self.cache = np.zeros((artifact.batch_size, artifact.ctx_len), np.int64)
+        self.log = call_log
+        self.cost = cost
+        self._junk = 0
+
+    def _reset(self):
+        self.cache[:] = 0
+
+    def _run(self, ids, pos):
+        B, S = ids.shape
+        V = self.artifact.vocab_size
+        if self.cost:
+            import time
+            t = time.perf_counter()
+            while time.perf_counter() - t < self.cost * (1 + 0.05 * S):
+                pass
+        if self.log is not None:
+            self.log.append((self.artifact.role, S, [int(p) for p in pos[0]], [int(t) for t in ids[0]]))
+        out = np.zeros((B, S, V), np.float32)
+        for b in range(B):
+            for s in range(S):
+                p = pos[b, s]
+                if p < 0:  # padding: scribbles on the last slot, junk logits
+                    self._junk += 1
+                    self.cache[b, -1] = 1000 + self._junk
+                    out[b, s] = np.float32(np.sin(self._junk))
+                else:
+                    self.cache[b, p] = ids[b, s]
+            for s in range(S):
+                p = pos[b, s]
+                if p >= 0:
+                    out[b, s] = self.lm(self.cache[b, : p + 1])
+        if self.role == "dlm":
+            last = np.zeros((B, 1, V), np.float32)
+            for b in range(B):
+                valid = np.nonzero(pos[b] >= 0)[0]
+                last[b, 0] = out[b, valid[-1]] if len(valid) else np.float32(0.5)
+            return last
+        return out
+
+
+def fake_pair(*, vocab=23, ctx_len=64, prefill_len=8, k=4, k_list=None, batch_size=1, dlm="close",
+              noise=1.5, tlm_salt=0, call_log=None):
+    """(tlm, dlm, tlm_lm) fakes. ``dlm``: "same" (always agrees), "close" (TLM + noise), "independent"."""
+    tlm_lm = FakeLM(vocab, salt=tlm_salt)
+    if dlm == "same":
+        dlm_lm = FakeLM(vocab, salt=tlm_salt)
+    elif dlm == "close":
+        dlm_lm = FakeLM(vocab, salt=tlm_salt, noise=noise)
+    else:
+        dlm_lm = FakeLM(vocab, salt=tlm_salt + 12345)
+    t = FakeBackend(fake_artifact("tlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len,
+                                  k=k, k_list=k_list, vocab=vocab), tlm_lm, call_log)
+    d = FakeBackend(fake_artifact("dlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len,
+                                  vocab=vocab), dlm_lm, call_log)
+    return t, d, tlm_lm
