@@ -1,0 +1,35 @@
+"""Names and constants of ../shared/CONTRACT.md, in one place."""
+
+BATCH, SEQ, CTX = "batch_size", "seq_len", "ctx_len"
+INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"
+ROLES = ("tlm", "dlm")
+TARGETS = ("qaic", "ort")
+TARGET_OPSET = {"qaic": 17, "ort": 24}
+QAIC_DOMAIN = "com.qualcomm.cloud"
+#: intermediate (target-neutral) op the retained-state pass writes; lowering replaces it
+SPECDEC_DOMAIN = "ai.specdec"
+CACHE_WRITE = "CacheWrite"
+#: large finite negative: exp() of it underflows to 0 in float32, and added to any
+#: reasonable score it stays inside float16's range (so no -inf, no NaN)
+MASK_VALUE = -30000.0
+FP16_MAX = 65504.0
+
+
+def past_name(kind: str, layer: int) -> str:
+    """``past_key.3`` / ``past_value.3``"""
+    return f"past_{kind}.{layer}"
+
+
+def retained_name(kind: str, layer: int) -> str:
+    return f"{past_name(kind, layer)}_RetainedState"
+
+
+def interface(num_layers: int) -> tuple[list[str], list[str]]:
+    """The contract's input and output names, in order."""
+    ins = [INPUT_IDS, POSITION_IDS]
+    outs = [LOGITS]
+    for i in range(num_layers):
+        for kind in ("key", "value"):
+            ins.append(past_name(kind, i))
+            outs.append(retained_name(kind, i))
+    return ins, outs

@@ -1,0 +1,146 @@
+"""Small helpers over onnx-graphsurgeon graphs shared by detection and passes."""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.logger import G_LOGGER
+
+G_LOGGER.severity = G_LOGGER.ERROR
+
+#: ops whose output carries only the *shape* of their input, never its values
+SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+
+
+def producer(t: gs.Tensor) -> gs.Node | None:
+    return t.inputs[0] if t.inputs else None
+
+
+def is_const(t: gs.Tensor) -> bool:
+    """A tensor whose value is known when the graph is built (initializer or Constant)."""
+    if isinstance(t, gs.Constant):
+        return True
+    p = producer(t)
+    return p is not None and p.op == "Constant"
+
+
+def graph_input(graph: gs.Graph, name: str) -> gs.Variable | None:
+    for t in graph.inputs:
+        if t.name == name:
+            return t
+    return None
+
+
+def topo_nodes(graph: gs.Graph) -> list[gs.Node]:
+    graph.toposort()
+    return list(graph.nodes)
+
+
+def value_dependence(graph: gs.Graph, sources: Iterable[gs.Tensor],
+                     nodes: list[gs.Node] | None = None) -> set[int]:
+    """ids of tensors whose *values* depend on any of ``sources``.
+
+    Dependence through Shape/Size is not value dependence: ``Shape(x)`` does
+    not change when the values of x change.
+    """
+    dep = {id(t) for t in sources}
+    for node in nodes if nodes is not None else topo_nodes(graph):
+        if node.op in SHAPE_ONLY_OPS:
+            continue
+        if any(id(t) in dep for t in node.inputs):
+            dep.update(id(t) for t in node.outputs)
+    return dep
+
+
+def const_value(t: gs.Tensor) -> np.ndarray | None:
+    """The value of a small constant tensor, without touching external data."""
+    if isinstance(t, gs.Constant):
+        if is_external(t):
+            return None
+        return np.asarray(t.values)
+    p = producer(t)
+    if p is not None and p.op == "Constant":
+        v = p.attrs.get("value")
+        if isinstance(v, gs.Constant) and not is_external(v):
+            return np.asarray(v.values)
+        for key, cast in (("value_float", np.float32), ("value_int", np.int64)):
+            if key in p.attrs:
+                return np.asarray(p.attrs[key], dtype=cast)
+        for key, cast in (("value_floats", np.float32), ("value_ints", np.int64)):
+            if key in p.attrs:
+                return np.asarray(p.attrs[key], dtype=cast)
+    return None
+
+
+def is_external(c: gs.Constant) -> bool:
+    """True when the constant's data lives in an external file (never load it)."""
+    lazy = getattr(c, "_values", None)
+    tensor = getattr(lazy, "tensor", None)
+    return tensor is not None and tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+class Builder:
+    """Adds named nodes to a graph. Names are ``specdec/<scope>/<op>_<n>``, so
+    they are stable from run to run and say which pass (and layer) made them."""
+
+    def __init__(self, graph: gs.Graph, scope: str):
+        self.graph = graph
+        self.scope = scope
+        self.count = 0
+
+    def _name(self, hint: str) -> str:
+        self.count += 1
+        return f"specdec/{self.scope}/{hint}_{self.count}"
+
+    def const(self, value, dtype=None, hint: str = "const") -> gs.Constant:
+        arr = np.asarray(value, dtype=dtype)
+        return gs.Constant(self._name(hint), arr)
+
+    def op(self, op: str, inputs: list, *, attrs: dict | None = None, hint: str | None = None,
+           dtype=None, shape=None, outputs: list | None = None, n_out: int = 1,
+           domain: str | None = None) -> gs.Variable | list[gs.Variable]:
+        name = self._name(hint or op)
+        inputs = [i if isinstance(i, gs.Tensor) else self.const(i, hint=f"{hint or op}_c") for i in inputs]
+        if outputs is None:
+            outputs = [gs.Variable(f"{name}_out{j}" if n_out > 1 else f"{name}_out", dtype=dtype, shape=shape)
+                       for j in range(n_out)]
+        node = gs.Node(op=op, name=name, attrs=attrs or {}, inputs=inputs, outputs=outputs, domain=domain)
+        self.graph.nodes.append(node)
+        return outputs if n_out > 1 else outputs[0]
+
+
+def replace_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor,
+                 keep: Callable[[gs.Node], bool] | None = None) -> None:
+    """Make every consumer of ``old`` read ``new`` (except nodes where ``keep``)."""
+    for node in list(old.outputs):
+        if keep is not None and keep(node):
+            continue
+        for j, t in enumerate(node.inputs):
+            if t is old:
+                node.inputs[j] = new
+    graph.outputs = [new if t is old else t for t in graph.outputs]
+
+
+def name_unnamed_nodes(graph: gs.Graph) -> None:
+    """Give unnamed nodes stable names (their position), so passes can refer to them."""
+    seen = set()
+    for i, node in enumerate(graph.nodes):
+        if not node.name or node.name in seen:
+            node.name = f"{node.name or node.op}__{i}"
+        seen.add(node.name)
+
+
+def node_by_name(graph: gs.Graph, name: str) -> gs.Node:
+    for n in graph.nodes:
+        if n.name == name:
+            return n
+    raise KeyError(name)
+
+
+def tensor_by_name(graph: gs.Graph, name: str) -> gs.Tensor:
+    t = graph.tensors().get(name)
+    if t is None:
+        raise KeyError(name)
+    return t

@@ -1,0 +1,134 @@
+"""Loading and saving ONNX models without ever loading their weights.
+
+Graphs are read with ``load_external_data=False``: initializers stored in
+external data files stay references (location, offset, length). A rewritten
+model is saved next to a hard link (or, across file systems, a streamed copy)
+of each data file it references, so weights are never re-serialized and a
+model over 2 GB rewrites without its weights entering memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from .errors import SpecdecError
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read ``path`` without its external weights; check the weights exist.
+
+    Raises SpecdecError (one line) for a missing, unreadable, truncated or
+    non-ONNX file, and for external data files that are missing or shorter
+    than the tensors that reference them.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise SpecdecError(f"{p}: no such file")
+    if p.is_dir():
+        raise SpecdecError(f"{p}: is a directory, expected an .onnx file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise SpecdecError(f"{p}: cannot read: {e.strerror or e}") from None
+    if not data:
+        raise SpecdecError(f"{p}: empty file, not an ONNX model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise SpecdecError(f"{p}: not a readable ONNX model (truncated or corrupt file: {e})") from None
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise SpecdecError(f"{p}: not an ONNX model (no graph)")
+    if model.ir_version == 0 and not model.opset_import:
+        raise SpecdecError(f"{p}: not an ONNX model (no IR version, no opset)")
+    check_external_data(model, p.parent, what=str(p))
+    return model
+
+
+def external_tensors(model: onnx.ModelProto):
+    """Every initializer (and Constant-node tensor) whose data lives in a file."""
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            yield t
+    for node in model.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL:
+                yield a.t
+
+
+def _external_info(t: onnx.TensorProto) -> dict:
+    return {e.key: e.value for e in t.external_data}
+
+
+def external_data_files(model: onnx.ModelProto) -> list[str]:
+    """Sorted relative locations of the external data files ``model`` references."""
+    return sorted({_external_info(t).get("location", "") for t in external_tensors(model)})
+
+
+def check_external_data(model: onnx.ModelProto, base_dir: Path, what: str = "model") -> None:
+    sizes: dict[str, int] = {}
+    for t in external_tensors(model):
+        info = _external_info(t)
+        loc = info.get("location")
+        if not loc:
+            raise SpecdecError(f"{what}: tensor {t.name!r} is external but names no location")
+        if os.path.isabs(loc) or ".." in Path(loc).parts:
+            raise SpecdecError(f"{what}: tensor {t.name!r} has an unsafe external data location {loc!r}")
+        if loc not in sizes:
+            f = base_dir / loc
+            if not f.is_file():
+                raise SpecdecError(f"{what}: missing external data file {f} (needed by tensor {t.name!r})")
+            sizes[loc] = f.stat().st_size
+        end = int(info.get("offset", 0)) + int(info.get("length", 0) or 0)
+        if end > sizes[loc]:
+            raise SpecdecError(f"{what}: external data file {base_dir / loc} is truncated "
+                               f"(tensor {t.name!r} needs bytes up to {end}, file has {sizes[loc]})")
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst``; copy (streamed) where links are impossible."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        dst.unlink()
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str | os.PathLike | None) -> list[Path]:
+    """Write ``model`` to ``path`` and place the data files it references beside it.
+
+    ``source_dir`` is the directory the external locations are relative to (the
+    source model's directory). Returns the data files written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for loc in external_data_files(model):
+        if source_dir is None:
+            raise SpecdecError("model references external data but its source directory is unknown")
+        src = Path(source_dir) / loc
+        dst = path.parent / loc
+        if src.resolve() != dst.resolve():
+            link_or_copy(src, dst)
+        written.append(dst)
+    data = model.SerializeToString(deterministic=True)
+    path.write_bytes(data)
+    return written
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()

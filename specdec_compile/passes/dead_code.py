@@ -1,0 +1,13 @@
+"""Pass ``cleanup``: dead nodes and unused initializers removed, nodes in
+topological order. (Shape inference and ``onnx.checker`` run on the exported
+model: see ``specdec_compile.validate``.)"""
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+
+def cleanup(graph: gs.Graph, det=None) -> gs.Graph:
+    graph = graph.copy()
+    graph.cleanup(remove_unused_graph_inputs=False, remove_unused_node_outputs=False)
+    graph.toposort()
+    return graph

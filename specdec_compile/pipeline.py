@@ -1,0 +1,152 @@
+"""The compile pipeline: detection, then the passes, in order.
+
+Public API (stable; the CLI, artifact writer, diff --explain and runtime use it):
+
+    rewrite(model_or_path, *, role, target="qaic", k=None, record=False) -> CompileResult
+    compile_model(model_or_path, *, role, target="qaic", k=None) -> onnx.ModelProto
+
+CompileResult fields:
+    model        onnx.ModelProto, the rewritten graph; external weights are still
+                 references relative to ``source_dir`` (never loaded)
+    info         ModelInfo (num_layers, num_heads, num_kv_heads, head_dim,
+                 vocab_size, dtype, family, exporter)
+    detection    the Detection of the original graph
+    role         "tlm" | "dlm";  target "qaic" | "ort"
+    passes       names of the passes applied, in order
+    source       Path of the source .onnx (None when given a ModelProto)
+    source_dir   directory external data locations are relative to (or None)
+    snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from . import __version__
+from .contract import ROLES, TARGET_OPSET, TARGETS
+from .detect import Detection, ModelInfo, detect
+from .errors import SpecdecError, UnsupportedPatternError
+from .graph_utils import name_unnamed_nodes
+from .io import load_model
+from .passes import canonical_dims, cleanup, fp16_safe, lower, position_mask, retained_kv, role_logits
+from .validate import check_model, interface_problems
+
+PASS_ORDER = ("retained_kv", "position_mask", "role_logits", "canonical_dims", "fp16_safe", "lower", "cleanup")
+
+
+@dataclass
+class CompileResult:
+    model: onnx.ModelProto
+    info: ModelInfo
+    detection: Detection
+    role: str
+    target: str
+    passes: list[str]
+    source: Path | None = None
+    source_dir: Path | None = None
+    snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
+
+
+def _family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
+    """model_type from the exporter's config.json next to the model, if any."""
+    if source_dir is not None and (source_dir / "config.json").is_file():
+        try:
+            return json.loads((source_dir / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def _export(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
+    model = gs.export_onnx(graph, do_type_check=False)
+    default = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    model.ir_version = max(onnx.helper.find_min_ir_version_for(default, ignore_unknown=True), 8)
+    model.producer_name = "specdec-compile"
+    model.producer_version = __version__
+    del model.metadata_props[:]
+    for p in like.metadata_props:
+        model.metadata_props.add(key=p.key, value=p.value)
+    return model
+
+
+def validate_options(role: str, target: str, k: int | None) -> None:
+    if role not in ROLES:
+        raise SpecdecError(f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
+    if target not in TARGETS:
+        raise SpecdecError(f"unknown target {target!r} (expected one of {', '.join(TARGETS)})")
+    if k is not None and (not isinstance(k, int) or k < 1):
+        raise SpecdecError(f"k must be an integer >= 1, got {k!r}")
+
+
+def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
+            record: bool = False) -> CompileResult:
+    """Rewrite a stock decoder-LM export into the contract's retained-state graph."""
+    validate_options(role, target, k)
+    if isinstance(model_or_path, onnx.ModelProto):
+        original, source, source_dir = model_or_path, None, None
+    else:
+        source = Path(model_or_path)
+        original = load_model(source)
+        source_dir = source.resolve().parent
+    try:
+        graph = gs.import_onnx(original)
+    except Exception as e:
+        raise SpecdecError(f"cannot import the graph: {' '.join(str(e).split())[:300]}") from None
+    source_opset = graph.opset
+    name_unnamed_nodes(graph)
+    exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
+    det = detect(graph, family=_family(source_dir, original), exporter=exporter)
+
+    steps = [
+        ("retained_kv", lambda g: retained_kv(g, det)),
+        ("position_mask", lambda g: position_mask(g, det)),
+        ("role_logits", lambda g: role_logits(g, det, role)),
+        ("canonical_dims", lambda g: canonical_dims(g, det)),
+        ("fp16_safe", lambda g: fp16_safe(g, det)),
+        ("lower", lambda g: lower(g, det, target, source_opset=source_opset)),
+        ("cleanup", lambda g: cleanup(g, det)),
+    ]
+    snapshots = [("original", original)] if record else None
+    for name, fn in steps:
+        graph = fn(graph)
+        if record:
+            snapshots.append((name, _export(graph, original)))
+    model = _export(graph, original)
+    model.metadata_props.add(key="specdec.role", value=role)
+    model.metadata_props.add(key="specdec.target", value=target)
+    model.metadata_props.add(key="specdec.passes", value=",".join(PASS_ORDER))
+    info = det.info
+    inferred = check_model(model)
+    info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))
+    problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
+                                  info.vocab_size)
+    if problems:
+        raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
+    assert model.opset_import[0].version == TARGET_OPSET[target]
+    return CompileResult(model=model, info=info, detection=det, role=role, target=target,
+                         passes=list(PASS_ORDER), source=source, source_dir=source_dir, snapshots=snapshots)
+
+
+def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
+    """Query heads: dim 1 of the first Softmax's input, when inference knows it."""
+    shapes = {vi.name: vi for vi in inferred.graph.value_info}
+    for node in inferred.graph.node:
+        if node.name == det.layers[0].softmax and node.input[0] in shapes:
+            dims = shapes[node.input[0]].type.tensor_type.shape.dim
+            if len(dims) == 4 and dims[1].HasField("dim_value"):
+                return int(dims[1].dim_value)
+    return None
+
+
+def compile_model(model_or_path, *, role: str, target: str = "qaic", k: int | None = None) -> onnx.ModelProto:
+    """The rewritten ``onnx.ModelProto`` (weights untouched, still external refs)."""
+    return rewrite(model_or_path, role=role, target=target, k=k).model
+
+
+__all__ = ["rewrite", "compile_model", "CompileResult", "PASS_ORDER", "validate_options", "os"]

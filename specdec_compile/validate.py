@@ -1,0 +1,76 @@
+"""Checks on an exported rewrite: onnx.checker, strict shape inference, and
+the contract's interface (names, order, dtypes, dims)."""
+from __future__ import annotations
+
+import copy
+
+import onnx
+
+from .contract import BATCH, CTX, SEQ, interface
+from .errors import SpecdecError
+from .io import external_tensors
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list:
+    return [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+
+
+def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_kv_heads: int,
+                       head_dim: int, vocab: int) -> list[str]:
+    """Every way ``model``'s interface differs from the contract (empty: none)."""
+    problems = []
+    ins, outs = interface(num_layers)
+    got_in = [i.name for i in model.graph.input]
+    got_out = [o.name for o in model.graph.output]
+    if got_in != ins:
+        problems.append(f"inputs {got_in} != {ins}")
+    if got_out != outs:
+        problems.append(f"outputs {got_out} != {outs}")
+    kv = [BATCH, num_kv_heads, CTX, head_dim]
+    want = {"input_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
+            "position_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
+            "logits": (onnx.TensorProto.FLOAT, [BATCH, 1 if role == "dlm" else SEQ, vocab])}
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name in want:
+            dtype, dims = want[vi.name]
+        else:
+            dtype, dims = None, kv
+        if dtype is not None and vi.type.tensor_type.elem_type != dtype:
+            problems.append(f"{vi.name}: dtype {vi.type.tensor_type.elem_type} != {dtype}")
+        if _dims(vi) != dims:
+            problems.append(f"{vi.name}: dims {_dims(vi)} != {dims}")
+    symbolic = {d for vi in list(model.graph.input) + list(model.graph.output) for d in _dims(vi)
+                if isinstance(d, str)}
+    if not symbolic <= {BATCH, SEQ, CTX}:
+        problems.append(f"extra symbolic dims {sorted(symbolic - {BATCH, SEQ, CTX})}")
+    return problems
+
+
+def _without_external(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose external tensors are empty placeholders of the same type
+    and dims, for checks that would otherwise try to open the data files."""
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    for t in external_tensors(light):
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+    return light
+
+
+def check_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx.checker plus strict shape inference; returns the inferred model.
+
+    Raises SpecdecError naming the check that failed (a compiler bug, but
+    reported without a traceback)."""
+    light = _without_external(model)
+    try:
+        onnx.checker.check_model(light)
+    except onnx.checker.ValidationError as e:
+        raise SpecdecError(f"rewritten graph fails onnx.checker: {str(e).splitlines()[0]}") from None
+    try:
+        return onnx.shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
+    except Exception as e:  # InferenceError and friends
+        raise SpecdecError(f"rewritten graph fails shape inference: {str(e).splitlines()[0]}") from None
+
+
+__all__ = ["check_model", "interface_problems", "copy"]

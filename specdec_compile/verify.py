@@ -1,0 +1,322 @@
+"""``specdec-compile verify ORIGINAL REWRITTEN``: numerical equivalence.
+
+Replays random token histories through both graphs on ONNX Runtime: the
+original with its concatenating cache (one row at a time, unpadded, the
+``attention_mask`` all ones), the rewrite with its retained ctx_len cache.
+Every call of the rewrite is one shape of the specialization set: a full and a
+right-padded prefill chunk, seq_len 1, 2, k and k+1, rollbacks (positions of
+rejected drafts reused), and a call at the end of the context whose padding
+wraps around the cache. After each call it compares
+
+* the logits at every valid position (DLM: the last valid token),
+* the cache: slots written so far equal the original's concatenated cache,
+  slots that held history before the call are bit-for-bit unchanged, and
+  no slot anywhere holds NaN or Inf.
+
+The verdict fails when any logits or cache difference exceeds ``tol``
+(1e-4 by default, float32).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .contract import INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
+from .errors import SpecdecError
+from .io import load_model
+
+_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+       onnx.TensorProto.DOUBLE: np.float64}
+
+
+@dataclass
+class ShapeCheck:
+    label: str
+    seq_len: int
+    logits_max_abs_diff: float
+    cache_max_abs_diff: float
+    history_changed: bool = False
+    non_finite: bool = False
+
+
+@dataclass
+class VerifyReport:
+    role: str
+    k: int
+    prefill_len: int
+    ctx_len: int
+    batch_size: int
+    tol: float
+    checks: list[ShapeCheck] = field(default_factory=list)
+
+    @property
+    def max_logits_diff(self) -> float:
+        return max((c.logits_max_abs_diff for c in self.checks), default=0.0)
+
+    @property
+    def max_cache_diff(self) -> float:
+        return max((c.cache_max_abs_diff for c in self.checks), default=0.0)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(
+            c.logits_max_abs_diff <= self.tol and c.cache_max_abs_diff <= self.tol
+            and not c.history_changed and not c.non_finite for c in self.checks)
+
+    def per_shape(self) -> list[dict]:
+        """The worst check per label (one row per shape of the scenario)."""
+        rows: dict[str, dict] = {}
+        for c in self.checks:
+            r = rows.setdefault(c.label, {"shape": c.label, "seq_len": c.seq_len, "calls": 0,
+                                          "logits_max_abs_diff": 0.0, "cache_max_abs_diff": 0.0,
+                                          "history_changed": False, "non_finite": False})
+            r["calls"] += 1
+            r["logits_max_abs_diff"] = max(r["logits_max_abs_diff"], c.logits_max_abs_diff)
+            r["cache_max_abs_diff"] = max(r["cache_max_abs_diff"], c.cache_max_abs_diff)
+            r["history_changed"] |= c.history_changed
+            r["non_finite"] |= c.non_finite
+        return list(rows.values())
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "checks"}
+        d.update(ok=self.ok, max_logits_diff=self.max_logits_diff, max_cache_diff=self.max_cache_diff,
+                 shapes=self.per_shape())
+        return d
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    try:
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise SpecdecError(f"{path}: ONNX Runtime cannot load it: {' '.join(str(e).split())[:300]}") from None
+
+
+class _Original:
+    """The stock export, run one row at a time with a concatenating cache."""
+
+    def __init__(self, path: Path):
+        import onnx_graphsurgeon as gs
+
+        from .detect import detect
+        from .graph_utils import name_unnamed_nodes
+        model = load_model(path)
+        graph = gs.import_onnx(model)
+        name_unnamed_nodes(graph)
+        self.det = detect(graph)
+        self.sess = _session(path)
+        for layer in self.det.layers:
+            if not layer.key_outputs or not layer.value_outputs:
+                raise SpecdecError(f"{path}: layer {layer.index} has no present key/value output to compare")
+        ins = {i.name: i for i in self.sess.get_inputs()}
+        self.dtype = np.float16 if "float16" in ins[self.det.layers[0].key_input].type else np.float32
+        self.out_names = [self.det.logits] + [n for layer in self.det.layers
+                                              for n in (layer.key_outputs[0], layer.value_outputs[0])]
+        self.in_types = {n: i.type for n, i in ins.items()}
+
+    def empty(self):
+        info = self.det.info
+        z = np.zeros((1, info.num_kv_heads, 0, info.head_dim), self.dtype)
+        return [z] * (2 * info.num_layers)
+
+    def run(self, tokens: np.ndarray, start: int, past: list[np.ndarray]):
+        v = len(tokens)
+        feeds = {self.det.input_ids: tokens[None].astype(np.int64),
+                 self.det.position_ids: np.arange(start, start + v, dtype=np.int64)[None]}
+        if self.det.attention_mask is not None:
+            feeds[self.det.attention_mask] = np.ones((1, start + v), np.int64)
+        for layer in self.det.layers:
+            feeds[layer.key_input] = past[2 * layer.index][:, :, :start]
+            feeds[layer.value_input] = past[2 * layer.index + 1][:, :, :start]
+        for name, t in self.in_types.items():
+            if name in feeds and "int32" in t:
+                feeds[name] = feeds[name].astype(np.int32)
+        try:
+            out = self.sess.run(self.out_names, feeds)
+        except Exception as e:
+            raise SpecdecError(f"original model failed on {v} tokens after {start}: "
+                               f"{' '.join(str(e).split())[:300]}") from None
+        return out[0][0].astype(np.float32), out[1:]
+
+
+class _Rewritten:
+    def __init__(self, path: Path, ctx_len: int, batch: int):
+        self.sess = _session(path)
+        ins = {i.name: i for i in self.sess.get_inputs()}
+        self.layers = sum(1 for n in ins if n.startswith("past_key."))
+        if INPUT_IDS not in ins or POSITION_IDS not in ins or self.layers == 0:
+            raise SpecdecError(f"{path}: not a rewritten graph (inputs: {', '.join(ins)})")
+        shape = ins[past_name("key", 0)].shape
+        dtype = np.float16 if "float16" in ins[past_name("key", 0)].type else np.float32
+        self.names = [past_name(kind, i) for i in range(self.layers) for kind in ("key", "value")]
+        self.out_names = [LOGITS] + [retained_name(kind, i) for i in range(self.layers)
+                                     for kind in ("key", "value")]
+        self.state = [np.zeros((batch, shape[1], ctx_len, shape[3]), dtype) for _ in self.names]
+        logits_shape = next(o for o in self.sess.get_outputs() if o.name == LOGITS).shape
+        self.role = "dlm" if logits_shape[1] == 1 else "tlm"
+
+    def run(self, ids: np.ndarray, pos: np.ndarray):
+        feeds = {INPUT_IDS: ids, POSITION_IDS: pos, **dict(zip(self.names, self.state))}
+        out = self.sess.run(self.out_names, feeds)
+        self.state = out[1:]
+        return out[0]
+
+
+def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
+    """[(label, width, start, n_valid)] for one row. Starts are absolute positions."""
+    calls = []
+    pos = 0
+    while pos < n_prompt:  # chunked prefill; the last chunk right-padded
+        v = min(prefill_len, n_prompt - pos)
+        calls.append(("prefill chunk" if v == prefill_len else "prefill chunk (right-padded)",
+                      prefill_len, pos, v))
+        pos += v
+    for label, width in (("seq_len 1", 1), ("seq_len 2", 2), ("seq_len k", k), ("seq_len k+1", k + 1)):
+        calls.append((label, width, pos, width))
+        pos += width
+    # rollback: the last k drafts rejected, their positions reused
+    pos -= k
+    calls.append(("rollback k+1", k + 1, pos, k + 1))
+    pos += k + 1
+    pos -= 1
+    calls.append(("rollback 2", 2, pos, 2))
+    pos += 2
+    # fill up to the end of the context, then a fixed-width call padded past it
+    end_start = ctx_len - 2
+    while pos < end_start:
+        v = min(prefill_len, end_start - pos)
+        calls.append(("fill", prefill_len, pos, v))
+        pos += v
+    calls.append(("context end (padded, wraps)", k + 1, pos, ctx_len - pos))
+    return calls
+
+
+def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_len: int = 32,
+           ctx_len: int = 256, batch_size: int = 1, seed: int = 0, tol: float = 1e-4) -> VerifyReport:
+    if k < 1:
+        raise SpecdecError(f"k must be >= 1, got {k}")
+    if prefill_len < 1 or prefill_len > ctx_len:
+        raise SpecdecError(f"prefill length {prefill_len} must be in 1..ctx_len ({ctx_len})")
+    if k + 1 > ctx_len:
+        raise SpecdecError(f"k+1 = {k + 1} exceeds ctx_len {ctx_len}")
+    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size
+    if ctx_len < need:
+        raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
+    orig = _Original(Path(original))
+    new = _Rewritten(Path(rewritten), ctx_len, batch_size)
+    if new.layers != orig.det.info.num_layers:
+        raise SpecdecError(f"layer count differs: original {orig.det.info.num_layers}, rewrite {new.layers}")
+    rng = np.random.default_rng(seed)
+    vocab = orig.det.info.vocab_size
+    report = VerifyReport(role=new.role, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
+                          batch_size=batch_size, tol=tol)
+    rows = [_scenario(prefill_len, k, ctx_len, prefill_len + prefill_len // 2 + 1 + b) for b in range(batch_size)]
+    n_calls = min(len(r) for r in rows)
+    tokens = [rng.integers(0, vocab, size=ctx_len + k + 2) for _ in range(batch_size)]
+    caches = [orig.empty() for _ in range(batch_size)]
+    for c in range(n_calls):
+        width = rows[0][c][1]
+        ids = np.zeros((batch_size, width), np.int64)
+        pos = np.full((batch_size, width), -1, np.int64)
+        for b in range(batch_size):
+            _, w, start, v = rows[b][c]
+            assert w == width
+            # a rollback rewrites history: new tokens at reused positions
+            if rows[b][c][0].startswith("rollback"):
+                tokens[b][start:start + v] = rng.integers(0, vocab, size=v)
+            ids[b, :v] = tokens[b][start:start + v]
+            ids[b, v:] = rng.integers(0, vocab, size=width - v)  # garbage under padding
+            pos[b, :v] = np.arange(start, start + v)
+        before = [s.copy() for s in new.state]
+        logits = new.run(ids, pos)
+        for b in range(batch_size):
+            label, _, start, v = rows[b][c]
+            ref, present = orig.run(tokens[b][start:start + v], start, caches[b])
+            caches[b] = present
+            got = logits[b, :v] if new.role == "tlm" else logits[b, :1]
+            want = ref[:v] if new.role == "tlm" else ref[v - 1:v]
+            cache_diff = max(float(np.max(np.abs(s[b, :, :start + v].astype(np.float32)
+                                                 - p[0].astype(np.float32)))) for s, p in zip(new.state, present))
+            changed = any(not np.array_equal(s0[b, :, :start], s1[b, :, :start])
+                          for s0, s1 in zip(before, new.state))
+            # padding must not change any slot: compare everything outside the written run
+            written = np.zeros(ctx_len, bool)
+            written[start:start + v] = True
+            changed |= any(not np.array_equal(s0[b][:, ~written], s1[b][:, ~written])
+                           for s0, s1 in zip(before, new.state))
+            non_finite = any(not np.all(np.isfinite(s[b])) for s in new.state) or not np.all(np.isfinite(got))
+            report.checks.append(ShapeCheck(label=label, seq_len=width,
+                                            logits_max_abs_diff=float(np.max(np.abs(got - want))),
+                                            cache_max_abs_diff=cache_diff, history_changed=bool(changed),
+                                            non_finite=bool(non_finite)))
+    return report
+
+
+def _defaults_from_manifest(rewritten: Path) -> dict:
+    m = rewritten.parent / "manifest.json"
+    if not m.is_file():
+        return {}
+    try:
+        data = json.loads(m.read_text())
+    except ValueError:
+        return {}
+    out = {key: data[key] for key in ("prefill_len", "ctx_len") if isinstance(data.get(key), int)}
+    if isinstance(data.get("k"), int):
+        out["k"] = data["k"]
+    return out
+
+
+def render(report: VerifyReport, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    console = Console(file=file or sys.stdout, highlight=False)
+    t = Table(title=f"verify {report.role.upper()}: k={report.k} PL={report.prefill_len} "
+                    f"CL={report.ctx_len} B={report.batch_size}")
+    for col in ("shape", "seq_len", "calls", "max |Δ logits|", "max |Δ cache|", "history", "finite"):
+        t.add_column(col, justify="right" if col not in ("shape",) else "left")
+    for r in report.per_shape():
+        t.add_row(r["shape"], str(r["seq_len"]), str(r["calls"]), f"{r['logits_max_abs_diff']:.2e}",
+                  f"{r['cache_max_abs_diff']:.2e}", "CHANGED" if r["history_changed"] else "kept",
+                  "NO" if r["non_finite"] else "yes")
+    console.print(t)
+    verdict = "PASS" if report.ok else "FAIL"
+    console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
+                  f"{report.max_cache_diff:.3e} (tolerance {report.tol:g})")
+
+
+def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] + ".",
+                                epilog="Defaults for k, prefill length and context length come from "
+                                       "manifest.json beside REWRITTEN when there is one. Exit: 0 pass, "
+                                       "1 numerical mismatch, 2 bad input.")
+    p.add_argument("original", type=Path, help="the stock export (concatenating KV cache)")
+    p.add_argument("rewritten", type=Path, help="the rewrite (OUT/model.onnx)")
+    p.add_argument("--k", type=int, default=None, help="speculation length (default: manifest, else 7)")
+    p.add_argument("--prefill-len", type=int, default=None, help="prefill chunk (default: manifest, else 32)")
+    p.add_argument("--ctx-len", type=int, default=None, help="context length (default: manifest, else 256)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    for f in (args.original, args.rewritten):
+        load_model(f)  # one-line errors for missing/truncated files before ORT sees them
+    d = _defaults_from_manifest(args.rewritten)
+    report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7),
+                    prefill_len=args.prefill_len or d.get("prefill_len", 32),
+                    ctx_len=args.ctx_len or d.get("ctx_len", 256), batch_size=args.batch_size,
+                    seed=args.seed, tol=args.tol)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        render(report)
+    return 0 if report.ok else 1
