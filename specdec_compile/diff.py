@@ -573,16 +573,8 @@ def _match_nodes(ga: _Graph, gb: _Graph, in_map, init_map, out_map) -> dict[int,
         rev[j] = i
 
     # 1. by name (unique names, same op)
-    cnt_a = Counter(n.name for n in ga.nodes if n.name)
-    cnt_b = Counter(n.name for n in gb.nodes if n.name)
-    idx_b = {n.name: j for j, n in enumerate(gb.nodes) if n.name and cnt_b[n.name] == 1}
-    for i in ga.order:
-        n = ga.nodes[i]
-        if n.name and cnt_a[n.name] == 1 and n.name in idx_b:
-            j = idx_b[n.name]
-            m = gb.nodes[j]
-            if (n.domain or "") == (m.domain or "") and n.op_type == m.op_type:
-                pair(i, j)
+    for i, j in _match_nodes_by_name_only(ga, gb).items():
+        pair(i, j)
 
     # When most nodes kept their names, names are meaningful: a node whose name is new was
     # added, unless it computes exactly what an old node computed (steps 2 below).
