@@ -228,7 +228,7 @@ def run(argv: list[str]) -> int:
     elif tok is not None:
         eos = tok.eos_token_id
     else:
-        eos = tlm_art.eos_token_id
+        eos = tlm_art.manifest.get("eos_token_ids") or tlm_art.eos_token_id
     if dlm is None:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:

@@ -177,6 +177,15 @@ def aggregate_metrics(results: list[GenerationResult]) -> dict:
     }
 
 
+def eos_set(eos) -> frozenset:
+    """EOS ids as a set: None, one id, or several (e.g. a manifest's eos_token_ids)."""
+    if eos is None:
+        return frozenset()
+    if isinstance(eos, (int, np.integer)):
+        return frozenset([int(eos)])
+    return frozenset(int(e) for e in eos)
+
+
 def _check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int]:
     ids = [int(x) for x in prompt_ids]
     if not ids:
@@ -235,11 +244,12 @@ class _Runner:
 class TargetOnlyDecoder:
     """The TLM alone: the baseline, through the same backend and artifact."""
 
-    def __init__(self, tlm: Backend, *, eos_token_id: int | None = None, record_calls: bool = False):
+    def __init__(self, tlm: Backend, *, eos_token_id=None, record_calls: bool = False):
         if tlm.role != "tlm":
             raise SpecdecError(f"{tlm.artifact.path}: target-only decoding needs a TLM artifact")
         self.tlm = tlm
         self.eos_token_id = eos_token_id
+        self.eos = eos_set(eos_token_id)
         self.record_calls = record_calls
         self.width = min(tlm.seq_lens)
 
@@ -268,7 +278,7 @@ class TargetOnlyDecoder:
             meter.first_token()
             if on_tokens:
                 on_tokens([tok], ["target"])
-            if self.eos_token_id is not None and tok == self.eos_token_id:
+            if tok in self.eos:
                 stop = "eos"
                 break
             if remaining == 1:
@@ -290,7 +300,7 @@ class SpecDecoder:
     k_list) fixes it. ``adaptive``: force adaptive width choice on or off.
     """
 
-    def __init__(self, tlm: Backend, dlm: Backend, *, eos_token_id: int | None = None, k: int | None = None,
+    def __init__(self, tlm: Backend, dlm: Backend, *, eos_token_id=None, k: int | None = None,
                  adaptive: bool | None = None, record_calls: bool = False):
         check_pair(tlm.artifact, dlm.artifact)
         if tlm.vocab_size and dlm.vocab_size and tlm.vocab_size != dlm.vocab_size:
@@ -298,6 +308,7 @@ class SpecDecoder:
                                f"{dlm.vocab_size} tokens; speculative decoding needs one shared tokenizer")
         self.tlm, self.dlm = tlm, dlm
         self.eos_token_id = eos_token_id
+        self.eos = eos_set(eos_token_id)
         self.record_calls = record_calls
         art = tlm.artifact
         self.k0 = art.k                              # the compiled k: round 1 is width k
@@ -365,7 +376,7 @@ class SpecDecoder:
         self.tlm.reset()
         self.dlm.reset()
         CL = self.tlm.ctx_len
-        eos = self.eos_token_id
+        eos = self.eos
         n = len(prompt)
         seq = list(prompt)
         out: list[int] = []
@@ -379,8 +390,9 @@ class SpecDecoder:
             budget = min(max_new_tokens - len(out), CL - len(seq))
             tokens, srcs = list(tokens[:budget]), list(srcs[:budget])
             reason = None
-            if eos is not None and eos in tokens:
-                cut = tokens.index(eos) + 1
+            hits = [i for i, t in enumerate(tokens) if t in eos]
+            if hits:
+                cut = hits[0] + 1
                 tokens, srcs = tokens[:cut], srcs[:cut]
                 reason = "eos"
             out.extend(tokens)
@@ -400,11 +412,11 @@ class SpecDecoder:
         L0 = tlm.prefill(prompt)
         q0 = dlm.prefill(prompt)
         d1, q1 = pick(q0, sampling, rng)
-        a, tok = verify([d1], [q1], np.stack([L0, L0]), sampling, rng)
+        a, tok = verify([d1], [q1], L0[None], sampling, rng, bonus=False)
         first_accepted = a == 1
         if not first_accepted:
             meter.add_round(1, 0)    # a round that the prefill logits alone decided
-        stop = emit([tok], ["draft" if a else "target"])
+        stop = emit([d1], ["draft"]) if first_accepted else emit([tok], ["target"])
         tlm_valid = n            # the TLM cache holds seq[:tlm_valid]
         dlm_valid = n            # the DLM cache holds seq[:dlm_valid]
         first_round = True
@@ -467,7 +479,7 @@ class SpecDecoder:
 
 def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-             eos_token_id: int | None = None, k: int | None = None,
+             eos_token_id=None, k: int | None = None,
              on_tokens: OnTokens | None = None) -> GenerationResult:
     """One generation: speculative when ``dlm`` is given, target-only otherwise."""
     sp = SamplingParams(temperature, top_k, top_p, seed)

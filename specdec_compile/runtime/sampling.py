@@ -96,28 +96,32 @@ def accept_or_resample(p: np.ndarray, q: np.ndarray, d: int, rng: np.random.Gene
     return False, sample(residual(p, q), rng)
 
 
-def verify(drafts, draft_dists, target_logits, params: SamplingParams, rng) -> tuple[int, int]:
+def verify(drafts, draft_dists, target_logits, params: SamplingParams, rng,
+           bonus: bool = True) -> tuple[int, int | None]:
     """Check ``drafts`` against the target.
 
-    ``target_logits`` has len(drafts)+1 rows: row i is the target's logits
-    for the position of draft i (the last row, for the bonus token).
-    ``draft_dists`` are the draft distributions the drafts were drawn from
-    (unused when greedy). Returns (number accepted, the next token: the
-    target's correction at the first rejection or the bonus token).
+    ``target_logits`` has len(drafts)+1 rows (len(drafts) with
+    ``bonus=False``): row i is the target's logits for the position of
+    draft i, the last row gives the bonus token. ``draft_dists`` are the
+    draft distributions the drafts were drawn from (unused when greedy).
+    Returns (number accepted, the next token: the target's correction at the
+    first rejection, or the bonus token; None after a full accept without
+    ``bonus``).
     """
     n = len(drafts)
+    rows = n + 1 if bonus else n
     if params.greedy:
-        want = np.argmax(target_logits[: n + 1], axis=-1)
+        want = np.argmax(target_logits[:rows], axis=-1)
         a = 0
         while a < n and int(drafts[a]) == int(want[a]):
             a += 1
-        return a, int(want[a])
-    ps = probs(target_logits[: n + 1], params)
+        return a, (int(want[a]) if a < rows else None)
+    ps = probs(target_logits[:rows], params)
     for i in range(n):
         ok, tok = accept_or_resample(ps[i], draft_dists[i], int(drafts[i]), rng)
         if not ok:
             return i, tok
-    return n, sample(ps[n], rng)
+    return n, (sample(ps[n], rng) if bonus else None)
 
 
 def pick(logits, params: SamplingParams, rng) -> tuple[int, np.ndarray | None]:
