@@ -34,8 +34,28 @@ def graph_input(graph: gs.Graph, name: str) -> gs.Variable | None:
 
 
 def topo_nodes(graph: gs.Graph) -> list[gs.Node]:
-    graph.toposort()
-    return list(graph.nodes)
+    """The graph's nodes in a topological order, without reordering the graph."""
+    nodes = list(graph.nodes)
+    index = {id(n): i for i, n in enumerate(nodes)}
+    indegree = [0] * len(nodes)
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        deps = {index[id(t.inputs[0])] for t in n.inputs if t.inputs and id(t.inputs[0]) in index}
+        indegree[i] = len(deps)
+        for d in deps:
+            users[d].append(i)
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    order = []
+    while ready:
+        i = ready.pop()
+        order.append(nodes[i])
+        for u in users[i]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                ready.append(u)
+    if len(order) != len(nodes):
+        raise ValueError("graph has a cycle")
+    return order
 
 
 def value_dependence(graph: gs.Graph, sources: Iterable[gs.Tensor],

@@ -47,13 +47,21 @@ def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_k
 
 
 def _without_external(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose external tensors are empty placeholders of the same type
-    and dims, for checks that would otherwise try to open the data files."""
+    """A copy for checks, in which each externally stored initializer is a graph
+    input of the same type and dims (checks then never open, or need, the data
+    files, and no weight is allocated)."""
     light = onnx.ModelProto()
     light.CopyFrom(model)
-    for t in external_tensors(light):
-        del t.external_data[:]
-        t.data_location = onnx.TensorProto.DEFAULT
+    keep, moved = [], []
+    for t in light.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            moved.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            keep.append(t)
+    if moved:
+        del light.graph.initializer[:]
+        light.graph.initializer.extend(keep)
+        light.graph.input.extend(moved)
     return light
 
 

@@ -177,7 +177,7 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
     pos = 0
     while pos < n_prompt:  # chunked prefill; the last chunk right-padded
         v = min(prefill_len, n_prompt - pos)
-        calls.append(("prefill chunk" if v == prefill_len else "prefill chunk (right-padded)",
+        calls.append(("prefill" if v == prefill_len else "prefill (padded)",
                       prefill_len, pos, v))
         pos += v
     for label, width in (("seq_len 1", 1), ("seq_len 2", 2), ("seq_len k", k), ("seq_len k+1", k + 1)):
@@ -196,7 +196,7 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
         v = min(prefill_len, end_start - pos)
         calls.append(("fill", prefill_len, pos, v))
         pos += v
-    calls.append(("context end (padded, wraps)", k + 1, pos, ctx_len - pos))
+    calls.append(("ctx end (padded)", k + 1, pos, ctx_len - pos))
     return calls
 
 
@@ -279,10 +279,10 @@ def render(report: VerifyReport, file=None) -> None:
     from rich.console import Console
     from rich.table import Table
     console = Console(file=file or sys.stdout, highlight=False)
-    t = Table(title=f"verify {report.role.upper()}: k={report.k} PL={report.prefill_len} "
+    t = Table(box=None, title=f"verify {report.role.upper()}: k={report.k} PL={report.prefill_len} "
                     f"CL={report.ctx_len} B={report.batch_size}")
-    for col in ("shape", "seq_len", "calls", "max |Δ logits|", "max |Δ cache|", "history", "finite"):
-        t.add_column(col, justify="right" if col not in ("shape",) else "left")
+    for col in ("shape", "seq_len", "calls", "|Δ logits|", "|Δ cache|", "history", "finite"):
+        t.add_column(col, justify="right" if col not in ("shape",) else "left", no_wrap=True)
     for r in report.per_shape():
         t.add_row(r["shape"], str(r["seq_len"]), str(r["calls"]), f"{r['logits_max_abs_diff']:.2e}",
                   f"{r['cache_max_abs_diff']:.2e}", "CHANGED" if r["history_changed"] else "kept",

@@ -40,6 +40,13 @@ CONFIGS = {
         config=dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
                     n_positions=512, n_ctx=512, bos_token_id=1, eos_token_id=2),
     ),
+    # a decoder exported *without* a KV cache (--task text-generation): must be refused
+    "llama_nocache": dict(
+        kind="llama", exporter="optimum-nocache",
+        config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                    tie_word_embeddings=False),
+    ),
     "llama_dynamo": dict(
         kind="llama", exporter="dynamo",
         config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -79,11 +86,11 @@ def build_hf_model(name: str, seed: int = 0):
     return model
 
 
-def _export_optimum(model, out: Path, work: Path) -> None:
+def _export_optimum(model, out: Path, work: Path, task: str = "text-generation-with-past") -> None:
     hf_dir = work / "hf"
     model.save_pretrained(hf_dir)
     cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "onnx",
-           "--model", str(hf_dir), "--task", "text-generation-with-past", str(out)]
+           "--model", str(hf_dir), "--task", task, str(out)]
     exe = shutil.which("optimum-cli", path=str(Path(sys.executable).parent))
     if exe:
         cmd = [exe] + cmd[3:]
@@ -155,6 +162,8 @@ def export_fixture(name: str) -> Path:
     model = build_hf_model(name)
     if CONFIGS[name]["exporter"] == "optimum":
         _export_optimum(model, out, work)
+    elif CONFIGS[name]["exporter"] == "optimum-nocache":
+        _export_optimum(model, out, work, task="text-generation")
     else:
         _export_dynamo(model, out)
     shutil.rmtree(work / "hf", ignore_errors=True)
@@ -166,6 +175,22 @@ def export_fixture(name: str) -> Path:
     return final / "model.onnx"
 
 
+def mlp_model():
+    """A two-layer MLP: an ONNX model that is not a decoder LM at all."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh
+
+    rng = np.random.default_rng(0)
+    w1 = nh.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1")
+    w2 = nh.from_array(rng.standard_normal((32, 4)).astype(np.float32), "w2")
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["h"]), h.make_node("Relu", ["h"], ["r"]),
+             h.make_node("MatMul", ["r", "w2"], ["y"])]
+    g = h.make_graph(nodes, "mlp", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 16])],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])], [w1, w2])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
 if __name__ == "__main__":
-    for n in sys.argv[1:] or CONFIGS:
+    for n in sys.argv[1:] or [c for c in CONFIGS if c != "llama_nocache"]:
         print(n, export_fixture(n))

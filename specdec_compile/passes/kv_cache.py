@@ -49,6 +49,7 @@ def _virtual_past_shapes(graph: gs.Graph, pasts: list[gs.Tensor], pos: gs.Tensor
             replace_uses(graph, node.outputs[0], sliced)
             node.inputs.clear()
             node.outputs.clear()
+            graph.nodes.remove(node)
 
 
 def retained_kv(graph: gs.Graph, det: Detection) -> gs.Graph:
@@ -76,6 +77,7 @@ def retained_kv(graph: gs.Graph, det: Detection) -> gs.Graph:
             replace_uses(graph, old_out, written)
             concat.inputs.clear()
             concat.outputs.clear()
+            graph.nodes.remove(concat)
             drop.update(present)
             new_outputs.append(written)
     _virtual_past_shapes(graph, pasts, pos)
