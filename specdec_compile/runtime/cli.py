@@ -74,8 +74,6 @@ def _prompts(args, tok) -> list[list[int]]:
         if not ids:
             raise SpecdecError("--prompt-ids: no ids given")
         return [ids]
-    if tok is None:
-        raise SpecdecError("--tokenizer DIR is needed to encode a text prompt (or give --prompt-ids)")
     if args.prompt is not None:
         texts = [args.prompt]
     else:
@@ -90,6 +88,8 @@ def _prompts(args, tok) -> list[list[int]]:
         texts = [t for t in texts if t]
         if not texts:
             raise SpecdecError(f"{args.prompt_file}: no prompts in it")
+    if tok is None:
+        raise SpecdecError("--tokenizer DIR is needed to encode a text prompt (or give --prompt-ids)")
     out = []
     for t in texts:
         ids = list(tok(t)["input_ids"])
