@@ -103,6 +103,8 @@ def test_inplace_binding_updates_the_input_buffer_and_copy_path_agrees(artifact)
     assert np.array_equal(kv, cp.cache("past_key.0"))
     ip.reset()
     assert np.all(ip.cache("past_key.0") == 0)
+    ip.warmup()
+    assert np.all(ip.cache("past_key.0") == 0) and np.array_equal(ip.run(ids, pos), la)
     dlm = OrtBackend(artifact("gpt2", "dlm"), inplace=False)
     p = PROMPTS[0]
     assert (SpecDecoder(cp, dlm).generate(p, max_new_tokens=20).generated_ids

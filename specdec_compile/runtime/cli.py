@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline)")
     p.add_argument("--eos-id", type=int, default=None, metavar="ID",
                    help="end-of-sequence id (default: the tokenizer's; -1 = none)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip running each specialization once before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
     p.add_argument("--no-color", action="store_true")
     return p
@@ -218,6 +220,10 @@ def run(argv: list[str]) -> int:
     dlm = None
     if dlm_art is not None:
         dlm = open_backend(dlm_art, args.backend, expect_role="dlm", device_ids=dlm_dev, **kw)
+    if not args.no_warmup:
+        for b in (tlm, dlm):
+            if b is not None:
+                b.warmup()
     if tok is not None:
         check_tokenizer_fits(tok, tlm.vocab_size, "TLM")
         if dlm is not None:

@@ -85,6 +85,7 @@ class _Meter:
         self.accepted = 0
         self.hist = [0] * (max_drafts + 1)
         self.widths = {}
+        self.callback_time = 0.0
         self.log = [] if record_calls else None
 
     def add_call(self, role: str, width: int, dt: float, prefill: bool):
@@ -104,6 +105,11 @@ class _Meter:
         while accepted >= len(self.hist):
             self.hist.append(0)
         self.hist[accepted] += 1
+
+    def callback(self, fn, tokens, sources):
+        t = time.perf_counter()
+        fn(tokens, sources)
+        self.callback_time += time.perf_counter() - t
 
     def first_token(self):
         if self.t_first is None:
@@ -125,7 +131,10 @@ class _Meter:
             "acceptance_histogram": list(self.hist) if speculative else [],
             "dlm_time_s": self.time["dlm"],
             "tlm_time_s": self.time["tlm"],
-            "host_time_s": max(total - self.time["dlm"] - self.time["tlm"], 0.0),
+            # host: the loop itself (sampling, bookkeeping, input building); the
+            # caller's on_tokens callback (printing) is counted apart
+            "host_time_s": max(total - self.time["dlm"] - self.time["tlm"] - self.callback_time, 0.0),
+            "callback_time_s": self.callback_time,
             "total_time_s": total,
             "prefill_time_s": {"dlm": self.prefill_time["dlm"], "tlm": self.prefill_time["tlm"]},
             "dlm_calls": self.calls["dlm"],
@@ -277,7 +286,7 @@ class TargetOnlyDecoder:
             seq.append(tok)
             meter.first_token()
             if on_tokens:
-                on_tokens([tok], ["target"])
+                meter.callback(on_tokens, [tok], ["target"])
             if tok in self.eos:
                 stop = "eos"
                 break
@@ -401,7 +410,7 @@ class SpecDecoder:
             if tokens:
                 meter.first_token()
                 if on_tokens:
-                    on_tokens(tokens, srcs)
+                    meter.callback(on_tokens, tokens, srcs)
             if reason is None and len(out) >= max_new_tokens:
                 reason = "max_new_tokens"
             if reason is None and len(seq) >= CL:
