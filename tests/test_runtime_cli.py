@@ -169,6 +169,17 @@ def test_different_tokenizers(arts, capsys, tmp_path):
     one_line_error(code, err, "300 tokens", "211")
 
 
+def test_different_eos_in_the_manifests(arts, capsys, tmp_path):
+    get, tok, _ = arts
+    bad = tmp_path / "dlm"
+    shutil.copytree(get("gpt2", "dlm"), bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["eos_token_id"] = 7
+    (bad / "manifest.json").write_text(json.dumps(m))
+    code, _, err = run(["--tlm", get("llama_gqa", "tlm", k=4), "--dlm", bad, "--prompt-ids", "1,2,3"], capsys)
+    one_line_error(code, err, "different EOS")
+
+
 @pytest.mark.parametrize("change,needle", [(dict(ctx=32), "context length"), (dict(pl=4), "prefill length"),
                                            (dict(batch=2), "batch size")])
 def test_different_shapes(arts, capsys, change, needle):

@@ -249,6 +249,10 @@ def check_pair(tlm: Artifact, dlm: Artifact) -> None:
         if a != b:
             raise SpecdecError(f"TLM and DLM differ in {what}: {a} ({tlm.path}) vs {b} ({dlm.path}); "
                                f"compile both with the same value")
+    te, de = tlm.eos_token_id, dlm.eos_token_id
+    if te is not None and de is not None and te != de:
+        raise SpecdecError(f"TLM and DLM have different EOS ids: {te} ({tlm.path}) vs {de} ({dlm.path}); "
+                           f"speculative decoding needs one shared tokenizer")
     if tlm.vocab_size and dlm.vocab_size and tlm.vocab_size != dlm.vocab_size:
         raise SpecdecError(f"TLM and DLM have different vocabularies: {tlm.vocab_size} vs {dlm.vocab_size} "
                            f"tokens; speculative decoding needs one shared tokenizer")
