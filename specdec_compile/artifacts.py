@@ -30,11 +30,10 @@ import onnx
 
 from . import __version__
 from .errors import SpecdecError
+from .contract import ROLES, TARGETS
 from .io import external_data_files, save_model, sha256_file
 from .resources import templates_dir
 
-ROLES = ("tlm", "dlm")
-TARGETS = ("qaic", "ort")
 DTYPES = ("float16", "float32")
 PRECISIONS = ("fp16", "mx6")
 HW_VERSIONS = ("ai100", "2.0")

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecdecError
+from ..contract import ROLES, TARGETS
 
-ROLES = ("tlm", "dlm")
-TARGETS = ("ort", "qaic")
 
 # manifest key -> accepted spellings, first wins
 _ALIASES = {
