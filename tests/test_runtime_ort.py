@@ -173,3 +173,23 @@ def test_backend_errors(artifact, tmp_path):
     with pytest.raises(SpecdecError, match="ONNX Runtime cannot load it"):
         OrtBackend(bad)
     assert load_artifact(bad).role == "dlm"   # the directory itself reads fine
+
+
+def test_target_only_on_a_seq_len_1_compile_of_the_target(tmp_path):
+    """The baseline without padded steps: the target compiled as --role dlm
+    (PL/2/1) decodes exactly what the TLM artifact decodes."""
+    from models import export_fixture
+    from specdec_compile import cli as compile_cli
+    from specdec_compile.runtime import OrtBackend, TargetOnlyDecoder
+
+    src = str(export_fixture("llama_gqa"))
+    tlm_dir, base_dir = tmp_path / "tlm", tmp_path / "base"
+    common = ["--target", "ort", "--ctx-len", "64", "--prefill-len", "8"]
+    assert compile_cli.main([src, "--role", "tlm", "--k", "3", "-o", str(tlm_dir)] + common) == 0
+    assert compile_cli.main([src, "--role", "dlm", "-o", str(base_dir)] + common) == 0
+    prompt = [5, 9, 17, 33, 2 + 40, 7, 7, 100, 3, 61, 11]
+    a = TargetOnlyDecoder(OrtBackend(tlm_dir)).generate(prompt, max_new_tokens=20)
+    b = TargetOnlyDecoder(OrtBackend(base_dir), record_calls=True).generate(prompt, max_new_tokens=20)
+    assert a.generated_ids == b.generated_ids and len(b.generated_ids) == 20
+    widths = {c[1] for c in b.metrics["calls"] if c[1] != 8}
+    assert widths == {1}

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
     p.add_argument("--copy-cache", action="store_true",
                    help="ONNX Runtime: feed the cache back by swapping buffers even for ort targets")
-    p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline)")
+    p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline); --tlm may then also be the target "
+                        "compiled with --role dlm, for seq_len-1 steps")
     p.add_argument("--eos-id", type=int, default=None, metavar="ID",
                    help="end-of-sequence id (default: the tokenizer's; -1 = none)")
     p.add_argument("--no-warmup", action="store_true",
@@ -205,7 +206,8 @@ def run(argv: list[str]) -> int:
 
     # cheap checks first: artifacts, their pairing, tokenizers; then load models
     need_model = args.backend == "ort"
-    tlm_art = load_artifact(args.tlm, expect_role="tlm", need_model=need_model)
+    # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
+    tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
     dlm_art = None
     if not args.target_only:
         dlm_art = load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
