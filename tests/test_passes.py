@@ -180,20 +180,23 @@ def test_lower_sets_opset_and_cache_write_form(fixture_path, target, opset):
         assert len(scatters) == 4 and all(n.attrs["mode"] == "circular" for n in scatters)
 
 
-def _gelu_graph(approx):
-    x = gs.Variable("x", np.float32, [5])
-    y = gs.Variable("y", np.float32, [5])
+def _gelu_graph(approx, dtype=np.float32):
+    x = gs.Variable("x", dtype, [5])
+    y = gs.Variable("y", dtype, [5])
     return gs.Graph(nodes=[gs.Node("Gelu", attrs={"approximate": approx}, inputs=[x], outputs=[y])],
                     inputs=[x], outputs=[y], opset=20)
 
 
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (np.float16, 2e-3)])
 @pytest.mark.parametrize("approx", ["none", "tanh"])
-def test_lower_qaic_decomposes_gelu(approx):
-    x = np.linspace(-3, 3, 5).astype(np.float32)
-    want = _session(_gelu_graph(approx)).run(None, {"x": x})[0]
-    low = passes.lower(_gelu_graph(approx), None, "qaic", source_opset=20)
+def test_lower_qaic_decomposes_gelu(approx, dtype, tol):
+    x = np.linspace(-3, 3, 5).astype(dtype)
+    want = _session(_gelu_graph(approx)).run(None, {"x": x.astype(np.float32)})[0]
+    low = passes.lower(_gelu_graph(approx, dtype), None, "qaic", source_opset=20)
     assert "Gelu" not in [n.op for n in low.nodes]
-    np.testing.assert_allclose(_session(low).run(None, {"x": x})[0], want, atol=1e-5)
+    got = _session(low).run(None, {"x": x})[0]
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.astype(np.float32), want, atol=tol)
 
 
 def test_lower_qaic_refuses_ops_without_an_opset17_form():

@@ -162,15 +162,16 @@ def _to_opset17(graph: gs.Graph, source_opset: int) -> None:
             approx = node.attrs.get("approximate", "none")
             node.outputs.clear()
             node.inputs.clear()
+
+            def c(v):  # a scalar in x's dtype (float16 models too)
+                return b.op("CastLike", [b.const(v, "float32"), x], hint="gelu_c")
             if approx == "tanh":
-                inner = b.op("Mul", [b.op("Add", [x, b.op("Mul", [b.const(0.044715, "float32"),
-                                                                   b.op("Pow", [x, b.const(3.0, "float32")])])]),
-                                     b.const(np.sqrt(2 / np.pi), "float32")])
-                core = b.op("Tanh", [inner])
+                cube = b.op("Mul", [c(0.044715), b.op("Pow", [x, c(3.0)])])
+                core = b.op("Tanh", [b.op("Mul", [b.op("Add", [x, cube]), c(float(np.sqrt(2 / np.pi)))])])
             else:
-                core = b.op("Erf", [b.op("Div", [x, b.const(np.sqrt(2.0), "float32")])])
-            half = b.op("Mul", [x, b.op("Add", [core, b.const(1.0, "float32")])])
-            b.op("Mul", [half, b.const(0.5, "float32")], outputs=[out])
+                core = b.op("Erf", [b.op("Div", [x, c(float(np.sqrt(2.0)))])])
+            half = b.op("Mul", [x, b.op("Add", [core, c(1.0)])])
+            b.op("Mul", [half, c(0.5)], outputs=[out])
         elif node.op == "Cast" and "saturate" in node.attrs:
             node.attrs.pop("saturate")
         else:
