@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""Benchmarks of the compiler and the runtime, in one run (what `make bench` runs).
+
+    python bench/run_bench.py                  # everything; writes bench/results.json and bench/results.md
+    python bench/run_bench.py --only spec,kv   # a subset: spec, kv, step, rewrite
+
+Sections (keys of bench/results.json):
+
+spec_vs_target  the demo pair (demo/train_pair.py; trained or reused) compiled for
+                ONNX Runtime: greedy speculative decoding at k = 1..8 drafts per
+                round against target-only decoding (the TLM export compiled with
+                --role dlm: seq_len 1, last-token logits), on prompts from
+                held-out stdlib modules. Per k: tokens/s of both (decode phase),
+                speedup, alpha (per-draft acceptance), tokens per TLM call, c (DLM
+                step / TLM step), Leviathan et al.'s expected speedup
+                (1 - a^(k+1)) / ((1 - a)(k c + 1)), and the speedup predicted
+                from the measured call costs of this very run: tokens per round x
+                TLM step / (draft calls per round x DLM step + TLM verify time at
+                width k+1). achieved / predicted < 1 is the host's share (Python,
+                numpy, argmax, binding) plus timing noise.
+host_share      the fraction of decode time spent outside model calls, per k.
+kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
+                updated in place (output bound to the input's buffer) vs fed back
+                through a second buffer (the copy path), at ctx_len 256 and 2048.
+step_latency    a decode step of the original optimum export (concatenating cache,
+                past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
+                at the same context.
+rewrite_scale   specdec-compile on a synthetic Llama-shaped optimum export (24
+                layers, hidden 2048, vocab 32000, float32 weights as external data,
+                ~4.8 GB, written by streaming): wall time and peak RSS of the
+                compile process.
+
+Timing: every number is the minimum (per-call latencies: the median) over
+repeats, taken on a shared machine; see BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "demo"))
+sys.path.insert(0, str(HERE))
+
+import run_demo  # noqa: E402
+import train_pair  # noqa: E402
+
+KS = list(range(1, 9))
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def machine() -> dict:
+    import onnxruntime as ort
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        mem = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "python": sys.version.split()[0],
+            "onnxruntime": ort.__version__, "platform": platform.platform(),
+            "load_average_at_start": os.getloadavg()}
+
+
+# --------------------------------------------------------------------------- spec vs target
+
+def alpha_from(m: dict, k: int) -> float | None:
+    """Per-draft acceptance: accepted / (accepted + rejections); a round with fewer than
+    k accepted drafts ended in one rejection."""
+    hist = m.get("acceptance_histogram") or []
+    acc = m.get("accepted_tokens") or 0
+    rej = sum(c for a, c in enumerate(hist) if a < k)
+    return acc / (acc + rej) if acc + rej else None
+
+
+def width_time(m: dict, role: str, width: int) -> float | None:
+    c = (m.get("call_time_by_width") or {}).get(role, {}).get(str(width))
+    return c[1] / c[0] if c and c[0] else None
+
+
+def merge_width_times(ms: list[dict]) -> dict:
+    out: dict = {}
+    for m in ms:
+        for role, d in (m.get("call_time_by_width") or {}).items():
+            for w, (n, t) in d.items():
+                c = out.setdefault(role, {}).setdefault(w, [0, 0.0])
+                c[0] += n
+                c[1] += t
+    return out
+
+
+def bench_spec(pair: dict, out: Path, a) -> tuple[list, dict, dict]:
+    from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
+    from specdec_compile.runtime.tokenizer import load_tokenizer
+
+    demo = Path(pair["paths"]["tokenizer"]).parent
+    tlm_onnx, dlm_onnx = Path(pair["paths"]["tlm_onnx"]), Path(pair["paths"]["dlm_onnx"])
+    common = ["--target", "ort", "--prefill-len", "32", "--ctx-len", str(a.ctx_len)]
+    run_demo.compile_artifact(dlm_onnx, out / "dlm", ["--role", "dlm", *common], log=log)
+    run_demo.compile_artifact(tlm_onnx, out / "tlm", ["--role", "tlm", "--k", "1", "--k-list",
+                                                      ",".join(map(str, KS)), *common], log=log)
+    run_demo.compile_artifact(tlm_onnx, out / "tlm-base", ["--role", "dlm", *common], log=log)
+
+    tok = load_tokenizer(demo / "tokenizer")
+    kw = {"intra_op_threads": a.ort_threads}
+    tlm, dlm, base = OrtBackend(out / "tlm", **kw), OrtBackend(out / "dlm", **kw), OrtBackend(out / "tlm-base", **kw)
+    eos = tok.eos_token_id
+    target = TargetOnlyDecoder(base, eos_token_id=eos)
+    decs = {k: SpecDecoder(tlm, dlm, eos_token_id=eos, k=k, adaptive=False) for k in KS}
+    prompts = run_demo.held_out_prompts(a.prompts, a.ctx_len - a.max_new_tokens, tok)
+    ids_list = [tok(t)["input_ids"] for _, t in prompts]
+    log(f"[spec] {len(prompts)} prompts ({', '.join(n for n, _ in prompts)}), {a.max_new_tokens} new tokens, "
+        f"k = {KS[0]}..{KS[-1]}, {a.repeats} repeats, ORT {a.ort_threads} thread(s)")
+
+    # warm-up: every width once
+    for k in KS:
+        decs[k].generate(ids_list[0], max_new_tokens=16)
+    target.generate(ids_list[0], max_new_tokens=8)
+
+    # best (fastest decode) run per (mode, prompt); modes interleaved so that load changes hit all
+    best: dict = {}
+    ref: dict = {}
+    modes = ["target"] + KS
+    for r in range(a.repeats):
+        for pi, ids in enumerate(ids_list):
+            for mode in modes:
+                dec = target if mode == "target" else decs[mode]
+                res = dec.generate(ids, max_new_tokens=a.max_new_tokens)
+                if mode == "target":
+                    ref[pi] = res.generated_ids
+                elif pi in ref and res.generated_ids != ref[pi]:
+                    raise SystemExit(f"k={mode}: speculative output differs from target-only output")
+                rate = run_demo.decode_rate(res.metrics)
+                key = (mode, pi)
+                if key not in best or (rate or 0) > (run_demo.decode_rate(best[key]) or 0):
+                    best[key] = res.metrics
+        log(f"  repeat {r + 1}/{a.repeats} done")
+
+    def agg(mode):
+        ms = [best[(mode, pi)] for pi in range(len(ids_list))]
+        dec_tokens = sum(m["new_tokens"] - 1 for m in ms)
+        dec_time = sum(m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0) for m in ms)
+        return ms, dec_tokens, dec_time
+
+    tms, t_tok, t_time = agg("target")
+    target_rate = t_tok / t_time
+    t_widths = merge_width_times(tms)
+    t_step = t_widths["tlm"]["1"][1] / t_widths["tlm"]["1"][0]
+    rows = []
+    host = {}
+    for k in KS:
+        ms, s_tok, s_time = agg(k)
+        rate = s_tok / s_time
+        widths = merge_width_times(ms)
+        # decode calls only (prefill calls have width PL)
+        d_n = sum(widths["dlm"].get(w, [0, 0])[0] for w in ("1", "2"))
+        d_t = sum(widths["dlm"].get(w, [0, 0.0])[1] for w in ("1", "2"))
+        dlm_step = d_t / d_n if d_n else 0.0
+        vw = str(k + 1)
+        verify = widths["tlm"][vw][1] / widths["tlm"][vw][0] if vw in widths["tlm"] else None
+        vcalls = sum(m["tlm_verify_calls"] for m in ms)
+        produced = sum((m["mean_tokens_per_tlm_call"] or 0) * m["tlm_verify_calls"] for m in ms)
+        tpc = produced / vcalls if vcalls else None
+        draft_calls = d_n / vcalls if vcalls else 0.0
+        acc = sum(m["accepted_tokens"] for m in ms)
+        hist = [sum(m["acceptance_histogram"][i] if i < len(m["acceptance_histogram"]) else 0 for m in ms)
+                for i in range(max(len(m["acceptance_histogram"]) for m in ms))]
+        alpha = alpha_from({"acceptance_histogram": hist, "accepted_tokens": acc}, k)
+        c = dlm_step / t_step
+        lev = ((1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1)) if alpha is not None and alpha < 1
+               else (k + 1) / (k * c + 1))
+        pred = tpc * t_step / (draft_calls * dlm_step + verify) if tpc and verify else None
+        speedup = rate / target_rate
+        host_s = sum(m["host_time_s"] for m in ms)
+        tot_s = sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in ms)
+        host[str(k)] = host_s / tot_s
+        rows.append({"k": k, "target_tokens_per_s": round(target_rate, 2), "spec_tokens_per_s": round(rate, 2),
+                     "speedup": round(speedup, 3), "alpha": round(alpha, 4) if alpha is not None else None,
+                     "tokens_per_tlm_call": round(tpc, 3) if tpc else None, "c": round(c, 4),
+                     "leviathan_speedup": round(lev, 3), "predicted_speedup": round(pred, 3) if pred else None,
+                     "achieved_over_predicted": round(speedup / pred, 3) if pred else None,
+                     "tlm_step_ms": round(t_step * 1e3, 3), "dlm_step_ms": round(dlm_step * 1e3, 3),
+                     "tlm_verify_ms": round(verify * 1e3, 3) if verify else None,
+                     "draft_calls_per_round": round(draft_calls, 3),
+                     "acceptance_rate_runtime": round(acc / max(1, sum(m["drafted_tokens"] for m in ms)), 4)})
+        log(f"  k={k}: {rate:7.1f} tok/s vs {target_rate:7.1f} -> {speedup:.2f}x (predicted {pred:.2f}x, "
+            f"Leviathan {lev:.2f}x); alpha {alpha:.3f}, {tpc:.2f} tok/TLM call, c {c:.3f}, host {host[str(k)]:.1%}")
+    best_row = max(rows, key=lambda r: r["speedup"])
+    host_share = {"best_k": best_row["k"], "share": round(host[str(best_row["k"])], 4),
+                  "by_k": {k: round(v, 4) for k, v in host.items()},
+                  "target_only": round(sum(m["host_time_s"] for m in tms) /
+                                       sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in tms), 4)}
+    info = {"prompts": [n for n, _ in prompts], "max_new_tokens": a.max_new_tokens, "ctx_len": a.ctx_len,
+            "repeats": a.repeats, "ort_threads": a.ort_threads,
+            "new_tokens": [tms[i]["new_tokens"] for i in range(len(tms))],
+            "pair": {"params": pair["params"], "metrics": pair["metrics"]}}
+    for b in (tlm, dlm, base):
+        b.close()
+    return rows, host_share, info
+
+
+# --------------------------------------------------------------------------- KV in place / step latency
+
+def time_steps(fn, n: int, warm: int = 5) -> float:
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def decode_step_fn(backend, ctx_len: int):
+    import numpy as np
+    state = {"p": ctx_len - 64}
+
+    def step():
+        p = state["p"]
+        backend.run(np.array([[7]], np.int64), np.array([[p]], np.int64))
+        state["p"] = ctx_len - 64 if p + 1 >= ctx_len else p + 1
+    return step
+
+
+def bench_kv(pair: dict, out: Path, a) -> tuple[list, list]:
+    import numpy as np
+    import onnxruntime as ort
+    from specdec_compile.runtime import OrtBackend
+
+    tlm_onnx = Path(pair["paths"]["tlm_onnx"])
+    kv_rows, step_rows = [], []
+    for ctx in a.kv_ctx:
+        art = out / f"tlm-step-{ctx}"
+        run_demo.compile_artifact(tlm_onnx, art, ["--role", "dlm", "--target", "ort", "--prefill-len", "32",
+                                                  "--ctx-len", str(ctx)], log=log)
+        kw = {"intra_op_threads": a.ort_threads}
+        inp = OrtBackend(art, inplace=True, **kw)
+        cp = OrtBackend(art, inplace=False, **kw)
+        # interleave, twice, keep the best median of each
+        t_in, t_cp = [], []
+        for _ in range(2):
+            t_in.append(time_steps(decode_step_fn(inp, ctx), a.steps))
+            t_cp.append(time_steps(decode_step_fn(cp, ctx), a.steps))
+        kv_rows.append({"ctx_len": ctx, "inplace_step_ms": round(min(t_in) * 1e3, 4),
+                        "copy_step_ms": round(min(t_cp) * 1e3, 4),
+                        "copy_over_inplace": round(min(t_cp) / min(t_in), 3)})
+        log(f"[kv] ctx {ctx}: in place {min(t_in) * 1e3:.3f} ms, copy {min(t_cp) * 1e3:.3f} ms per decode step")
+
+        # the original export at the same context: past = ctx-1 slots, one new token
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.intra_op_num_threads = a.ort_threads
+        sess = ort.InferenceSession(str(tlm_onnx), so, providers=["CPUExecutionProvider"])
+        feeds = {}
+        past = ctx - 1
+        for i in sess.get_inputs():
+            if i.name == "input_ids":
+                feeds[i.name] = np.array([[7]], np.int64)
+            elif i.name == "attention_mask":
+                feeds[i.name] = np.ones((1, past + 1), np.int64)
+            elif i.name == "position_ids":
+                feeds[i.name] = np.array([[past]], np.int64)
+            else:
+                feeds[i.name] = np.zeros((1, i.shape[1], past, i.shape[3]), np.float32)
+        t_orig = min(time_steps(lambda: sess.run(None, feeds), a.steps) for _ in range(2))
+        step_rows.append({"ctx_len": ctx, "original_ms": round(t_orig * 1e3, 4),
+                          "rewritten_ms": round(min(t_in) * 1e3, 4),
+                          "original_over_rewritten": round(t_orig / min(t_in), 3)})
+        log(f"[step] ctx {ctx}: original export {t_orig * 1e3:.3f} ms, rewritten {min(t_in) * 1e3:.3f} ms")
+        for b in (inp, cp):
+            b.close()
+        del sess
+    return kv_rows, step_rows
+
+
+# --------------------------------------------------------------------------- rewrite at scale
+
+def bench_rewrite(out: Path, a) -> dict:
+    import synthetic
+    cache = out / "synthetic"
+    t0 = time.time()
+    tpl = synthetic.template(cache, layers=a.big_layers)
+    desc = synthetic.scale(tpl, cache / "big", hidden=a.big_hidden, intermediate=a.big_intermediate,
+                           vocab=a.big_vocab)
+    gen_s = time.time() - t0
+    log(f"[rewrite] synthetic model: {desc['layers']} layers, hidden {desc['hidden']}, "
+        f"{desc['weight_bytes'] / 1e9:.2f} GB of external weights ({gen_s:.0f} s to generate or reuse)")
+    model = cache / "big" / "model.onnx"
+    rows = {}
+    for target in a.big_targets:
+        dst = out / f"rewrite-big-{target}"
+        runs = []
+        for _ in range(a.rewrite_repeats):
+            shutil.rmtree(dst, ignore_errors=True)
+            cmd = run_demo.compile_cmd() + [str(model), "--role", "tlm", "--k", "7", "--target", target,
+                                            "--prefill-len", "32", "--ctx-len", "2048", "-o", str(dst)]
+            # a fresh process per run: RUSAGE_CHILDREN of the wrapper is the compile's alone
+            wrapper = ("import json,resource,subprocess,sys,time;t=time.perf_counter();"
+                       "r=subprocess.run(sys.argv[1:],capture_output=True,text=True);w=time.perf_counter()-t;"
+                       "u=resource.getrusage(resource.RUSAGE_CHILDREN);"
+                       "print(json.dumps({'rc':r.returncode,'wall_s':w,'peak_rss_bytes':u.ru_maxrss*1024,"
+                       "'err':r.stderr[-1500:]}))")
+            res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True)
+            rec = json.loads(res.stdout.strip().splitlines()[-1])
+            if rec["rc"] != 0:
+                raise SystemExit(f"specdec-compile of the synthetic model failed:\n{rec['err']}")
+            runs.append(rec)
+        man = json.loads((dst / "manifest.json").read_text())
+        detected = {k: man.get(k) for k in ("family", "exporter", "num_layers", "num_heads", "num_kv_heads",
+                                            "head_dim", "vocab_size", "dtype")}
+        best = min(runs, key=lambda r: r["wall_s"])
+        peak = max(r["peak_rss_bytes"] for r in runs)
+        row = {"weight_bytes": desc["weight_bytes"], "wall_s": round(best["wall_s"], 3), "peak_rss_bytes": peak,
+               "rss_over_weights": round(peak / desc["weight_bytes"], 4),
+               "wall_s_all": [round(r["wall_s"], 3) for r in runs], "target": target,
+               "command": "specdec-compile MODEL --role tlm --k 7 --target " + target +
+                          " --prefill-len 32 --ctx-len 2048 -o OUT",
+               "model": {k: desc[k] for k in ("layers", "hidden", "heads", "intermediate", "vocab", "dtype",
+                                              "graph_bytes")},
+               "detected": detected}
+        log(f"[rewrite] specdec-compile --target {target}: {row['wall_s']} s, peak RSS "
+            f"{peak / 1e6:.0f} MB ({row['rss_over_weights']:.1%} of the weights); detected {detected}")
+        if not a.keep_big:
+            shutil.rmtree(dst, ignore_errors=True)
+        rows[target] = row
+    main_row = dict(rows[a.big_targets[0]])
+    main_row["by_target"] = {t: {k: r[k] for k in ("wall_s", "peak_rss_bytes", "rss_over_weights")}
+                             for t, r in rows.items()}
+    return main_row
+
+
+# --------------------------------------------------------------------------- report
+
+def markdown(res: dict) -> str:
+    L = []
+    sv = res.get("spec_vs_target")
+    if sv:
+        L.append("| k | target tok/s | spec tok/s | speedup | alpha | tok/TLM call | c | Leviathan | predicted | achieved/predicted |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in sv:
+            L.append(f"| {r['k']} | {r['target_tokens_per_s']:.1f} | {r['spec_tokens_per_s']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['alpha']:.3f} | {r['tokens_per_tlm_call']:.2f} | {r['c']:.3f} | "
+                     f"{r['leviathan_speedup']:.2f}x | {r['predicted_speedup']:.2f}x | {r['achieved_over_predicted']:.2f} |")
+        hs = res["host_share"]
+        L.append("")
+        L.append(f"Host share of decode time at the best k ({hs['best_k']}): {hs['share']:.1%} "
+                 f"(target-only: {hs['target_only']:.1%}).")
+        L.append("")
+    if res.get("kv_inplace"):
+        L.append("| ctx_len | in-place step (ms) | copy step (ms) | copy / in-place |")
+        L.append("|---|---|---|---|")
+        for r in res["kv_inplace"]:
+            L.append(f"| {r['ctx_len']} | {r['inplace_step_ms']:.3f} | {r['copy_step_ms']:.3f} | {r['copy_over_inplace']:.2f} |")
+        L.append("")
+    if res.get("step_latency_by_ctx"):
+        L.append("| ctx_len | original export step (ms) | rewritten step (ms) | original / rewritten |")
+        L.append("|---|---|---|---|")
+        for r in res["step_latency_by_ctx"]:
+            L.append(f"| {r['ctx_len']} | {r['original_ms']:.3f} | {r['rewritten_ms']:.3f} | {r['original_over_rewritten']:.2f} |")
+        L.append("")
+    rs = res.get("rewrite_scale")
+    if rs:
+        L.append("| model | target | rewrite wall | peak RSS | RSS / weights |")
+        L.append("|---|---|---|---|---|")
+        desc = (f"{rs['weight_bytes'] / 1e9:.2f} GB ({rs['model']['layers']} layers, hidden "
+                f"{rs['model']['hidden']}, vocab {rs['model']['vocab']})")
+        for t, r in (rs.get("by_target") or {rs["target"]: rs}).items():
+            L.append(f"| {desc} | {t} | {r['wall_s']:.2f} s | {r['peak_rss_bytes'] / 1e6:.0f} MB | "
+                     f"{r['rss_over_weights']:.1%} |")
+    return "\n".join(L) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
+    ap.add_argument("--only", default="spec,kv,step,rewrite", help="comma list of spec, kv, step, rewrite")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
+    ap.add_argument("--demo-out", type=Path, default=ROOT / "build" / "demo")
+    ap.add_argument("--results", type=Path, default=HERE / "results.json")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--ctx-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ort-threads", type=int, default=1)
+    ap.add_argument("--kv-ctx", type=lambda s: [int(x) for x in s.split(",")], default=[256, 2048])
+    ap.add_argument("--steps", type=int, default=200, help="decode steps per latency measurement")
+    ap.add_argument("--big-layers", type=int, default=24)
+    ap.add_argument("--big-hidden", type=int, default=2048)
+    ap.add_argument("--big-intermediate", type=int, default=5632)
+    ap.add_argument("--big-vocab", type=int, default=32000)
+    ap.add_argument("--big-targets", type=lambda s: s.split(","), default=["qaic", "ort"],
+                    help="lowering targets to time the rewrite for (first one is the headline)")
+    ap.add_argument("--rewrite-repeats", type=int, default=3)
+    ap.add_argument("--keep-big", action="store_true", help="keep the rewritten big artifact")
+    a = ap.parse_args(argv)
+    only = set(a.only.split(","))
+    a.out.mkdir(parents=True, exist_ok=True)
+
+    res: dict = {}
+    if a.results.exists():  # a partial run (--only) updates the previous results
+        try:
+            res = json.loads(a.results.read_text())
+        except ValueError:
+            res = {}
+    res["machine"] = machine()
+    res["command"] = " ".join(["python", "bench/run_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    t_all = time.time()
+    pair = None
+    if only & {"spec", "kv", "step"}:
+        pair = train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
+    if "spec" in only:
+        rows, host, info = bench_spec(pair, a.out, a)
+        res["spec_vs_target"] = rows
+        res["host_share"] = host
+        res["spec_settings"] = info
+    if only & {"kv", "step"}:
+        kv_rows, step_rows = bench_kv(pair, a.out, a)
+        res["kv_inplace"] = kv_rows
+        pick = max(step_rows, key=lambda r: r["ctx_len"])
+        res["step_latency"] = {k: pick[k] for k in ("ctx_len", "original_ms", "rewritten_ms")}
+        res["step_latency_by_ctx"] = step_rows
+    if "rewrite" in only:
+        res["rewrite_scale"] = bench_rewrite(a.out, a)
+    res["wall_s"] = round(time.time() - t_all, 1)
+    res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    a.results.write_text(json.dumps(res, indent=1, sort_keys=False) + "\n")
+    md = markdown(res)
+    (a.results.with_suffix(".md")).write_text(md)
+    print()
+    print(md)
+    log(f"[bench] wrote {a.results} and {a.results.with_suffix('.md')} ({res['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
