@@ -538,6 +538,30 @@ def export_onnx(hf_dir: Path, out: Path) -> tuple[Path, float]:
 
 # --------------------------------------------------------------------------- main
 
+def train_stage(role, label, key, force, seed, rep, tok, out, cfg, batches):
+    """Train (or reuse, by cache key) one model of the pair; returns (model, seconds, train stats)."""
+    t0 = time.time()
+    mc = cfg[role]
+    model_dir = out / "hf" / role
+    if force or not stamp_ok(model_dir, key):
+        model = llama(mc, tok, seed)
+        rep.line(f"[{role}] {n_params(model) / 1e6:.2f}M parameters, {mc['layers']} "
+                 f"layer{'s' if mc['layers'] > 1 else ''} x {mc['hidden']}; "
+                 f"{mc['steps']} steps x {mc['batch']} x {mc['seq']}")
+        stats = train_loop(model, mc, batches(model), rep, label)
+        tmp = fresh_tmp(model_dir)
+        save_hf(model, tok, tmp)
+        publish(tmp, model_dir, key, {"train": stats})
+        trained = True
+    else:
+        trained = False
+        stats = json.loads((model_dir / STAMP).read_text()).get("train")
+    model = load_hf(model_dir)
+    seconds = round(time.time() - t0, 1)
+    rep.line(f"[{role}] {'trained' if trained else 'reused'}: {stats} ({seconds} s)")
+    return model, seconds, stats
+
+
 def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force: bool = False,
         quiet: bool = False) -> dict:
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
@@ -597,24 +621,8 @@ def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force
              f"{len(held_stream):,} held-out tokens ({times['tokenizer_s']} s)")
 
     # TLM
-    t0 = time.time()
-    tlm_dir = out / "hf" / "tlm"
-    tlm_stats = None
-    if force or not stamp_ok(tlm_dir, k_tlm):
-        tlm = llama(cfg["tlm"], tok, seed + 1)
-        rep.line(f"[tlm] {n_params(tlm) / 1e6:.2f}M parameters, {cfg['tlm']['layers']} layers x "
-                 f"{cfg['tlm']['hidden']}; {cfg['tlm']['steps']} steps x {cfg['tlm']['batch']} x {cfg['tlm']['seq']}")
-        tlm_stats = train_loop(tlm, cfg["tlm"], corpus_batches(train_stream, cfg["tlm"], seed + 2), rep, "TLM")
-        tmp = fresh_tmp(tlm_dir)
-        save_hf(tlm, tok, tmp)
-        publish(tmp, tlm_dir, k_tlm, {"train": tlm_stats})
-        forced = True
-    else:
-        forced = False
-        tlm_stats = json.loads((tlm_dir / STAMP).read_text()).get("train")
-    tlm = load_hf(tlm_dir)
-    times["tlm_s"] = round(time.time() - t0, 1)
-    rep.line(f"[tlm] {'trained' if forced else 'reused'}: {tlm_stats} ({times['tlm_s']} s)")
+    tlm, times["tlm_s"], tlm_stats = train_stage("tlm", "TLM", k_tlm, force, seed + 1, rep, tok, out, cfg,
+                                                 lambda m: corpus_batches(train_stream, cfg["tlm"], seed + 2))
 
     # labels
     t0 = time.time()
@@ -632,23 +640,8 @@ def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force
     rep.line(f"[labels] {data['stats']} ({times['labels_s']} s)")
 
     # DLM
-    t0 = time.time()
-    dlm_dir = out / "hf" / "dlm"
-    if force or not stamp_ok(dlm_dir, k_dlm):
-        dlm = llama(cfg["dlm"], tok, seed + 4)
-        rep.line(f"[dlm] {n_params(dlm) / 1e6:.2f}M parameters, {cfg['dlm']['layers']} layer x "
-                 f"{cfg['dlm']['hidden']}; {cfg['dlm']['steps']} steps x {cfg['dlm']['batch']} x {cfg['dlm']['seq']}")
-        dlm_stats = train_loop(dlm, cfg["dlm"], label_batches(data, cfg["dlm"], seed + 5), rep, "DLM")
-        tmp = fresh_tmp(dlm_dir)
-        save_hf(dlm, tok, tmp)
-        publish(tmp, dlm_dir, k_dlm, {"train": dlm_stats})
-        forced = True
-    else:
-        forced = False
-        dlm_stats = json.loads((dlm_dir / STAMP).read_text()).get("train")
-    dlm = load_hf(dlm_dir)
-    times["dlm_s"] = round(time.time() - t0, 1)
-    rep.line(f"[dlm] {'trained' if forced else 'reused'}: {dlm_stats} ({times['dlm_s']} s)")
+    dlm, times["dlm_s"], dlm_stats = train_stage("dlm", "DLM", k_dlm, force, seed + 4, rep, tok, out, cfg,
+                                                 lambda m: label_batches(data, cfg["dlm"], seed + 5))
 
     # evaluation
     t0 = time.time()
@@ -660,7 +653,8 @@ def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force
     # export
     t0 = time.time()
     if do_export:
-        for role, src in (("tlm", tlm_dir), ("dlm", dlm_dir)):
+        for role in ("tlm", "dlm"):
+            src = out / "hf" / role
             final = out / "export" / role
             if force or not stamp_ok(final, k_exp):
                 tmp, dt = export_onnx(src, final)
@@ -675,7 +669,7 @@ def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force
         "key": k_eval, "keys": {"tokenizer": k_tok, "tlm": k_tlm, "labels": k_lab, "dlm": k_dlm,
                                 "export": k_exp},
         "config": cfg, "versions": vers, "threads": threads,
-        "paths": {"tokenizer": str(tok_dir), "tlm": str(tlm_dir), "dlm": str(dlm_dir),
+        "paths": {"tokenizer": str(tok_dir), "tlm": str(out / "hf" / "tlm"), "dlm": str(out / "hf" / "dlm"),
                   **({"tlm_onnx": str(out / "export/tlm/model.onnx"),
                       "dlm_onnx": str(out / "export/dlm/model.onnx")} if do_export else {})},
         "params": {"tlm": n_params(tlm), "dlm": n_params(dlm)},

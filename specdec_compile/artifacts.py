@@ -31,7 +31,7 @@ import onnx
 from . import __version__
 from .errors import SpecdecError
 from .contract import ROLES, TARGETS
-from .io import external_data_files, save_model, sha256_file
+from .io import save_model, sha256_file
 from .resources import templates_dir
 
 DTYPES = ("float16", "float32")

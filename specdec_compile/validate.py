@@ -2,13 +2,10 @@
 the contract's interface (names, order, dtypes, dims)."""
 from __future__ import annotations
 
-import copy
-
 import onnx
 
 from .contract import BATCH, CTX, SEQ, interface
 from .errors import SpecdecError
-from .io import external_tensors
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list:
@@ -80,5 +77,3 @@ def check_model(model: onnx.ModelProto) -> onnx.ModelProto:
     except Exception as e:  # InferenceError and friends
         raise SpecdecError(f"rewritten graph fails shape inference: {str(e).splitlines()[0]}") from None
 
-
-__all__ = ["check_model", "interface_problems", "copy"]

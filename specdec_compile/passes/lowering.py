@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 from ..contract import CACHE_WRITE, QAIC_DOMAIN, SPECDEC_DOMAIN, TARGET_OPSET
 from ..detect import Detection
 from ..errors import UnsupportedPatternError
-from ..graph_utils import Builder, const_value, tensor_by_name
+from ..graph_utils import Builder, const_value
 
 _REDUCE_18 = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
