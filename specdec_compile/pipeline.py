@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,4 +148,4 @@ def compile_model(model_or_path, *, role: str, target: str = "qaic", k: int | No
     return rewrite(model_or_path, role=role, target=target, k=k).model
 
 
-__all__ = ["rewrite", "compile_model", "CompileResult", "PASS_ORDER", "validate_options", "os"]
+__all__ = ["rewrite", "compile_model", "CompileResult", "PASS_ORDER", "validate_options"]

@@ -25,15 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from .contract import INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
 from .errors import SpecdecError
 from .io import load_model
-
-_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
-       onnx.TensorProto.DOUBLE: np.float64}
-
 
 @dataclass
 class ShapeCheck:

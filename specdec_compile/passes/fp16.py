@@ -31,10 +31,9 @@ def fp16_safe(graph: gs.Graph, det=None) -> gs.Graph:
         if isinstance(t, gs.Constant):
             _clamp(t)
     for node in graph.nodes:
-        for key in ("value",):
-            v = node.attrs.get(key)
-            if isinstance(v, gs.Constant):
-                _clamp(v)
+        v = node.attrs.get("value")  # Constant and ConstantOfShape
+        if isinstance(v, gs.Constant):
+            _clamp(v)
         if node.op == "Constant":
             for key in ("value_float", "value_floats"):
                 if key in node.attrs:

@@ -54,7 +54,7 @@ def _ctx_scatter_function() -> gs.Function:
                              attrs={"value": gs.Constant(f"{name}_v", np.asarray(value, dtype=np.int64))}))
         return o
 
-    zero, one, two = const(0, "zero"), const(1, "one"), const([2], "two")
+    zero, one = const(0, "zero"), const(1, "one")
     shp = op("Shape", [data], name="shape")
     b = op("Gather", [shp, zero], {"axis": 0}, "batch")
     h = op("Gather", [shp, one], {"axis": 0}, "heads")
@@ -70,7 +70,6 @@ def _ctx_scatter_function() -> gs.Function:
     idx = op("Concat", [op("Unsqueeze", [bidx, const([3], "ax3a")], name="bi4"),
                         op("Unsqueeze", [hidx, const([3], "ax3b")], name="hi4"),
                         op("Unsqueeze", [pidx, const([3], "ax3c")], name="pi4")], {"axis": 3}, "indices")
-    del two
     nodes.append(gs.Node(op="ScatterND", inputs=[data, idx, upd], outputs=[out]))
     return gs.Function("CtxScatter", domain=QAIC_DOMAIN, nodes=nodes, inputs=[data, pos, upd],
                        outputs=[out], opset=17)

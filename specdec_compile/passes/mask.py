@@ -53,7 +53,7 @@ def position_mask(graph: gs.Graph, det: Detection, mask_value: float = MASK_VALU
             raise UnsupportedPatternError(f"unknown mask kind {site.kind!r}")
     graph.cleanup(remove_unused_graph_inputs=False)
     if det.attention_mask is not None:
-        am = tensor_by_name(graph, det.attention_mask) if det.attention_mask in graph.tensors() else None
+        am = graph.tensors().get(det.attention_mask)
         if am is not None and am.outputs:
             users = ", ".join(sorted(n.name for n in am.outputs))
             raise UnsupportedPatternError(
