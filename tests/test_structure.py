@@ -1,0 +1,144 @@
+"""The package's shape, checked statically: no import cycle, importable in any
+order, no function longer than about 80 lines, no module longer than about 600.
+
+These are the limits the structure issue set so that each new graph pattern is
+one new small module; a test failing here means a function or module grew past
+them and should be split, not that the limit should move.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "specdec_compile"
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    return mods
+
+
+def _resolve(mod: str, path: Path, node: ast.ImportFrom | ast.Import, known: set[str]) -> set[str]:
+    """Package modules an import statement (at any depth in the file) loads."""
+    out = set()
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name.split(".")[0] == PKG.name:
+                out.add(alias.name)
+        return {m for m in out if m in known}
+    if node.level:
+        base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if target.split(".")[0] != PKG.name:
+        return set()
+    for alias in node.names:  # "from . import diff" names a module, not an attribute
+        if f"{target}.{alias.name}" in known:
+            out.add(f"{target}.{alias.name}")
+    if target in known:
+        out.add(target)
+    # importing a.b.c imports a and a.b first
+    parts = target.split(".")
+    out |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in known}
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    graph = {}
+    for mod, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                deps |= _resolve(mod, path, node, known)
+        deps.discard(mod)
+        # a package's __init__ is loaded before any of its modules: that is not an edge back
+        graph[mod] = {d for d in deps if not mod.startswith(d + ".")}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter_state():
+    # each module imported first (package modules dropped from sys.modules between them), then
+    # all of them in reverse order: an order-dependent import fails here
+    code = (
+        "import importlib, sys\n"
+        f"mods = {sorted(_modules())!r}\n"
+        "def fresh():\n"
+        "    for m in [m for m in sys.modules if m == 'specdec_compile' or m.startswith('specdec_compile.')]:\n"
+        "        del sys.modules[m]\n"
+        "for m in mods:\n"
+        "    fresh(); importlib.import_module(m)\n"
+        "fresh()\n"
+        "for m in reversed(mods):\n"
+        "    importlib.import_module(m)\n"
+        "print('ok', len(mods))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=PKG.parent)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("ok")
+
+
+def test_no_function_longer_than_about_80_lines():
+    long = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{mod}.{node.name}: {n} lines")
+    assert not long, "functions too long: " + "; ".join(long)
+
+
+def test_no_module_longer_than_about_600_lines():
+    long = [f"{mod}: {n}" for mod, path in _modules().items()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, "modules too long: " + "; ".join(long)
