@@ -148,9 +148,6 @@ def test_help_has_worked_example(capsys):
 
 
 def test_explain_prints_what_each_pass_changed(fake, capsys, monkeypatch):
-    from specdec_compile import diff
-    if not callable(getattr(diff, "explain", None)):
-        pytest.skip("specdec_compile.diff.explain not available")
     from test_artifacts import original_model, rewritten_model
 
     def rewrite(path, *, role, target="qaic", k=None, record=False):
