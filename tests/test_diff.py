@@ -20,7 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specdec_compile import cli, pipeline
+from specdec_compile import cli, explain, pipeline
 from specdec_compile import diff as D
 from specdec_compile.diff import cli as diff_cli
 from specdec_compile.diff.sections import is_empty
@@ -531,6 +531,46 @@ def test_passes_cli_and_explain_from_pipeline(fixture_models, capsys):
     rc, out, err = _run_cli(["--passes", str(src), "--role", "tlm", "--json"], capsys)
     js = json.loads(out)
     assert rc == 1 and js["kind"] == "explain" and js["role"] == "tlm"
+
+
+def test_explain_module_names_passes_as_the_pipeline_recorded_them(fixture_models):
+    src = fixture_models["llama_gqa"]
+    res = pipeline.rewrite(str(src), role="dlm", target="ort", record=True)
+    rep = explain.explain_result(res)
+    names = [name for name, _ in res.snapshots[1:]]
+    assert [p["pass"] for p in rep["passes"]] == names == list(res.passes)
+    assert rep["total"]["a"] == "original" and rep["total"]["b"] == names[-1]
+    from_file = explain.explain_file(src.parent, role="dlm", target="ort")  # an artifact-style directory
+    assert from_file["source"] == str(src.parent) and from_file["role"] == "dlm" and from_file["target"] == "ort"
+    assert D.render_text(from_file) == D.render_text(rep)
+
+
+def test_explain_file_bad_input_is_one_line(tmp_path):
+    with pytest.raises(SpecdecError, match="no such file"):
+        explain.explain_file(tmp_path / "missing.onnx", role="tlm")
+
+
+def test_library_never_loads_the_cli_or_the_pipeline():
+    code = ("import sys, specdec_compile.diff as d\n"
+            "d.diff_models, d.diff_files, d.diff_snapshots, d.render_text, d.render_json, d.print_report\n"
+            "assert d.explain is d.diff_snapshots\n"
+            "bad = [m for m in ('specdec_compile.diff.cli', 'specdec_compile.explain', 'specdec_compile.pipeline',\n"
+            "                   'specdec_compile.cli', 'specdec_compile.cli_common') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr
+
+
+def test_python_m_diff(tmp_path):
+    a = _save(build_tiny(0), tmp_path / "a.onnx")
+    b = _save(build_tiny(1), tmp_path / "b.onnx")
+    same = subprocess.run([sys.executable, "-m", "specdec_compile.diff", str(a), str(a)], capture_output=True,
+                          text=True, timeout=120)
+    assert same.returncode == 0 and same.stdout.splitlines()[-1] == "no differences", same.stderr
+    differ = subprocess.run([sys.executable, "-m", "specdec_compile.diff", str(a), str(b), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert differ.returncode == 1 and json.loads(differ.stdout)["identical"] is False
 
 
 def test_two_compiles_differing_in_k_have_identical_tlm_graphs(fixture_models, tmp_path, capsys):
