@@ -16,6 +16,7 @@ from pathlib import Path
 from . import __version__
 from .artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, Artifact,
                         Options, check_out, find_compiler, hw_version_for)
+from .cli_common import Parser
 from .errors import SpecdecError
 
 EPILOG = """\
@@ -38,13 +39,6 @@ other subtools: specdec-compile verify ORIGINAL REWRITTEN, specdec-compile diff 
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one-line SpecdecErrors (exit 2)."""
-
-    def error(self, message):  # noqa: D401 - argparse API
-        raise SpecdecError(f"{message} (see {self.prog} --help)")
-
-
 def _positive_list(text: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
@@ -55,19 +49,12 @@ def _positive_list(text: str) -> tuple[int, ...]:
     return vals
 
 
-def _has_explain() -> bool:
-    try:
-        from . import diff
-    except Exception:
-        return False
-    return callable(getattr(diff, "explain", None))
-
-
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-                description="Rewrite a stock ONNX export of a decoder LM into a retained-state graph for "
-                            "speculative decoding on Qualcomm Cloud AI 100, and write the artifact "
-                            "directory (model, specializations, custom IO, compile script, manifest).")
+    p = Parser(prog=prog, help_hint=f" (see {prog} --help)",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+               description="Rewrite a stock ONNX export of a decoder LM into a retained-state graph for "
+                           "speculative decoding on Qualcomm Cloud AI 100, and write the artifact "
+                           "directory (model, specializations, custom IO, compile script, manifest).")
     p.add_argument("model", metavar="MODEL", help="ONNX export with a KV cache (optimum or torch dynamo)")
     p.add_argument("--role", required=True, choices=ROLES, help="dlm: draft model; tlm: target model")
     p.add_argument("--k", type=int, default=None,
@@ -94,8 +81,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="then run the Cloud AI 100 compiler (OUT/compile.sh) and return its exit code")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    if _has_explain():
-        p.add_argument("--explain", action="store_true", help="print what each pass changed in the graph")
+    p.add_argument("--explain", action="store_true", help="print what each pass changed in the graph")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 
@@ -123,9 +109,8 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from .artifacts import write_artifact
     from .io import load_model
 
-    explain = bool(getattr(a, "explain", False))
     original = load_model(model_path)
-    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=explain)
+    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)
 
     compiler = find_compiler()
@@ -134,7 +119,11 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     command = ([shown_compiler, "-aic-hw", f"-aic-hw-version={hw}", *art.compile_flags]
                if art.compile_flags else None)
 
-    explanation = _explain(res) if explain else None
+    explanation = None
+    if a.explain:
+        from .explain import explain_result
+
+        explanation = explain_result(res)
     if a.json:
         print(json.dumps(_summary_dict(art, opts, command, explanation), indent=2, sort_keys=True))
     else:
@@ -164,12 +153,6 @@ def run_compile(out: Path, compiler: Path, to_stderr: bool = False) -> int:
 
 
 # --------------------------------------------------------------------------- reporting
-
-def _explain(res):
-    from . import diff
-
-    return diff.explain(res.snapshots, base_dir=getattr(res, "source_dir", None))
-
 
 def _summary_dict(art: Artifact, opts: Options, command, explanation=None) -> dict:
     m = art.manifest
@@ -254,7 +237,7 @@ def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, exp
             t.append(text, style=style)
         con.print(t)
     if explanation is not None:
-        from . import diff
+        from .diff import print_report
 
         sys.stdout.flush()
-        diff.print_report(explanation, file=sys.stdout)
+        print_report(explanation, file=sys.stdout)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_compile import artifacts, cli, pipeline
+from specdec_compile import artifacts, cli, cli_common, pipeline
+from specdec_compile.errors import SpecdecError
 from test_artifacts import GOLDEN, SDK_DLM, SDK_TLM7, _fake_compiler, fake_result, listing
 
 VENV_BIN = Path(sys.executable).parent
@@ -148,9 +149,6 @@ def test_help_has_worked_example(capsys):
 
 
 def test_explain_prints_what_each_pass_changed(fake, capsys, monkeypatch):
-    from specdec_compile import diff
-    if not callable(getattr(diff, "explain", None)):
-        pytest.skip("specdec_compile.diff.explain not available")
     from test_artifacts import original_model, rewritten_model
 
     def rewrite(path, *, role, target="qaic", k=None, record=False):
@@ -166,6 +164,54 @@ def test_explain_prints_what_each_pass_changed(fake, capsys, monkeypatch):
     assert rc == 0, se
     d = json.loads(so)
     assert d["explain"]["passes"][0]["pass"] == "retain_kv"
+    # the names shown are the ones the pipeline recorded, whatever they are
+    assert [p["pass"] for p in d["explain"]["passes"]] == ["retain_kv"]
+
+
+def test_explain_off_records_nothing(fake, capsys):
+    rc, so, se = run([fake.model, "--role", "tlm", "--k", "7", "-o", fake.tmp / "o"], capsys)
+    assert rc == 0, se
+    assert fake.calls[-1]["record"] is False and "explain:" not in so
+
+
+# --------------------------------------------------------------------------- cli_common
+
+def test_shared_parser_errors_are_one_line_specdec_errors():
+    p = cli_common.Parser(prog="tool", help_hint=" (see tool --help)")
+    p.add_argument("--n", type=int)
+    with pytest.raises(SpecdecError) as e:
+        p.parse_args(["--n", "x"])
+    assert str(e.value).endswith("(see tool --help)") and "invalid int value" in str(e.value)
+    plain = cli_common._Parser(prog="tool")  # the name and default behaviour runtime/cli.py relies on
+    with pytest.raises(SpecdecError) as e:
+        plain.parse_args(["--bogus"])
+    assert str(e.value) == "unrecognized arguments: --bogus"
+
+
+@pytest.mark.parametrize("exc,code,line", [
+    (SpecdecError("bad input"), 2, "tool: error: bad input"),
+    (KeyboardInterrupt(), 130, "tool: interrupted"),
+    (ValueError("a\nbug"), 3, "tool: internal error: ValueError: a bug (set SPECDEC_DEBUG=1 for the traceback)"),
+])
+def test_run_cli_turns_failures_into_one_line(capsys, monkeypatch, exc, code, line):
+    monkeypatch.delenv("SPECDEC_DEBUG", raising=False)
+
+    def fail(argv):
+        raise exc
+
+    assert cli_common.run_cli(fail, [], "tool") == code
+    out, err = capsys.readouterr()
+    assert out == "" and err == line + "\n"
+
+
+def test_run_cli_passes_through_and_is_reexported_by_cli(capsys):
+    assert cli_common.run_cli(lambda argv: len(argv), ["a", "b"], "tool") == 2
+
+    def broken(argv):
+        raise BrokenPipeError
+
+    assert cli_common.run_cli(broken, [], "tool") == 0
+    assert cli.run_cli is cli_common.run_cli  # runtime/cli.py imports it from specdec_compile.cli
 
 
 # --------------------------------------------------------------------------- --compile

@@ -1,4 +1,5 @@
-"""Tests of ``specdec-compile diff`` (issue 5): the graph-aware diff and ``explain``.
+"""Tests of ``specdec-compile diff`` (issue 5): the graph-aware diff (``specdec_compile.diff``),
+its command line (``specdec_compile.diff.cli``) and ``explain`` (``specdec_compile.explain``).
 
 Golden files live in tests/golden/diff/; regenerate them with
 ``SPECDEC_UPDATE_GOLDEN=1 python -m pytest -q tests/test_diff.py``.
@@ -19,8 +20,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specdec_compile import cli
+from specdec_compile import cli, explain, pipeline
 from specdec_compile import diff as D
+from specdec_compile.diff import cli as diff_cli
+from specdec_compile.diff.sections import is_empty
 from specdec_compile.errors import SpecdecError
 
 from models import export_fixture
@@ -179,7 +182,7 @@ def test_self_diff_is_empty_exit_0(fixture_models, capsys):
     rep = json.loads(out)
     assert rc == 0 and rep["identical"] is True
     for sec in D.SECTIONS:
-        assert D._empty(rep[sec]), sec
+        assert is_empty(rep[sec]), sec
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -194,7 +197,7 @@ def test_renamed_copy_is_empty(fixture_models, tmp_path, name):
     p = _save(everything, tmp_path / "renamed.onnx")
     rep = D.diff_files(src, p)
     assert rep["identical"], D.render_text(rep)
-    assert D.main([str(src), str(p)]) == 0
+    assert diff_cli.main([str(src), str(p)]) == 0
 
 
 def test_renamed_hand_built_is_empty_and_change_is_found():
@@ -345,8 +348,8 @@ def test_external_data_hash_streamed(tmp_path, monkeypatch, no_weight_loading):
     assert [e["name"] for e in changed] == ["lm_head.weight"]
     assert changed[0]["sha256"][0] != changed[0]["sha256"][1]
     assert "dtype" not in changed[0] and "shape" not in changed[0]
-    assert rep["nodes"] == [] and D._empty(rep["interface"])
-    assert D.main([str(a), str(b)]) == 1
+    assert rep["nodes"] == [] and is_empty(rep["interface"])
+    assert diff_cli.main([str(a), str(b)]) == 1
 
 
 def test_hard_linked_weights_are_not_read(tmp_path, monkeypatch):
@@ -389,7 +392,7 @@ def _tiny_snapshots():
 
 
 def test_explain_golden():
-    rep = D.explain(_tiny_snapshots())
+    rep = D.diff_snapshots(_tiny_snapshots())
     assert [p["pass"] for p in rep["passes"]] == ["retain_kv", "mask", "noop"]
     first, second, third = rep["passes"]
     assert [(e["from"], e["to"]) for e in first["interface"]["inputs"]["renamed"]] == [("past_key_values.0.key", "past_key.0")]
@@ -407,8 +410,8 @@ def test_explain_golden():
 
 def test_explain_needs_snapshots():
     with pytest.raises(SpecdecError):
-        D.explain([])
-    rep = D.explain([("original", build_tiny(0))])
+        D.diff_snapshots([])
+    rep = D.diff_snapshots([("original", build_tiny(0))])
     assert rep["passes"] == [] and rep["identical"] is True
 
 
@@ -460,16 +463,6 @@ def test_console_script_missing_file(tmp_path):
 # --------------------------------------------------------------------------- with the compiler
 
 
-def _pipeline():
-    try:
-        from specdec_compile import pipeline
-    except Exception as e:  # pragma: no cover - depends on the other part of the project
-        pytest.skip(f"compile pipeline not importable: {e}")
-    if not hasattr(pipeline, "rewrite"):
-        pytest.skip("compile pipeline has no rewrite() yet")
-    return pipeline
-
-
 ORIGINAL_KV_NAMES = {
     # fixture: (input name, output name) of layer i, kv in ("key", "value")
     "optimum": (lambda i, kv: f"past_key_values.{i}.{kv}", lambda i, kv: f"present.{i}.{kv}"),
@@ -515,7 +508,6 @@ def _contract_check(rep, n_layers, role="tlm", names="optimum"):
 @pytest.mark.parametrize("name,role,target", [("llama_gqa", "tlm", "qaic"), ("llama_gqa", "tlm", "ort"),
                                               ("gpt2", "dlm", "qaic"), ("llama_dynamo", "tlm", "qaic")])
 def test_original_vs_rewrite_lists_contract_changes(fixture_models, name, role, target):
-    pipeline = _pipeline()
     src = fixture_models[name]
     res = pipeline.rewrite(str(src), role=role, target=target)
     rep = D.diff_models(onnx.load(str(src), load_external_data=False), res.model, a_dir=src.parent,
@@ -526,7 +518,6 @@ def test_original_vs_rewrite_lists_contract_changes(fixture_models, name, role, 
 
 
 def test_passes_cli_and_explain_from_pipeline(fixture_models, capsys):
-    pipeline = _pipeline()
     src = fixture_models["llama_gqa"]
     res = pipeline.rewrite(str(src), role="tlm", target="qaic", record=True)
     assert res.snapshots[0][0] == "original" and len(res.snapshots) >= 2
@@ -542,38 +533,68 @@ def test_passes_cli_and_explain_from_pipeline(fixture_models, capsys):
     assert rc == 1 and js["kind"] == "explain" and js["role"] == "tlm"
 
 
+def test_explain_module_names_passes_as_the_pipeline_recorded_them(fixture_models):
+    src = fixture_models["llama_gqa"]
+    res = pipeline.rewrite(str(src), role="dlm", target="ort", record=True)
+    rep = explain.explain_result(res)
+    names = [name for name, _ in res.snapshots[1:]]
+    assert [p["pass"] for p in rep["passes"]] == names == list(res.passes)
+    assert rep["total"]["a"] == "original" and rep["total"]["b"] == names[-1]
+    from_file = explain.explain_file(src.parent, role="dlm", target="ort")  # an artifact-style directory
+    assert from_file["source"] == str(src.parent) and from_file["role"] == "dlm" and from_file["target"] == "ort"
+    assert D.render_text(from_file) == D.render_text(rep)
+
+
+def test_explain_file_bad_input_is_one_line(tmp_path):
+    with pytest.raises(SpecdecError, match="no such file"):
+        explain.explain_file(tmp_path / "missing.onnx", role="tlm")
+
+
+def test_library_never_loads_the_cli_or_the_pipeline():
+    code = ("import sys, specdec_compile.diff as d\n"
+            "d.diff_models, d.diff_files, d.diff_snapshots, d.render_text, d.render_json, d.print_report\n"
+            "assert d.explain is d.diff_snapshots\n"
+            "bad = [m for m in ('specdec_compile.diff.cli', 'specdec_compile.explain', 'specdec_compile.pipeline',\n"
+            "                   'specdec_compile.cli', 'specdec_compile.cli_common') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr
+
+
+def test_python_m_diff(tmp_path):
+    a = _save(build_tiny(0), tmp_path / "a.onnx")
+    b = _save(build_tiny(1), tmp_path / "b.onnx")
+    same = subprocess.run([sys.executable, "-m", "specdec_compile.diff", str(a), str(a)], capture_output=True,
+                          text=True, timeout=120)
+    assert same.returncode == 0 and same.stdout.splitlines()[-1] == "no differences", same.stderr
+    differ = subprocess.run([sys.executable, "-m", "specdec_compile.diff", str(a), str(b), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert differ.returncode == 1 and json.loads(differ.stdout)["identical"] is False
+
+
 def test_two_compiles_differing_in_k_have_identical_tlm_graphs(fixture_models, tmp_path, capsys):
-    pipeline = _pipeline()
     src = fixture_models["llama_gqa"]
     m3 = pipeline.rewrite(str(src), role="tlm", target="qaic", k=3).model
     m7 = pipeline.rewrite(str(src), role="tlm", target="qaic", k=7).model
     assert D.diff_models(m3, m7, a_dir=src.parent, b_dir=src.parent)["identical"]
-    # whole artifacts, through the compile CLI, when it exists
-    try:
-        from specdec_compile import cli_compile  # noqa: F401
-    except Exception:
-        return
+    # whole artifacts, through the compile CLI
     outs = []
     for k in (3, 7):
         out = tmp_path / f"k{k}"
         rc = cli.main([str(src), "--role", "tlm", "--k", str(k), "-o", str(out)])
         capsys.readouterr()
-        if rc != 0 or not (out / "model.onnx").exists():
-            pytest.skip("compile CLI did not produce an artifact")
+        assert rc == 0 and (out / "model.onnx").exists() and (out / "manifest.json").exists()
         outs.append(out)
     rc, text, err = _run_cli([str(outs[0]), str(outs[1])], capsys)
     assert rc == 0, text + err
     assert "no differences" in text
-    if (outs[0] / "manifest.json").exists():
-        assert "k lives in specializations.json" in text
+    assert "k lives in specializations.json" in text
 
 
 def test_compile_explain_uses_the_same_sections(fixture_models, tmp_path, capsys):
-    _pipeline()
     src = fixture_models["llama_gqa"]
     rc = cli.main([str(src), "--role", "tlm", "--k", "3", "-o", str(tmp_path / "out"), "--explain"])
     out, err = capsys.readouterr()
-    if rc == 2 and "--explain" in err:
-        pytest.skip("compile CLI has no --explain yet")
     assert rc == 0, err
     assert "== pass 1/" in out and "interface" in out and "nodes" in out

@@ -1,0 +1,68 @@
+"""``specdec-compile diff``: the command line over the diff library.
+
+    specdec-compile diff A.onnx B.onnx [--json] [--color auto|always|never]
+    specdec-compile diff --passes ORIGINAL.onnx --role tlm [--target qaic|ort] [--k K] [--json]
+
+Exit status like ``diff(1)``: 0 same, 1 different, 2 error. A leaf: the
+library (``specdec_compile.diff``) never imports this module.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli_common import Parser, run_cli
+from ..errors import SpecdecError
+from .compare import diff_files
+from .render import print_report, render_json
+
+
+def _build_parser(prog: str) -> argparse.ArgumentParser:
+    p = Parser(prog=prog, help_hint=" (see --help)",
+               description="Graph-aware diff of two ONNX models, or of the passes of a compile. "
+               "Exit status: 0 same, 1 different, 2 error.")
+    p.add_argument("paths", nargs="+", metavar="MODEL",
+                   help="A.onnx B.onnx (or two artifact directories); with --passes: the original export")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON (stable key order)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colours (default: only when stdout is a terminal)")
+    p.add_argument("--passes", action="store_true",
+                   help="compile ORIGINAL and show what each pass changed (same sections per pass)")
+    p.add_argument("--role", choices=("tlm", "dlm"), help="with --passes: the role to compile for")
+    p.add_argument("--target", choices=("qaic", "ort"), default="qaic", help="with --passes: lowering target")
+    p.add_argument("--k", type=int, default=None, help="with --passes: speculation length (graph does not depend on it)")
+    return p
+
+
+def _main(argv: list[str], prog: str) -> int:
+    args = _build_parser(prog).parse_args(argv)
+    if args.passes:
+        if len(args.paths) != 1:
+            raise SpecdecError("--passes takes exactly one model: the original export")
+        if not args.role:
+            raise SpecdecError("--passes needs --role tlm or --role dlm")
+        from ..explain import explain_file  # the compile pipeline: loaded only for --passes
+
+        report = explain_file(args.paths[0], role=args.role, target=args.target, k=args.k)
+    else:
+        if len(args.paths) != 2:
+            raise SpecdecError(f"expected two models to compare, got {len(args.paths)}")
+        if args.role or args.k is not None:
+            raise SpecdecError("--role/--k only apply with --passes")
+        report = diff_files(args.paths[0], args.paths[1])
+    if args.json:
+        sys.stdout.write(render_json(report))
+        sys.stdout.flush()
+    else:
+        color = {"always": True, "never": False}.get(args.color)
+        print_report(report, sys.stdout, color=color)
+    return 0 if report["identical"] else 1
+
+
+def main(argv: list[str] | None = None, prog: str = "specdec-compile diff") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_cli(lambda a: _main(a, prog), argv, prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

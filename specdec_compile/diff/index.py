@@ -1,0 +1,205 @@
+"""The graph index a diff works on: producers, consumers, layers, a topological order,
+and the digests and descriptions of node attributes and value types."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import defaultdict, deque
+
+import onnx
+from onnx import AttributeProto, TensorProto
+
+from .hashing import TensorHasher, short_digest
+
+_LAYER_PATTERNS = [
+    re.compile(r"(?:^|[/._:\s\-])layers?[._/](\d+)(?=$|[/._:\s\-])"),
+    re.compile(r"(?:^|[/._])L(\d+)(?=$|[/._])"),
+    re.compile(r"(?:^|[/.])(?:h|blocks?|decoder_layers?)\.(\d+)(?=$|[/.])"),
+]
+
+
+def layer_of_name(name: str) -> int | None:
+    """The transformer layer index a node or value name refers to, or None."""
+    if not name:
+        return None
+    for pat in _LAYER_PATTERNS:
+        m = pat.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def node_layer(node: onnx.NodeProto) -> int | None:
+    """Layer of a node: from its name, its exporter scope metadata, then its outputs."""
+    lay = layer_of_name(node.name)
+    if lay is not None:
+        return lay
+    for p in node.metadata_props:
+        if p.key in ("pkg.torch.onnx.name_scopes", "namespace"):
+            lay = layer_of_name(p.value)
+            if lay is not None:
+                return lay
+    for o in node.output:
+        lay = layer_of_name(o)
+        if lay is not None:
+            return lay
+    return None
+
+
+# --------------------------------------------------------------------------- value types
+
+
+def dtype_name(elem_type: int) -> str:
+    if elem_type == TensorProto.FLOAT:
+        return "float32"
+    if elem_type == TensorProto.DOUBLE:
+        return "float64"
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"dtype{elem_type}"
+
+
+def type_desc(tp: onnx.TypeProto) -> tuple[str, list | None]:
+    """(dtype, shape) of a value; shape entries are ints, dim names, or '?'."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        tt = tp.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = []
+            for d in tt.shape.dim:
+                if d.HasField("dim_value"):
+                    shape.append(int(d.dim_value))
+                elif d.HasField("dim_param"):
+                    shape.append(d.dim_param)
+                else:
+                    shape.append("?")
+        return dtype_name(tt.elem_type), shape
+    if kind is None:
+        return "?", None
+    return kind.replace("_type", ""), None
+
+
+def fmt_shape(shape) -> str:
+    if shape is None:
+        return "[?]"
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+# --------------------------------------------------------------------------- graph index
+
+
+class GraphIndex:
+    """One model's nodes, producers, consumers, layers and topological order, for diffing.
+
+    ``base_dir`` is where its external data lives; ``hasher`` hashes its tensors.
+    """
+
+    def __init__(self, model: onnx.ModelProto, base_dir, hasher: TensorHasher):
+        self.model = model
+        g = model.graph
+        self.base_dir = base_dir
+        self.hasher = hasher
+        self.nodes = list(g.node)
+        self.inits = {t.name: t for t in g.initializer}
+        self.inputs = {v.name: v for v in g.input if v.name not in self.inits}
+        self.input_order = [v.name for v in g.input if v.name not in self.inits]
+        self.outputs = {v.name: v for v in g.output}
+        self.output_order = [v.name for v in g.output]
+        self.producer: dict[str, tuple[int, int]] = {}
+        self.consumers: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for i, n in enumerate(self.nodes):
+            for k, o in enumerate(n.output):
+                if o:
+                    self.producer[o] = (i, k)
+            for s, x in enumerate(n.input):
+                if x:
+                    self.consumers[x].append((i, s))
+        self.layers = [node_layer(n) for n in self.nodes]
+        self.order = self._topo_order()
+        self.pos = {i: p for p, i in enumerate(self.order)}
+        self._attr_digest: dict[int, str] = {}
+
+    def _topo_order(self) -> list[int]:
+        indeg = [0] * len(self.nodes)
+        succ: dict[int, list[int]] = defaultdict(list)
+        for i, n in enumerate(self.nodes):
+            for x in n.input:
+                p = self.producer.get(x)
+                if p is not None and p[0] != i:
+                    indeg[i] += 1
+                    succ[p[0]].append(i)
+        ready = deque(i for i in range(len(self.nodes)) if indeg[i] == 0)
+        order = []
+        while ready:
+            i = ready.popleft()
+            order.append(i)
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    ready.append(j)
+        seen = set(order)
+        order += [i for i in range(len(self.nodes)) if i not in seen]  # cycles: keep going
+        return order
+
+    def attr_digest(self, i: int) -> str:
+        d = self._attr_digest.get(i)
+        if d is None:
+            parts = [f"{a.name}={attr_value_digest(a, self)}" for a in sorted(self.nodes[i].attribute, key=lambda a: a.name)]
+            d = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
+            self._attr_digest[i] = d
+        return d
+
+    def content_key(self, i: int) -> tuple:
+        n = self.nodes[i]
+        return (n.domain or "", n.op_type, self.attr_digest(i), len(n.input), len(n.output))
+
+
+# --------------------------------------------------------------------------- attributes
+
+
+def attr_value_digest(a: AttributeProto, g: GraphIndex) -> str:
+    if a.ref_attr_name:
+        return f"@{a.ref_attr_name}"
+    if a.type == AttributeProto.TENSOR:
+        return _tensor_token(a.t, g)
+    if a.type == AttributeProto.TENSORS:
+        return "[" + ",".join(_tensor_token(t, g) for t in a.tensors) + "]"
+    if a.type == AttributeProto.GRAPH:
+        return hashlib.sha256(a.g.SerializeToString(deterministic=True)).hexdigest()
+    if a.type == AttributeProto.GRAPHS:
+        return "[" + ",".join(hashlib.sha256(x.SerializeToString(deterministic=True)).hexdigest() for x in a.graphs) + "]"
+    return repr(onnx.helper.get_attribute_value(a))
+
+
+def _tensor_token(t: TensorProto, g: GraphIndex) -> str:
+    return f"{dtype_name(t.data_type)}{list(t.dims)}{g.hasher.digest(t, g.base_dir)}"
+
+
+def attr_display(a: AttributeProto | None, g: GraphIndex) -> str | None:
+    """An attribute's value as the report shows it (tensors and graphs by short digest)."""
+    if a is None:
+        return None
+    if a.ref_attr_name:
+        return f"@{a.ref_attr_name}"
+    if a.type == AttributeProto.TENSOR:
+        t = a.t
+        return f"tensor {dtype_name(t.data_type)} {fmt_shape(list(t.dims))} {short_digest(g.hasher.digest(t, g.base_dir))}"
+    if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS, AttributeProto.TENSORS):
+        return f"{AttributeProto.AttributeType.Name(a.type).lower()} " + short_digest("sha256:" + hashlib.sha256(
+            attr_value_digest(a, g).encode()).hexdigest())
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    elif isinstance(v, list):
+        v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
+    return json.dumps(v)
+
+
+def op_key(n: onnx.NodeProto) -> str:
+    """``Op`` for the default domain, ``domain::Op`` otherwise."""
+    d = n.domain or ""
+    return n.op_type if d in ("", "ai.onnx") else f"{d}::{n.op_type}"
+
