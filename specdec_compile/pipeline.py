@@ -1,5 +1,9 @@
 """The compile pipeline: detection, then the passes, in order.
 
+The passes and their order come from ``specdec_compile.passes.REGISTRY``
+(``passes.select(role, target)``); ``PASS_ORDER`` is every registered name, in
+order, derived from it.
+
 Public API (stable; the CLI, artifact writer, diff --explain and runtime use it):
 
     rewrite(model_or_path, *, role, target="qaic", k=None, record=False) -> CompileResult
@@ -12,7 +16,7 @@ CompileResult fields:
                  vocab_size, dtype, family, exporter)
     detection    the Detection of the original graph
     role         "tlm" | "dlm";  target "qaic" | "ort"
-    passes       names of the passes applied, in order
+    passes       names of the passes applied, in order (``passes.select(role, target)``)
     source       Path of the source .onnx (None when given a ModelProto)
     source_dir   directory external data locations are relative to (or None)
     snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
@@ -28,15 +32,16 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import __version__
-from .contract import ROLES, TARGET_OPSET, TARGETS
+from . import passes as _passes
+from .contract import TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
 from .io import load_model
-from .passes import canonical_dims, cleanup, fp16_safe, lower, position_mask, retained_kv, role_logits
 from .validate import check_model, interface_problems
 
-PASS_ORDER = ("retained_kv", "position_mask", "role_logits", "canonical_dims", "fp16_safe", "lower", "cleanup")
+#: every registered pass, in order (the registry is the one place the order is written)
+PASS_ORDER: tuple[str, ...] = _passes.names()
 
 
 @dataclass
@@ -75,12 +80,7 @@ def _export(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def validate_options(role: str, target: str, k: int | None) -> None:
-    if role not in ROLES:
-        raise SpecdecError(f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
-    if target not in TARGETS:
-        raise SpecdecError(f"unknown target {target!r} (expected one of {', '.join(TARGETS)})")
-    if k is not None and (not isinstance(k, int) or k < 1):
-        raise SpecdecError(f"k must be an integer >= 1, got {k!r}")
+    _passes.check_options(role, target, k)
 
 
 def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
@@ -102,24 +102,18 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     det = detect(graph, family=_family(source_dir, original), exporter=exporter)
 
-    steps = [
-        ("retained_kv", lambda g: retained_kv(g, det)),
-        ("position_mask", lambda g: position_mask(g, det)),
-        ("role_logits", lambda g: role_logits(g, det, role)),
-        ("canonical_dims", lambda g: canonical_dims(g, det)),
-        ("fp16_safe", lambda g: fp16_safe(g, det)),
-        ("lower", lambda g: lower(g, det, target, source_opset=source_opset)),
-        ("cleanup", lambda g: cleanup(g, det)),
-    ]
+    ctx = _passes.PassContext(detection=det, role=role, target=target, k=k, source_opset=source_opset)
+    selected = _passes.select(role, target)
+    applied = [p.name for p in selected]
     snapshots = [("original", original)] if record else None
-    for name, fn in steps:
-        graph = fn(graph)
+    for p in selected:
+        graph = p.run(graph, ctx)
         if record:
-            snapshots.append((name, _export(graph, original)))
+            snapshots.append((p.name, _export(graph, original)))
     model = _export(graph, original)
     model.metadata_props.add(key="specdec.role", value=role)
     model.metadata_props.add(key="specdec.target", value=target)
-    model.metadata_props.add(key="specdec.passes", value=",".join(PASS_ORDER))
+    model.metadata_props.add(key="specdec.passes", value=",".join(applied))
     info = det.info
     inferred = check_model(model)
     info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))
@@ -129,7 +123,7 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
-                         passes=list(PASS_ORDER), source=source, source_dir=source_dir, snapshots=snapshots)
+                         passes=applied, source=source, source_dir=source_dir, snapshots=snapshots)
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:

@@ -1,23 +1,151 @@
-"""The passes, each a small ``Graph -> Graph`` function with one job.
+"""The passes, each a small ``pass(graph, ctx) -> graph`` function with one job.
 
-They take an onnx-graphsurgeon graph and the ``Detection`` of the original
-model (made of names, so it survives graph copies), and return a new graph;
-the input graph is not modified. The pipeline runs them in this order:
+Every pass takes an onnx-graphsurgeon graph and a ``PassContext`` (the
+``Detection`` of the original model, the role, the target and the options) and
+returns a new graph; the input graph is not modified. Each pass lives in the
+module of its name (``passes/retained_kv.py`` defines ``retained_kv``) and is
+tested in ``tests/passes/test_<name>.py``.
 
-    retained_kv     growing Concat cache -> fixed ctx_len cache written at position_ids
-    position_mask   mask derived from position_ids; attention_mask removed
-    role_logits     TLM: all positions; DLM: the last valid token
-    canonical_dims  contract names/order; only batch_size, seq_len, ctx_len symbolic
-    fp16_safe       constants clamped to float16's range
-    lower           target form: qaic (opset 17, CtxScatter) or ort (opset 24, TensorScatter)
-    cleanup         dead nodes removed, topological order
+``REGISTRY`` below is the single source of the pipeline: the order the passes
+run in, the ``specdec.passes`` metadata written into the model, the pass names
+``--explain`` and ``diff --passes`` show, and the README's pass table
+(``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
+
+Which passes run (the rule): an entry names the roles and targets it is for
+(default: all of them). ``select(role, target)`` keeps the entries that match,
+in registry order; the pipeline runs exactly those and records exactly those.
+So the list of passes a compile applies depends on the options alone, never on
+the model. Whether a selected pass changes a given model is the pass's own
+business: when the detection gives it nothing to do (no mask sites; later: an
+export that already has position_ids, no sliding window, no ALiBi), it returns
+the graph unchanged. A target-only legalization (qaic: CastLike -> Cast, ...)
+is an entry with ``targets=("qaic",)``; a pass for a model feature is an entry
+for every target that no-ops on models without the feature. A pass called
+directly runs as asked: the roles/targets of its entry are the pipeline's
+selection rule, not a check inside the pass.
+
+Adding a pass: a module ``passes/<name>.py`` defining ``<name>(graph, ctx)``,
+an entry in ``REGISTRY`` at its place in the order, and
+``tests/passes/test_<name>.py`` (tests/test_pass_registry.py checks all three),
+then regenerate the README table (``python -c "from specdec_compile.passes import
+render_table; print(render_table())"``).
+
+Calling one pass alone, in your own toolchain::
+
+    import onnx, onnx_graphsurgeon as gs
+    from specdec_compile import passes
+    from specdec_compile.detect import detect
+    from specdec_compile.graph_utils import name_unnamed_nodes
+
+    g = gs.import_onnx(onnx.load("model.onnx", load_external_data=False))
+    name_unnamed_nodes(g)                 # detection refers to nodes by name
+    ctx = passes.PassContext(detection=detect(g), role="tlm", target="qaic", source_opset=g.opset)
+    masked = passes.position_mask(g, ctx)     # one pass alone (or passes.get("position_mask").run)
+    for p in passes.select("tlm", "qaic"):    # or every pass for this role and target, in order
+        g = p.run(g, ctx)
+
+(``pipeline.rewrite`` does the latter, then exports, checks and records.)
+
+A pass refuses a context that lacks what it reads (``SpecdecError`` naming
+the field): ``fp16_safe`` and ``cleanup`` need nothing (``PassContext()``),
+``lower`` needs the target, ``role_logits`` the detection and the role, the
+others the detection.
 """
-from .dead_code import cleanup
-from .dims import canonical_dims
-from .fp16 import fp16_safe
-from .kv_cache import retained_kv
-from .logits import role_logits
-from .lowering import lower
-from .mask import position_mask
+from __future__ import annotations
 
-__all__ = ["retained_kv", "position_mask", "role_logits", "canonical_dims", "fp16_safe", "lower", "cleanup"]
+from dataclasses import dataclass
+from typing import Callable
+
+import onnx_graphsurgeon as gs
+
+from ..contract import FP16_MAX, MASK_VALUE, ROLES, TARGETS
+from ._context import PassContext, check_options, need
+from .canonical_dims import canonical_dims
+from .cleanup import cleanup
+from .fp16_safe import fp16_safe
+from .lower import lower
+from .position_mask import position_mask
+from .retained_kv import retained_kv
+from .role_logits import role_logits
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One registry entry. ``job``: what the pass does, one paragraph (the
+    README table's second column). ``roles``/``targets``: what it is for."""
+    name: str
+    run: Callable[[gs.Graph, PassContext], gs.Graph]
+    job: str
+    roles: tuple[str, ...] = ROLES
+    targets: tuple[str, ...] = TARGETS
+
+    def applies(self, role: str, target: str) -> bool:
+        return role in self.roles and target in self.targets
+
+
+REGISTRY: tuple[Pass, ...] = (
+    Pass("retained_kv", retained_kv,
+         "each growing `Concat` becomes a write into a fixed `ctx_len` cache at `position_ids`. Inputs are "
+         "renamed `past_key.{i}`/`past_value.{i}`, outputs `*_RetainedState`. Shape computations that read "
+         "the past length see `ctx_len - seq_len`, so \"past + seq\" is the cache length (the dynamo "
+         "export's GQA Expand needs this)"),
+    Pass("position_mask", position_mask,
+         "every mask operand is replaced by one mask built from `position_ids`: slot c is visible to a "
+         "query at position p iff c <= p, and position -1 (padding) sees nothing. Masked scores get "
+         f"{MASK_VALUE:g} (finite, so a padded row is uniform, never NaN). `attention_mask` is removed"),
+    Pass("role_logits", role_logits,
+         "TLM: logits for every position. DLM: only the last valid token (largest position) of each row, "
+         "picked *before* the LM head, so a prefill chunk pays the vocabulary projection once. Logits are "
+         "float32"),
+    Pass("canonical_dims", canonical_dims,
+         "the contract's interface, names and order. Only `batch_size`, `seq_len` and `ctx_len` stay "
+         "symbolic"),
+    Pass("fp16_safe", fp16_safe,
+         f"embedded float constants are clamped to \u00b1{FP16_MAX:g}, so `-convert-to-fp16` cannot turn a "
+         "float32-min mask fill into -inf"),
+    Pass("lower", lower,
+         "`qaic`: opset 17, the cache write as the model-local function "
+         "`com.qualcomm.cloud::CtxScatter(data, position_ids, updates)` (a ScatterND over [batch, head, "
+         "position], the form QEfficient's device graphs use); newer ops are rewritten to their opset-17 "
+         "forms (Reduce* axes, Split num_outputs, Gelu). `ort`: opset 24, `TensorScatter(mode=\"circular\")`, "
+         "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
+    Pass("cleanup", cleanup, "dead nodes removed, topological order"),
+)
+
+
+def names() -> tuple[str, ...]:
+    """Every pass name, in pipeline order."""
+    return tuple(p.name for p in REGISTRY)
+
+
+def get(name: str) -> Pass:
+    for p in REGISTRY:
+        if p.name == name:
+            return p
+    raise KeyError(f"no pass named {name!r} (passes: {', '.join(names())})")
+
+
+def select(role: str, target: str) -> tuple[Pass, ...]:
+    """The passes a compile for ``role`` and ``target`` runs, in order."""
+    check_options(role, target, None)
+    return tuple(p for p in REGISTRY if p.applies(role, target))
+
+
+def _scope(p: Pass) -> str:
+    parts = []
+    if p.roles != ROLES:
+        parts.append("role " + "/".join(p.roles))
+    if p.targets != TARGETS:
+        parts.append("target " + "/".join(p.targets))
+    return f"*({', '.join(parts)} only)* " if parts else ""
+
+
+def render_table() -> str:
+    """The README's pass table (markdown), rendered from ``REGISTRY``."""
+    rows = ["| pass | job |", "| --- | --- |"]
+    rows += [f"| `{p.name}` | {_scope(p)}{p.job} |" for p in REGISTRY]
+    return "\n".join(rows) + "\n"
+
+
+__all__ = ["PassContext", "Pass", "REGISTRY", "names", "get", "select", "render_table", "check_options",
+           "need", *names()]

@@ -18,8 +18,8 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, CACHE_WRITE, CTX, SPECDEC_DOMAIN, past_name, retained_name
-from ..detect import Detection
 from ..graph_utils import Builder, graph_input, node_by_name, replace_uses, tensor_by_name
+from ._context import PassContext, need
 
 
 def _virtual_past_shapes(graph: gs.Graph, pasts: list[gs.Tensor], pos: gs.Tensor) -> None:
@@ -52,7 +52,8 @@ def _virtual_past_shapes(graph: gs.Graph, pasts: list[gs.Tensor], pos: gs.Tensor
             graph.nodes.remove(node)
 
 
-def retained_kv(graph: gs.Graph, det: Detection) -> gs.Graph:
+def retained_kv(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    det = need("retained_kv", ctx, "detection").detection
     graph = graph.copy()
     pos = tensor_by_name(graph, det.position_ids)
     drop = set()

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from ._context import PassContext, need
 
-def cleanup(graph: gs.Graph, det=None) -> gs.Graph:
+
+def cleanup(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    need("cleanup", ctx)
     graph = graph.copy()
     graph.cleanup(remove_unused_graph_inputs=False, remove_unused_node_outputs=False)
     graph.toposort()

@@ -13,8 +13,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..contract import LOGITS
-from ..detect import Detection
 from ..graph_utils import Builder, is_const, producer, tensor_by_name
+from ._context import PassContext, need
 
 
 def _last_valid(b: Builder, x: gs.Tensor, pos: gs.Tensor) -> gs.Tensor:
@@ -58,7 +58,9 @@ def _lm_head(logits: gs.Tensor):
     return None
 
 
-def role_logits(graph: gs.Graph, det: Detection, role: str) -> gs.Graph:
+def role_logits(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    need("role_logits", ctx, "detection", "role")
+    det, role = ctx.detection, ctx.role
     graph = graph.copy()
     b = Builder(graph, "logits")
     out = tensor_by_name(graph, det.logits)

@@ -12,12 +12,13 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, CTX, INPUT_IDS, LOGITS, POSITION_IDS, SEQ, interface
-from ..detect import Detection
 from ..errors import UnsupportedPatternError
 from ..graph_utils import Builder
+from ._context import PassContext, need
 
 
-def canonical_dims(graph: gs.Graph, det: Detection) -> gs.Graph:
+def canonical_dims(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    det = need("canonical_dims", ctx, "detection").detection
     graph = graph.copy()
     info = det.info
     by_name = {t.name: t for t in graph.inputs}

@@ -5,19 +5,20 @@ nothing. Every mask operand detection found (the additive mask or the Where
 condition on the scores path) is replaced by one mask built once from
 ``position_ids`` and the key length (the last dim of the scores), and the
 ``attention_mask`` input, now unused, is removed. Masked scores get
-``MASK_VALUE`` (finite, so a fully padded row is uniform, never NaN).
+``ctx.mask_value`` (finite, so a fully padded row is uniform, never NaN).
 """
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from ..contract import MASK_VALUE
-from ..detect import Detection
 from ..errors import UnsupportedPatternError
 from ..graph_utils import Builder, node_by_name, tensor_by_name
+from ._context import PassContext, need
 
 
-def position_mask(graph: gs.Graph, det: Detection, mask_value: float = MASK_VALUE) -> gs.Graph:
+def position_mask(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    det = need("position_mask", ctx, "detection").detection
+    mask_value = ctx.mask_value
     if not det.mask_sites:
         return graph
     graph = graph.copy()

@@ -23,9 +23,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..contract import CACHE_WRITE, QAIC_DOMAIN, SPECDEC_DOMAIN, TARGET_OPSET
-from ..detect import Detection
 from ..errors import UnsupportedPatternError
 from ..graph_utils import Builder, const_value
+from ._context import PassContext, need
 
 _REDUCE_18 = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
@@ -202,10 +202,10 @@ def _since_version(op: str, opset: int) -> int | None:
         return None
 
 
-def lower(graph: gs.Graph, det: Detection | None, target: str, source_opset: int | None = None) -> gs.Graph:
+def lower(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    target = need("lower", ctx, "target").target
+    source_opset = ctx.source_opset if ctx.source_opset is not None else graph.opset
     graph = graph.copy()
-    if source_opset is None:
-        source_opset = graph.opset
     opset = TARGET_OPSET[target]
     _expand_cache_writes(graph, target)
     domains = [onnx.helper.make_opsetid("", opset)]

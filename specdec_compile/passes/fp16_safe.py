@@ -13,6 +13,7 @@ import onnx_graphsurgeon as gs
 
 from ..contract import FP16_MAX
 from ..graph_utils import is_external
+from ._context import PassContext, need
 
 
 def _clamp(c: gs.Constant) -> None:
@@ -25,7 +26,8 @@ def _clamp(c: gs.Constant) -> None:
         c.values = np.where(np.isnan(v), v, np.clip(v, -FP16_MAX, FP16_MAX)).astype(v.dtype)
 
 
-def fp16_safe(graph: gs.Graph, det=None) -> gs.Graph:
+def fp16_safe(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    need("fp16_safe", ctx)
     graph = graph.copy()
     for t in graph.tensors().values():
         if isinstance(t, gs.Constant):

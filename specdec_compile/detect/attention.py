@@ -1,0 +1,151 @@
+"""Finder: the attention layers and their mask sites.
+
+Every Softmax whose input chain (through ``hints["score_ops"]``) reaches a
+MatMul whose second operand comes (through ``hints["layout_ops"]``) from a
+cache Concat is an attention layer: that Concat holds the keys. The MatMul
+that consumes the Softmax output (through ``hints["probs_ops"]``) reads the
+values. The mask: on the chain MatMul -> Softmax, each side operand whose
+values depend on ``attention_mask`` (found by dependence, not position: CodeGen
+adds it before a Div, Llama right before Softmax)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+from ..errors import UnsupportedPatternError
+from ..graph_utils import producer, value_dependence
+
+
+@dataclass(frozen=True, eq=False)
+class Attention:
+    """One layer: its key and value cache Concats, its Softmax, and its mask
+    sites as ``(node, input index, kind)``."""
+    key: gs.Node
+    value: gs.Node
+    softmax: gs.Node
+    sites: tuple[tuple[gs.Node, int, str], ...]
+
+
+def walk_back(t: gs.Tensor, ops: set[str], dep: set[int], stop, max_steps: int = 16):
+    """Follow ``t`` backwards through ``ops``, at each node taking the one input
+    in ``dep``, until ``stop(node)`` is true. Returns that node or None."""
+    for _ in range(max_steps):
+        n = producer(t)
+        if n is None:
+            return None
+        if stop(n):
+            return n
+        if n.op not in ops:
+            return None
+        cands = [x for x in n.inputs if id(x) in dep]
+        if len(cands) != 1:
+            return None
+        t = cands[0]
+    return None
+
+
+def mask_kind(node: gs.Node, j: int, chain: int) -> str:
+    """How input ``j`` of ``node`` (whose input ``chain`` carries the scores) masks them."""
+    if node.op == "Add":
+        return "additive"
+    if node.op == "Where" and j == 0:
+        return "visible" if chain == 1 else "masked"
+    raise UnsupportedPatternError(
+        f"attention mask enters the scores through {node.op} node {node.name!r} "
+        f"(input {j}); only additive masks and Where conditions are supported")
+
+
+def scores_path(softmax: gs.Node, score_ops: set[str], cache_dep: set[int], am_dep: set[int]):
+    """Walk from the Softmax back to the QK MatMul: ``(MatMul or None, mask sites)``."""
+    t = softmax.inputs[0]
+    sites = []
+    for _ in range(16):
+        n = producer(t)
+        if n is None:
+            break
+        if n.op == "MatMul":
+            return n, sites
+        if n.op not in score_ops:
+            break
+        chain = [j for j, x in enumerate(n.inputs) if id(x) in cache_dep]
+        if len(chain) != 1:
+            break
+        for j, x in enumerate(n.inputs):
+            if j != chain[0] and id(x) in am_dep:
+                sites.append((n, j, mask_kind(n, j, chain[0])))
+        t = n.inputs[chain[0]]
+    return None, sites
+
+
+def probs_matmul(softmax: gs.Node, probs_ops: set[str]) -> gs.Node | None:
+    """The MatMul(probs, V) reading the Softmax output through ``probs_ops``."""
+    pv = None
+    frontier = [softmax.outputs[0]]
+    for _ in range(4):
+        nxt = []
+        for x in frontier:
+            for c in x.outputs:
+                if c.op == "MatMul" and c.inputs[0] is x:
+                    pv = c
+                elif c.op in probs_ops:
+                    nxt += list(c.outputs)
+        if pv is not None or not nxt:
+            break
+        frontier = nxt
+    return pv
+
+
+def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], am_dep: set[int],
+           amask: gs.Tensor | None) -> Attention | None:
+    """The attention layer at Softmax ``sm``, or None when it is not one."""
+    layout_ops = set(hints["layout_ops"])
+    qk, sites = scores_path(sm, set(hints["score_ops"]), cache_dep, am_dep)
+    if qk is None:
+        return None
+    key = walk_back(qk.inputs[1], layout_ops, cache_dep, lambda n: id(n) in concat_ids)
+    if key is None:
+        return None
+    pv = probs_matmul(sm, set(hints["probs_ops"]))
+    value = None
+    if pv is not None:
+        value = walk_back(pv.inputs[1], layout_ops, cache_dep, lambda n: id(n) in concat_ids)
+    if value is None:
+        raise UnsupportedPatternError(
+            f"attention at Softmax {sm.name!r}: keys come from cache Concat {key.name!r} but the "
+            f"values' cache Concat was not found behind the MatMul that reads the probabilities")
+    if amask is not None and not sites:
+        raise UnsupportedPatternError(
+            f"attention at Softmax {sm.name!r}: no operand depending on {amask.name!r} on the "
+            f"scores path from MatMul {qk.name!r}; cannot find the attention mask")
+    return Attention(key=key, value=value, softmax=sm, sites=tuple(sites))
+
+
+def _check_every_concat_read_once(found: list[Attention], concats: list[gs.Node]) -> None:
+    if not found:
+        raise UnsupportedPatternError(
+            f"found {len(concats)} cache Concat nodes but no attention (Softmax over "
+            f"MatMul(Q, K) with K from a cache) uses them; fused attention ops are not supported")
+    used = [id(a.key) for a in found] + [id(a.value) for a in found]
+    if len(set(used)) != len(used):
+        raise UnsupportedPatternError("two attention layers share one cache Concat")
+    unused = [n for n in concats if id(n) not in set(used)]
+    if unused:
+        raise UnsupportedPatternError(
+            f"cache Concat nodes not read by any attention: {', '.join(n.name for n in unused)}")
+
+
+def find_attention(graph: gs.Graph, nodes: list[gs.Node], hints: dict, concats: list[gs.Node],
+                   attention_mask: gs.Tensor | None) -> list[Attention]:
+    """Every attention layer, in the order of their key Concats in ``nodes``."""
+    cache_dep = value_dependence(graph, [n.outputs[0] for n in concats], nodes)
+    am_dep = value_dependence(graph, [attention_mask], nodes) if attention_mask is not None else set()
+    concat_ids = {id(n) for n in concats}
+    found = []
+    for sm in (n for n in nodes if n.op == "Softmax"):
+        layer = _layer(sm, hints, concat_ids, cache_dep, am_dep, attention_mask)
+        if layer is not None:
+            found.append(layer)
+    _check_every_concat_read_once(found, concats)
+    order = {id(n): i for i, n in enumerate(nodes)}
+    return sorted(found, key=lambda a: order[id(a.key)])

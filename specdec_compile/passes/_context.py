@@ -1,0 +1,59 @@
+"""``PassContext``: the one argument every pass takes besides the graph."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..contract import MASK_VALUE, ROLES, TARGETS
+from ..detect import Detection
+from ..errors import SpecdecError
+
+
+def check_options(role: str | None, target: str | None, k: int | None, *, optional: bool = False) -> None:
+    """Refuse an unknown role or target and a k that is not an integer >= 1
+    (with ``optional``, None is accepted for role and target)."""
+    if not (optional and role is None) and role not in ROLES:
+        raise SpecdecError(f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
+    if not (optional and target is None) and target not in TARGETS:
+        raise SpecdecError(f"unknown target {target!r} (expected one of {', '.join(TARGETS)})")
+    if k is not None and (not isinstance(k, int) or k < 1):
+        raise SpecdecError(f"k must be an integer >= 1, got {k!r}")
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What a pass may read besides the graph. Frozen: no pass changes it, so
+    one context serves a whole pipeline.
+
+    detection     the ``Detection`` of the original graph (names, valid across copies)
+    role          "tlm" | "dlm"
+    target        "qaic" | "ort"
+    k             speculation length (recorded; today no pass's graph depends on it)
+    mask_value    the fill for masked scores: large, finite, negative
+    source_opset  the exported model's opset (``lower`` reads it; None: the graph's own)
+
+    A field a pass does not read may stay None; a pass that needs one refuses
+    to run without it (``need``). Options for passes to come (a window size,
+    an ALiBi slope table) are new fields with defaults.
+    """
+    detection: Detection | None = None
+    role: str | None = None
+    target: str | None = None
+    k: int | None = None
+    mask_value: float = MASK_VALUE
+    source_opset: int | None = None
+
+    def __post_init__(self):
+        check_options(self.role, self.target, self.k, optional=True)
+        if self.detection is not None and not isinstance(self.detection, Detection):
+            raise SpecdecError(f"PassContext.detection must be a Detection, got {type(self.detection).__name__}")
+
+
+def need(pass_name: str, ctx, *fields: str) -> PassContext:
+    """``ctx``, checked: a ``PassContext`` with every field in ``fields`` set."""
+    if not isinstance(ctx, PassContext):
+        raise TypeError(f"pass {pass_name} is called as {pass_name}(graph, ctx) with ctx a "
+                        f"specdec_compile.passes.PassContext, got {type(ctx).__name__}")
+    missing = [f"ctx.{f}" for f in fields if getattr(ctx, f) is None]
+    if missing:
+        raise SpecdecError(f"pass {pass_name} needs {', '.join(missing)}")
+    return ctx

@@ -1,0 +1,91 @@
+"""Pass lower: the target form (qaic: opset 17 + CtxScatter; ort: opset 24 + TensorScatter)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper as h
+from pass_helpers import ctx, load, session
+
+from specdec_compile import passes
+from specdec_compile.contract import CACHE_WRITE, QAIC_DOMAIN
+from specdec_compile.errors import SpecdecError
+from specdec_compile.passes import PassContext
+from specdec_compile.passes.lower import _ctx_scatter_function
+
+
+def test_ctx_scatter_function_is_a_scatter_over_batch_head_position():
+    """The qaic cache write, run on ONNX Runtime (which inlines the function)."""
+    fn = _ctx_scatter_function()
+    data = gs.Variable("data", np.float32, [2, 3, 8, 4])
+    pos = gs.Variable("pos", np.int64, [2, 2])
+    upd = gs.Variable("upd", np.float32, [2, 3, 2, 4])
+    out = gs.Variable("out", np.float32, [2, 3, 8, 4])
+    node = gs.Node("CtxScatter", domain=QAIC_DOMAIN, inputs=[data, pos, upd], outputs=[out])
+    g = gs.Graph(nodes=[node], inputs=[data, pos, upd], outputs=[out], functions=[fn], opset=17,
+                 import_domains=[h.make_opsetid("", 17), h.make_opsetid(QAIC_DOMAIN, 1)])
+    rng = np.random.default_rng(0)
+    d = rng.standard_normal((2, 3, 8, 4)).astype(np.float32)
+    u = rng.standard_normal((2, 3, 2, 4)).astype(np.float32)
+    p = np.array([[5, 6], [0, 7]])
+    got = session(g).run(None, {"data": d, "pos": p, "upd": u})[0]
+    want = d.copy()
+    for b in range(2):
+        for j in range(2):
+            want[b, :, p[b, j]] = u[b, :, j]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("target,opset", [("qaic", 17), ("ort", 24)])
+def test_lower_sets_opset_and_cache_write_form(fixture_path, target, opset):
+    g, det = load(fixture_path("llama_dynamo"))  # opset 20, ReduceMean with an axes input
+    g = passes.retained_kv(g, ctx(det))
+    out = passes.lower(g, ctx(det, target=target, source_opset=20))
+    assert out.opset == opset
+    ops = [n.op for n in out.nodes]
+    assert CACHE_WRITE not in ops
+    if target == "qaic":
+        assert ops.count("CtxScatter") == 4 and [f.name for f in out.functions] == ["CtxScatter"]
+        assert all("axes" in n.attrs and len(n.inputs) == 1 for n in out.nodes if n.op == "ReduceMean")
+    else:
+        scatters = [n for n in out.nodes if n.op == "TensorScatter"]
+        assert len(scatters) == 4 and all(n.attrs["mode"] == "circular" for n in scatters)
+
+
+def _gelu_graph(approx, dtype=np.float32):
+    x = gs.Variable("x", dtype, [5])
+    y = gs.Variable("y", dtype, [5])
+    return gs.Graph(nodes=[gs.Node("Gelu", attrs={"approximate": approx}, inputs=[x], outputs=[y])],
+                    inputs=[x], outputs=[y], opset=20)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (np.float16, 2e-3)])
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+def test_lower_qaic_decomposes_gelu(approx, dtype, tol):
+    x = np.linspace(-3, 3, 5).astype(dtype)
+    want = session(_gelu_graph(approx)).run(None, {"x": x.astype(np.float32)})[0]
+    low = passes.lower(_gelu_graph(approx, dtype), PassContext(target="qaic", source_opset=20))
+    assert "Gelu" not in [n.op for n in low.nodes]
+    got = session(low).run(None, {"x": x})[0]
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.astype(np.float32), want, atol=tol)
+
+
+def test_lower_qaic_refuses_ops_without_an_opset17_form():
+    x = gs.Variable("x", np.float32, [2, 3])
+    y = gs.Variable("y", np.float32, [2, 3])
+    g = gs.Graph(nodes=[gs.Node("RMSNormalization", name="norm", inputs=[x, gs.Constant("s", np.ones(3, np.float32))],
+                                outputs=[y])], inputs=[x], outputs=[y], opset=23)
+    with pytest.raises(Exception, match="RMSNormalization.*no opset-17 form"):
+        passes.lower(g, PassContext(target="qaic", source_opset=23))
+
+
+def test_lower_takes_the_source_opset_from_the_graph_when_the_context_has_none():
+    """Without ctx.source_opset the graph's own opset is the source (here 20: Gelu is lowered)."""
+    low = passes.lower(_gelu_graph("none"), PassContext(target="qaic"))
+    assert low.opset == 17 and "Gelu" not in [n.op for n in low.nodes]
+
+
+def test_lower_needs_a_target():
+    with pytest.raises(SpecdecError, match=r"pass lower needs ctx\.target"):
+        passes.lower(_gelu_graph("none"), PassContext())
