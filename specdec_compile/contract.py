@@ -1,4 +1,4 @@
-"""Names and constants of ../shared/CONTRACT.md, in one place."""
+"""Names and constants of the interface contract (docs/CONTRACT.md), in one place."""
 
 BATCH, SEQ, CTX = "batch_size", "seq_len", "ctx_len"
 INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"

@@ -8,8 +8,8 @@ tested in ``tests/passes/test_<name>.py``.
 
 ``REGISTRY`` below is the single source of the pipeline: the order the passes
 run in, the ``specdec.passes`` metadata written into the model, the pass names
-``--explain`` and ``diff --passes`` show, and the README's pass table
-(``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
+``--explain`` and ``diff --passes`` show, and the pass table of
+docs/compiler.md (``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
 
 Which passes run (the rule): an entry names the roles and targets it is for
 (default: all of them). ``select(role, target)`` keeps the entries that match,
@@ -27,8 +27,8 @@ selection rule, not a check inside the pass.
 Adding a pass: a module ``passes/<name>.py`` defining ``<name>(graph, ctx)``,
 an entry in ``REGISTRY`` at its place in the order, and
 ``tests/passes/test_<name>.py`` (tests/test_pass_registry.py checks all three),
-then regenerate the README table (``python -c "from specdec_compile.passes import
-render_table; print(render_table())"``).
+then regenerate the table in docs/compiler.md (``python -c "from
+specdec_compile.passes import render_table; print(render_table())"``).
 
 Calling one pass alone, in your own toolchain::
 
@@ -72,7 +72,7 @@ from .role_logits import role_logits
 @dataclass(frozen=True)
 class Pass:
     """One registry entry. ``job``: what the pass does, one paragraph (the
-    README table's second column). ``roles``/``targets``: what it is for."""
+    docs/compiler.md table's second column). ``roles``/``targets``: what it is for."""
     name: str
     run: Callable[[gs.Graph, PassContext], gs.Graph]
     job: str
@@ -141,7 +141,7 @@ def _scope(p: Pass) -> str:
 
 
 def render_table() -> str:
-    """The README's pass table (markdown), rendered from ``REGISTRY``."""
+    """The pass table of docs/compiler.md (markdown), rendered from ``REGISTRY``."""
     rows = ["| pass | job |", "| --- | --- |"]
     rows += [f"| `{p.name}` | {_scope(p)}{p.job} |" for p in REGISTRY]
     return "\n".join(rows) + "\n"
