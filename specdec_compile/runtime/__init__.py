@@ -5,11 +5,12 @@
     res = SpecDecoder(tlm, dlm, eos_token_id=2).generate([1, 5, 7], max_new_tokens=32)
     res.generated_ids, res.metrics
 
-See docs/runtime.md.
+See the runtime section of README.md.
 """
 from .artifact import Artifact, check_pair, load_artifact
 from .backends import Backend, OrtBackend, QaicBackend, open_backend
-from .decoding import GenerationResult, SpecDecoder, TargetOnlyDecoder, aggregate_metrics, generate
+from .decoding import SpecDecoder, TargetOnlyDecoder, generate
+from .metrics import GenerationResult, aggregate_metrics
 from .sampling import SamplingParams
 
 __all__ = ["Artifact", "Backend", "GenerationResult", "OrtBackend", "QaicBackend", "SamplingParams",

@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..contract import MANIFEST_FILE, MODEL_FILE, ROLES, SPECIALIZATIONS_FILE, TARGETS
 from ..errors import SpecdecError
-from ..contract import ROLES, TARGETS
 
 
 # manifest key -> accepted spellings, first wins
@@ -88,7 +88,7 @@ class Artifact:
 
     @property
     def model_path(self) -> Path:
-        return self.path / "model.onnx"
+        return self.path / MODEL_FILE
 
     @property
     def name(self) -> str:
@@ -135,34 +135,34 @@ def read_specializations(path: Path) -> list[dict]:
     return out
 
 
-def load_artifact(path, expect_role: str | None = None, need_model: bool = True) -> Artifact:
-    """Read and check the artifact directory ``path``.
-
-    ``expect_role`` ("tlm"/"dlm") makes a role mismatch an error;
-    ``need_model`` requires ``model.onnx`` (the ONNX Runtime backend needs it,
-    the Cloud AI 100 backend needs the QPC instead).
-    """
-    p = Path(path)
+def _read_dir(p: Path) -> tuple[dict, list[dict]]:
+    """The manifest and the specializations of artifact directory ``p``."""
     if not p.exists():
         raise SpecdecError(f"{p}: no such artifact directory")
     if not p.is_dir():
         raise SpecdecError(f"{p}: not a directory (expected an artifact directory from specdec-compile)")
-    manifest = _read_json(p / "manifest.json", "the artifact manifest")
+    manifest = _read_json(p / MANIFEST_FILE, "the artifact manifest")
     if not isinstance(manifest, dict):
-        raise SpecdecError(f"{p / 'manifest.json'}: expected a JSON object")
-    specs = read_specializations(p / "specializations.json")
-    where = p / "specializations.json"
+        raise SpecdecError(f"{p / MANIFEST_FILE}: expected a JSON object")
+    return manifest, read_specializations(p / SPECIALIZATIONS_FILE)
 
+
+def _role_and_target(p: Path, manifest: dict, expect_role: str | None) -> tuple[str, str]:
     role = str(_get(manifest, "role") or "").lower()
     if role not in ROLES:
-        raise SpecdecError(f"{p / 'manifest.json'}: role is {role or 'missing'!r}, expected tlm or dlm")
+        raise SpecdecError(f"{p / MANIFEST_FILE}: role is {role or 'missing'!r}, expected tlm or dlm")
     if expect_role and role != expect_role:
         raise SpecdecError(f"{p}: is a {role.upper()} artifact, expected a {expect_role.upper()} "
                            f"(were --tlm and --dlm swapped?)")
     target = str(_get(manifest, "target") or "qaic").lower()
     if target not in TARGETS:
-        raise SpecdecError(f"{p / 'manifest.json'}: target is {target!r}, expected ort or qaic")
+        raise SpecdecError(f"{p / MANIFEST_FILE}: target is {target!r}, expected ort or qaic")
+    return role, target
 
+
+def _shapes(p: Path, manifest: dict, specs: list[dict]) -> tuple[int, int, int, tuple[int, ...]]:
+    """(batch size, context length, prefill length, compiled seq_lens), checked against the manifest."""
+    where = p / SPECIALIZATIONS_FILE
     batches = {s["batch_size"] for s in specs}
     ctxs = {s["ctx_len"] for s in specs}
     if len(batches) != 1:
@@ -171,64 +171,81 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
         raise SpecdecError(f"{where}: ctx_len differs between specializations ({sorted(ctxs)})")
     B, CL = batches.pop(), ctxs.pop()
     seq_lens = tuple(sorted({s["seq_len"] for s in specs}))
-
-    def mcheck(key, value):
+    for key, value in (("batch_size", B), ("ctx_len", CL)):
         m = _get(manifest, key)
-        if m is not None and _as_int(m, key, p / "manifest.json") != value:
-            raise SpecdecError(f"{p}: manifest.json says {key}={m} but specializations.json says {value}")
-
-    mcheck("batch_size", B)
-    mcheck("ctx_len", CL)
+        if m is not None and _as_int(m, key, p / MANIFEST_FILE) != value:
+            raise SpecdecError(f"{p}: {MANIFEST_FILE} says {key}={m} but {SPECIALIZATIONS_FILE} says {value}")
     pl = _get(manifest, "prefill_len")
-    PL = _as_int(pl, "prefill_len", p / "manifest.json") if pl is not None else max(seq_lens)
+    PL = _as_int(pl, "prefill_len", p / MANIFEST_FILE) if pl is not None else max(seq_lens)
     if PL not in seq_lens:
         raise SpecdecError(f"{p}: prefill length {PL} is not a compiled seq_len {list(seq_lens)}")
     if PL > CL:
         raise SpecdecError(f"{p}: prefill length {PL} exceeds the context length {CL}")
+    return B, CL, PL, seq_lens
 
+
+def _tlm_widths(p: Path, manifest: dict, seq_lens: tuple[int, ...], PL: int, CL: int) -> tuple[int, tuple[int, ...]]:
+    """A TLM's speculation length k and every verification width it serves (k_list)."""
+    where, mpath = p / SPECIALIZATIONS_FILE, p / MANIFEST_FILE
     k = None
     k_list: tuple[int, ...] = ()
+    mk = _get(manifest, "k")
+    if mk is not None:
+        k = _as_int(mk, "k", mpath)
+    mkl = _get(manifest, "k_list")
+    if mkl is not None:
+        if not isinstance(mkl, (list, tuple)) or not mkl:
+            raise SpecdecError(f"{mpath}: k_list is {mkl!r}, expected a list of integers")
+        k_list = tuple(sorted({_as_int(x, "k_list entry", mpath) for x in mkl}))
+    if k is None:
+        if k_list:
+            k = max(j for j in k_list if j in seq_lens) if any(j in seq_lens for j in k_list) else None
+        else:  # infer: the largest s with s and s+1 compiled, other than the prefill length
+            cands = [s for s in seq_lens if s + 1 in seq_lens and s != PL]
+            k = max(cands) if cands else None
+        if k is None:
+            raise SpecdecError(f"{p}: cannot tell the speculation length k (no k in {MANIFEST_FILE})")
+    if k < 1:
+        raise SpecdecError(f"{mpath}: k={k}, expected k >= 1")
+    k_list = tuple(sorted(set(k_list) | {k}))
+    if k not in seq_lens:
+        raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
+                           f"(has {list(seq_lens)})")
+    for j in k_list:
+        if j < 1 or j + 1 not in seq_lens:
+            raise SpecdecError(f"{where}: the TLM needs seq_len={j + 1} to verify {j} drafts "
+                               f"(has {list(seq_lens)})")
+    if k + 1 > CL:
+        raise SpecdecError(f"{p}: k+1={k + 1} exceeds the context length {CL}")
+    return k, k_list
+
+
+def load_artifact(path, expect_role: str | None = None, need_model: bool = True) -> Artifact:
+    """Read and check the artifact directory ``path``.
+
+    ``expect_role`` ("tlm"/"dlm") makes a role mismatch an error;
+    ``need_model`` requires ``model.onnx`` (the ONNX Runtime backend needs it,
+    the Cloud AI 100 backend needs the QPC instead).
+    """
+    p = Path(path)
+    manifest, specs = _read_dir(p)
+    role, target = _role_and_target(p, manifest, expect_role)
+    B, CL, PL, seq_lens = _shapes(p, manifest, specs)
+    k, k_list = None, ()
     if role == "dlm":
         for s in (1, 2):
             if s not in seq_lens:
-                raise SpecdecError(f"{where}: a DLM needs a seq_len={s} specialization (has {list(seq_lens)})")
-    else:
-        mk = _get(manifest, "k")
-        if mk is not None:
-            k = _as_int(mk, "k", p / "manifest.json")
-        mkl = _get(manifest, "k_list")
-        if mkl is not None:
-            if not isinstance(mkl, (list, tuple)) or not mkl:
-                raise SpecdecError(f"{p / 'manifest.json'}: k_list is {mkl!r}, expected a list of integers")
-            k_list = tuple(sorted({_as_int(x, "k_list entry", p / "manifest.json") for x in mkl}))
-        if k is None:
-            if k_list:
-                k = max(j for j in k_list if j in seq_lens) if any(j in seq_lens for j in k_list) else None
-            else:  # infer: the largest s with s and s+1 compiled, other than the prefill length
-                cands = [s for s in seq_lens if s + 1 in seq_lens and s != PL]
-                k = max(cands) if cands else None
-            if k is None:
-                raise SpecdecError(f"{p}: cannot tell the speculation length k (no k in manifest.json)")
-        if k < 1:
-            raise SpecdecError(f"{p / 'manifest.json'}: k={k}, expected k >= 1")
-        k_list = tuple(sorted(set(k_list) | {k}))
-        if k not in seq_lens:
-            raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
-                               f"(has {list(seq_lens)})")
-        for j in k_list:
-            if j < 1 or j + 1 not in seq_lens:
-                raise SpecdecError(f"{where}: the TLM needs seq_len={j + 1} to verify {j} drafts "
+                raise SpecdecError(f"{p / SPECIALIZATIONS_FILE}: a DLM needs a seq_len={s} specialization "
                                    f"(has {list(seq_lens)})")
-        if k + 1 > CL:
-            raise SpecdecError(f"{p}: k+1={k + 1} exceeds the context length {CL}")
+    else:
+        k, k_list = _tlm_widths(p, manifest, seq_lens, PL, CL)
 
     def opt_int(key):
         v = _get(manifest, key)
-        return None if v is None else _as_int(v, key, p / "manifest.json")
+        return None if v is None else _as_int(v, key, p / MANIFEST_FILE)
 
-    if need_model and not (p / "model.onnx").is_file():
-        raise SpecdecError(f"{p / 'model.onnx'}: missing (the rewritten graph)")
-
+    if need_model and not (p / MODEL_FILE).is_file():
+        raise SpecdecError(f"{p / MODEL_FILE}: missing (the rewritten graph)")
     return Artifact(path=p, role=role, target=target, batch_size=B, ctx_len=CL, prefill_len=PL,
                     seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=opt_int("vocab_size"),
                     num_layers=opt_int("num_layers"), num_kv_heads=opt_int("num_kv_heads"),

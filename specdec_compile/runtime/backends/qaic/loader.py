@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ....contract import INPUT_IDS, LOGITS, POSITION_IDS, QPC_DIR
+from ....contract import COMPILE_SCRIPT, INPUT_IDS, LOGITS, POSITION_IDS, QPC_DIR
 from ....errors import SpecdecError
 from ...artifact import Artifact
 from ..base import resolve_artifact, with_vocab
@@ -62,7 +62,7 @@ def find_qpc(artifact: Artifact, qpc=None) -> Path:
         if c.name == QPC_FILE and c.is_file():
             return c.parent
     raise SpecdecError(f"{artifact.path}: no compiled QPC ({QPC_FILE}) in "
-                       f"{', '.join(str(c) for c in cands)}; run its compile.sh first")
+                       f"{', '.join(str(c) for c in cands)}; run its {COMPILE_SCRIPT} first")
 
 
 @dataclass
