@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import MANIFEST_FILE, MODEL_FILE, ROLES, SPECIALIZATIONS_FILE, TARGETS
+from ..contract import INPUT_IDS, MANIFEST_FILE, MODEL_FILE, ROLES, SPECIALIZATIONS_FILE, TARGETS
 from ..errors import SpecdecError
 
 
@@ -84,6 +84,7 @@ class Artifact:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     eos_token_id: int | None = None
+    embedding_rows: int | None = None  # ids the model reads, when known apart from the logits width
     manifest: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -103,6 +104,31 @@ class Artifact:
             allowed = ", ".join(f"[{b}, {s}]" for b, s in self.shapes())
             raise SpecdecError(f"{self.name}: a call of shape [{batch}, {seq_len}] matches no "
                                f"specialization (compiled: {allowed})")
+
+
+_PASS_IDS = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
+
+
+def embedding_rows(model_path: Path) -> int | None:
+    """Rows of the embedding table that ``input_ids`` index, read from the graph
+    (weights not loaded); None when no Gather of a 2-D initializer by the ids shows.
+
+    A draft whose LM head keeps only the first rows of the table still reads every
+    id its embedding has; this tells the runtime how many that is.
+    """
+    from ..io import load_model
+
+    graph = load_model(model_path).graph
+    tables = {t.name: t for t in graph.initializer if len(t.dims) == 2}
+    ids = {INPUT_IDS}
+    rows = []
+    for node in graph.node:                     # ONNX graphs are topologically sorted
+        if node.op_type in _PASS_IDS and node.input and node.input[0] in ids:
+            ids.update(node.output)
+        elif (node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in ids
+              and node.input[0] in tables and all(a.i == 0 for a in node.attribute if a.name == "axis")):
+            rows.append(int(tables[node.input[0]].dims[0]))
+    return min(rows) if rows else None
 
 
 def _read_json(path: Path, what: str):
@@ -253,8 +279,45 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
                     manifest=manifest)
 
 
-def check_pair(tlm: Artifact, dlm: Artifact) -> None:
-    """A TLM and a DLM can run together: same batch, context, prefill length and vocabulary."""
+#: special token ids a manifest records (from the export's config.json / generation_config.json):
+#: what they are called, and the manifest keys that hold them
+SPECIAL_IDS = (("EOS ids", ("eos_token_id", "eos_token_ids")), ("BOS ids", ("bos_token_id",)),
+               ("pad ids", ("pad_token_id",)))
+
+
+def special_ids(a: Artifact) -> dict[str, frozenset[int]]:
+    """The special token ids ``a``'s manifest records, as sets (EOS: every id listed)."""
+    out = {}
+    for what, keys in SPECIAL_IDS:
+        found: set[int] = set()
+        for key in keys:
+            v = a.eos_token_id if key == "eos_token_id" else a.manifest.get(key)
+            v = [v] if isinstance(v, int) else v
+            if isinstance(v, list):
+                found |= {x for x in v if isinstance(x, int) and not isinstance(x, bool)}
+        if found:
+            out[what] = frozenset(found)
+    return out
+
+
+def _check_special_ids(tlm: Artifact, dlm: Artifact) -> None:
+    t, d = special_ids(tlm), special_ids(dlm)
+    for what, _ in SPECIAL_IDS:
+        if what in t and what in d and t[what] != d[what]:
+            first = min(t[what] ^ d[what])
+            raise SpecdecError(f"TLM and DLM have different {what}: {sorted(t[what])} ({tlm.path}) vs "
+                               f"{sorted(d[what])} ({dlm.path}), first at id {first}; speculative decoding "
+                               f"needs one shared tokenizer")
+
+
+def check_pair(tlm: Artifact, dlm: Artifact, tokenizers=None) -> None:
+    """A TLM and a DLM can run together: the same batch, context and prefill
+    length, and one tokenizer. Their table sizes may differ (see vocab.py).
+
+    ``tokenizers`` = (the TLM's, the DLM's): they must agree on the token of
+    every id both models can emit and on the special tokens. Without both, the
+    special token ids the two manifests record must agree.
+    """
     if tlm.role != "tlm":
         raise SpecdecError(f"{tlm.path}: --tlm is a {tlm.role.upper()} artifact")
     if dlm.role != "dlm":
@@ -265,10 +328,10 @@ def check_pair(tlm: Artifact, dlm: Artifact) -> None:
         if a != b:
             raise SpecdecError(f"TLM and DLM differ in {what}: {a} ({tlm.path}) vs {b} ({dlm.path}); "
                                f"compile both with the same value")
-    te, de = tlm.eos_token_id, dlm.eos_token_id
-    if te is not None and de is not None and te != de:
-        raise SpecdecError(f"TLM and DLM have different EOS ids: {te} ({tlm.path}) vs {de} ({dlm.path}); "
-                           f"speculative decoding needs one shared tokenizer")
-    if tlm.vocab_size and dlm.vocab_size and tlm.vocab_size != dlm.vocab_size:
-        raise SpecdecError(f"TLM and DLM have different vocabularies: {tlm.vocab_size} vs {dlm.vocab_size} "
-                           f"tokens; speculative decoding needs one shared tokenizer")
+    if tokenizers is not None and all(t is not None for t in tokenizers):
+        from .tokenizer import check_tokenizers_agree
+
+        sizes = [v for v in (tlm.vocab_size, dlm.vocab_size) if v]
+        check_tokenizers_agree(*tokenizers, limit=min(sizes) if sizes else None)
+    else:
+        _check_special_ids(tlm, dlm)

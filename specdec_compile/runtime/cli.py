@@ -189,24 +189,22 @@ def _check_args(args) -> None:
 
 
 def _open(args):
-    """(tlm backend, dlm backend or None, tokenizer or None, prompts): cheap checks first
+    """(tlm backend, dlm backend or None, (tokenizer, dlm tokenizer), prompts): cheap checks first
     (artifacts, their pairing, tokenizers, prompts), then the models are loaded."""
     from .artifact import check_pair, load_artifact
     from .backends import open_backend
-    from .tokenizer import check_same_tokenizer, check_tokenizer_fits, load_tokenizer
+    from .tokenizer import check_tokenizer_fits, load_tokenizer
 
     tlm_dev = _device_ids(args.tlm_device_ids, "--tlm-device-ids")
     dlm_dev = _device_ids(args.dlm_device_ids, "--dlm-device-ids")
     need_model = args.backend == "ort"
     # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
     tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
-    dlm_art = None
-    if not args.target_only:
-        dlm_art = load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
-        check_pair(tlm_art, dlm_art)
+    dlm_art = None if args.target_only else load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
     tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    if tok is not None and args.dlm_tokenizer and not args.target_only:
-        check_same_tokenizer(tok, load_tokenizer(args.dlm_tokenizer))
+    dlm_tok = load_tokenizer(args.dlm_tokenizer) if tok is not None and args.dlm_tokenizer and dlm_art else None
+    if dlm_art is not None:   # shapes; the tokenizers when both are given, else the manifests' token ids
+        check_pair(tlm_art, dlm_art, tokenizers=(tok, dlm_tok))
     prompts = _prompts(args, tok)
 
     kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}
@@ -218,11 +216,9 @@ def _open(args):
         for b in (tlm, dlm):
             if b is not None:
                 b.warmup()
-    if tok is not None:
+    if tok is not None:   # the DLM may have fewer rows: it drafts only the ids it has
         check_tokenizer_fits(tok, tlm.vocab_size, "TLM")
-        if dlm is not None:
-            check_tokenizer_fits(tok, dlm.vocab_size, "DLM")
-    return tlm, dlm, tok, prompts
+    return tlm, dlm, (tok, dlm_tok), prompts
 
 
 def _eos(args, tok, tlm):
@@ -243,12 +239,12 @@ def run(argv: list[str]) -> int:
         raise SpecdecError("--max-new-tokens must be >= 0")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     _check_args(args)
-    tlm, dlm, tok, prompts = _open(args)
+    tlm, dlm, (tok, dlm_tok), prompts = _open(args)
     eos = _eos(args, tok, tlm)
     if dlm is None:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        dec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=args.k)
+        dec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=args.k, tokenizer=tok, dlm_tokenizer=dlm_tok)
 
     rng = sampling.rng()
     color = (not args.no_color) and sys.stdout.isatty() and not args.json

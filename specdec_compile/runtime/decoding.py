@@ -29,6 +29,11 @@ the number of drafts j (TLM width j+1) that maximizes expected tokens per unit
 of time: (1 - a^(j+1)) / (1 - a) over j * t_dlm + t_tlm(j+1), from the running
 acceptance estimate a and the measured call times.
 
+A draft whose table has another size than the target's (one tokenizer, padded
+differently, or cut to its first rows) drafts only the ids both have, and
+reads an id it has no row for as a fill id (vocab.py); the target's side is
+unchanged, so greedy output and the sampled distribution are the target's.
+
 Target-only decoding (the baseline) runs the TLM alone: prefill, then one token
 per call at the TLM's smallest compiled width, the token in slot 0 and the
 rest padding (-1); the logits of the valid token are used. The TLM artifact has
@@ -47,6 +52,7 @@ from .artifact import check_pair
 from .backends import Backend
 from .metrics import GenerationResult, _Meter, aggregate_metrics  # noqa: F401  (re-exported)
 from .sampling import SamplingParams, pick, verify
+from .vocab import PairVocab
 
 PAD_ID = 0
 
@@ -81,9 +87,10 @@ def _check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int
 class _Runner:
     """Calls a backend with row 0 holding the tokens and everything else padding."""
 
-    def __init__(self, backend: Backend, role: str):
+    def __init__(self, backend: Backend, role: str, ids_map: Callable | None = None):
         self.b = backend
         self.role = role                        # the label its calls are timed under
+        self.ids_map = ids_map                  # how this model reads token ids (see vocab.py)
         self.last_only = backend.role == "dlm"  # logits of the last valid token only
         self.B = backend.batch_size
         self.meter: _Meter | None = None
@@ -98,6 +105,8 @@ class _Runner:
         pos = np.full((self.B, width), -1, np.int64)
         ids[0, :n] = tokens
         pos[0, :n] = np.arange(start, start + n)
+        if self.ids_map is not None:
+            ids = self.ids_map(ids)
         t = time.perf_counter()
         out = self.b.run(ids, pos)
         dt = time.perf_counter() - t
@@ -179,14 +188,18 @@ class SpecDecoder:
     ``k``: drafts per round. Default: the TLM's compiled k; with several
     compiled widths (k_list) the default is adaptive. Giving ``k`` (one of
     k_list) fixes it. ``adaptive``: force adaptive width choice on or off.
+    ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own): the
+    pair must agree on them (else on the manifests' special token ids), and
+    the draft proposes only ids the tokenizers have. TLM and DLM tables may
+    differ in size (see vocab.py).
     """
 
     def __init__(self, tlm: Backend, dlm: Backend, *, eos_token_id=None, k: int | None = None,
-                 adaptive: bool | None = None, record_calls: bool = False):
-        check_pair(tlm.artifact, dlm.artifact)
-        if tlm.vocab_size and dlm.vocab_size and tlm.vocab_size != dlm.vocab_size:
-            raise SpecdecError(f"TLM and DLM have different vocabularies: {tlm.vocab_size} vs "
-                               f"{dlm.vocab_size} tokens; speculative decoding needs one shared tokenizer")
+                 adaptive: bool | None = None, record_calls: bool = False, tokenizer=None,
+                 dlm_tokenizer=None):
+        check_pair(tlm.artifact, dlm.artifact, tokenizers=(tokenizer, dlm_tokenizer))
+        toks = [len(t) for t in (tokenizer, dlm_tokenizer) if t is not None]
+        self.vocab = pair_vocab(tlm, dlm, min(toks) if toks else None)
         self.tlm, self.dlm = tlm, dlm
         self.eos_token_id = eos_token_id
         self.eos = eos_set(eos_token_id)
@@ -260,6 +273,17 @@ class SpecDecoder:
         return gen.result(stop)
 
 
+def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> PairVocab | None:
+    """How the pair shares its vocabulary; None when nothing needs mapping (or the
+    sizes are not known)."""
+    vt, vd = tlm.vocab_size, dlm.vocab_size
+    if not vt or not vd:
+        return None
+    reads = dlm.input_vocab if vd < vt else vd   # a smaller draft may still read more ids than it emits
+    v = PairVocab.of(vt, vd, tokenizer_len=tokenizer_len, draft_reads=reads)
+    return None if v.same else v
+
+
 class _Generation:
     """One speculative generation: the state carried from round to round."""
 
@@ -270,7 +294,9 @@ class _Generation:
         self.max_new = max_new_tokens
         self.sampling, self.rng, self.on_tokens = sampling, rng, on_tokens
         self.meter = _Meter(max(dec.choices), dec.record_calls)
-        self.tlm, self.dlm = _Runner(dec.tlm, "tlm"), _Runner(dec.dlm, "dlm")
+        self.vocab = dec.vocab
+        self.tlm = _Runner(dec.tlm, "tlm")
+        self.dlm = _Runner(dec.dlm, "dlm", self.vocab.draft_ids if self.vocab else None)
         for r in (self.tlm, self.dlm):
             r.meter, r.cost = self.meter, dec._note_cost
         dec.tlm.reset()
@@ -316,7 +342,7 @@ class _Generation:
         """Prefill both models, then the first token from L0 and d1."""
         L0 = self.tlm.prefill(self.prompt)
         q0 = self.dlm.prefill(self.prompt)
-        d1, q1 = pick(q0, self.sampling, self.rng)
+        d1, q1 = self.pick_draft(q0)
         a, tok = verify([d1], [q1], L0[None], self.sampling, self.rng, bonus=False)
         self.first_accepted = a == 1
         self.alpha_acc = a
@@ -324,6 +350,13 @@ class _Generation:
             self.meter.add_round(1, 0)    # a round that the prefill logits alone decided
             return self.emit([tok], ["target"])
         return self.emit([d1], ["draft"])
+
+    def pick_draft(self, logits) -> tuple[int, np.ndarray | None]:
+        """A draft token and the distribution over the target's ids it was drawn from."""
+        if self.vocab is None:
+            return pick(logits, self.sampling, self.rng)
+        d, q = pick(self.vocab.draft_logits(logits), self.sampling, self.rng)
+        return d, self.vocab.draft_dist(q)
 
     def draft(self, q: int, n: int) -> tuple[list[int], list]:
         """``n`` drafts for positions q.. (the DLM first catches up to seq[:q])."""
@@ -337,7 +370,7 @@ class _Generation:
         logits = self.dlm.call(pending, p0, len(pending))[0]
         self.dlm_valid = q
         for i in range(n):
-            d, dist = pick(logits, self.sampling, self.rng)
+            d, dist = self.pick_draft(logits)
             drafts.append(d)
             dists.append(dist)
             if i < n - 1:
@@ -382,12 +415,12 @@ class _Generation:
 
 def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-             eos_token_id=None, k: int | None = None,
+             eos_token_id=None, k: int | None = None, tokenizer=None,
              on_tokens: OnTokens | None = None) -> GenerationResult:
     """One generation: speculative when ``dlm`` is given, target-only otherwise."""
     sp = SamplingParams(temperature, top_k, top_p, seed)
     if dlm is None:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos_token_id)
     else:
-        dec = SpecDecoder(tlm, dlm, eos_token_id=eos_token_id, k=k)
+        dec = SpecDecoder(tlm, dlm, eos_token_id=eos_token_id, k=k, tokenizer=tokenizer)
     return dec.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sp, on_tokens=on_tokens)

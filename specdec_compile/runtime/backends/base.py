@@ -21,7 +21,7 @@ import numpy as np
 
 from ...contract import MANIFEST_FILE
 from ...errors import SpecdecError
-from ..artifact import Artifact, load_artifact
+from ..artifact import Artifact, embedding_rows, load_artifact
 
 
 class Backend:
@@ -33,6 +33,7 @@ class Backend:
         self.artifact = artifact
         self.calls = 0
         self.time_s = 0.0
+        self._input_vocab: int | None = None
 
     # -- shape facts ---------------------------------------------------
     @property
@@ -57,7 +58,21 @@ class Backend:
 
     @property
     def vocab_size(self) -> int | None:
+        """Width of the logits: the ids the model can emit."""
         return self.artifact.vocab_size
+
+    @property
+    def input_vocab(self) -> int | None:
+        """The ids the model can read: the rows of its embedding table when the
+        artifact or its graph shows them (read once, on first use), else the
+        logits width. A call with an id beyond the logits width is checked against it."""
+        if self._input_vocab is None:
+            a = self.artifact
+            rows = a.embedding_rows
+            if rows is None and a.model_path.is_file():
+                rows = embedding_rows(a.model_path)
+            self._input_vocab = rows or a.vocab_size or 0
+        return self._input_vocab or None
 
     # -- calls ----------------------------------------------------------
     def check_inputs(self, input_ids, position_ids) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +92,9 @@ class Backend:
                 raise SpecdecError(f"{self.artifact.name}: padding (position -1) must be at the right end of a row")
         v = self.vocab_size
         if v and ids.size and (ids.min() < 0 or ids.max() >= v):
-            raise SpecdecError(f"{self.artifact.name}: token id out of range [0, {v})")
+            v = self.input_vocab     # the embedding may have more rows than the LM head
+            if ids.min() < 0 or ids.max() >= v:
+                raise SpecdecError(f"{self.artifact.name}: token id out of range [0, {v})")
         return ids, pos
 
     def run(self, input_ids, position_ids) -> np.ndarray:
