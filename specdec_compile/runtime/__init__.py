@@ -5,7 +5,7 @@
     res = SpecDecoder(tlm, dlm, eos_token_id=2).generate([1, 5, 7], max_new_tokens=32)
     res.generated_ids, res.metrics
 
-See the runtime section of README.md.
+See docs/runtime.md.
 """
 from .artifact import Artifact, check_pair, load_artifact
 from .backends import Backend, OrtBackend, QaicBackend, open_backend
