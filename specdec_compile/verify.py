@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
+from .contract import INPUT_IDS, LOGITS, MANIFEST_FILE, POSITION_IDS, past_name, retained_name
 from .errors import SpecdecError
 from .io import load_model
 
@@ -86,14 +86,9 @@ class VerifyReport:
 
 
 def _session(path: Path):
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    try:
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise SpecdecError(f"{path}: ONNX Runtime cannot load it: {' '.join(str(e).split())[:300]}") from None
+    """A CPU session with one intra-op thread, from the runtime's ONNX Runtime loader."""
+    from .runtime.backends.ort.loader import CPU, create_session
+    return create_session(path, providers=[CPU], intra_op_threads=1)
 
 
 class _Original:
@@ -257,7 +252,7 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
 
 
 def _defaults_from_manifest(rewritten: Path) -> dict:
-    m = rewritten.parent / "manifest.json"
+    m = rewritten.parent / MANIFEST_FILE
     if not m.is_file():
         return {}
     try:
