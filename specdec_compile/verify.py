@@ -125,8 +125,9 @@ class _Original:
 
     def run(self, tokens: np.ndarray, start: int, past: list[np.ndarray]):
         v = len(tokens)
-        feeds = {self.det.input_ids: tokens[None].astype(np.int64),
-                 self.det.position_ids: np.arange(start, start + v, dtype=np.int64)[None]}
+        feeds = {self.det.input_ids: tokens[None].astype(np.int64)}
+        if not self.det.synthesize_position_ids:
+            feeds[self.det.position_ids] = np.arange(start, start + v, dtype=np.int64)[None]
         if self.det.attention_mask is not None:
             feeds[self.det.attention_mask] = np.ones((1, start + v), np.int64)
         for layer in self.det.layers:
