@@ -83,17 +83,35 @@ class Probe:
         return _run(model, feeds, [t.name for t in outs])
 
 
+_LIGHT: dict[int, tuple] = {}
+
+
+def _light_model(graph: gs.Graph) -> onnx.ModelProto:
+    """The graph as a model proto without value_info and output shapes (cached
+    per graph object, for the probes of one detection)."""
+    hit = _LIGHT.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    model = gs.export_onnx(graph, do_type_check=False)
+    del model.graph.value_info[:]
+    for o in model.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    _LIGHT.clear()
+    _LIGHT[id(graph)] = (graph, model)
+    return model
+
+
 def _static_shapes(graph: gs.Graph, dims: dict[str, list[int]]) -> tuple[dict, dict]:
     """name -> static shape (list of ints, or None) and name -> elem type, by
     shape inference on a weightless copy of the model with static input dims."""
-    light = graph.copy()
-    for t in light.inputs:
-        if t.name in dims:
-            t.shape = list(dims[t.name])
-    for t in light.outputs:
-        t.shape = None
-    model = gs.export_onnx(light, do_type_check=False)
-    del model.graph.value_info[:]
+    model = onnx.ModelProto()
+    model.CopyFrom(_light_model(graph))
+    for vi in model.graph.input:
+        if vi.name in dims:
+            shape = vi.type.tensor_type.shape
+            shape.ClearField("dim")
+            for d in dims[vi.name]:
+                shape.dim.add().dim_value = int(d)
     keep, moved = [], []
     for init in model.graph.initializer:   # weights become typed inputs: no data is read
         if init.data_location == onnx.TensorProto.EXTERNAL or init.ByteSize() > 4096:

@@ -23,7 +23,8 @@ from ..graph_utils import const_value, producer
 from ._probe import Probe, ProbeError, probe_inputs
 
 SEQ = 3
-MAX_PROBE = 1 << 20
+#: windows of this many tokens or more are not looked for (sentinels like INT_MAX are not windows)
+MAX_PROBE = 1 << 17
 
 
 def _cone_constants(tensors: list[gs.Tensor]) -> tuple[int, int]:
@@ -35,8 +36,8 @@ def _cone_constants(tensors: list[gs.Tensor]) -> tuple[int, int]:
             continue
         seen.add(id(t))
         v = const_value(t) if (isinstance(t, gs.Constant) or producer(t) is not None) else None
-        if v is not None and v.dtype.kind in "iu" and v.size == 1:
-            best_scalar = max(best_scalar, min(int(abs(v.reshape(-1)[0])), MAX_PROBE))
+        if v is not None and v.dtype.kind in "iu" and v.size == 1 and abs(int(v.reshape(-1)[0])) < MAX_PROBE:
+            best_scalar = max(best_scalar, abs(int(v.reshape(-1)[0])))
         elif v is not None and v.ndim >= 2:
             best_dim = max(best_dim, max(v.shape[-2:]))
         n = producer(t)
@@ -83,10 +84,10 @@ def window_of(vis: np.ndarray, past: int, where: str) -> int | None:
 
 def _probes(operands: list[gs.Tensor]) -> list[int]:
     scalar, dim = _cone_constants(operands)
-    out = {SEQ + 5, min(scalar + 2, MAX_PROBE)}
+    out = {max(scalar + 2, SEQ + 5)}
     if dim > 2 * SEQ:
         out.add(dim - SEQ)
-    return sorted(p for p in out if p >= 1)
+    return sorted(out)
 
 
 def find_windows(graph: gs.Graph, layers, inputs, concats: list[gs.Node]

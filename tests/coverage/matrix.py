@@ -11,9 +11,11 @@ from pathlib import Path
 
 import onnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+for _d in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1]):
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
-from coverage.families import Row  # noqa: E402
+from families import Row  # noqa: E402
 from models import export_spec  # noqa: E402
 
 from specdec_compile.errors import SpecdecError  # noqa: E402
@@ -39,6 +41,8 @@ class Cell:
     max_logits_diff: float | None = None
     reason: str = ""
     seconds: float = 0.0
+    #: the sliding windows detection found, per layer (None: none)
+    windows: list | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -66,6 +70,7 @@ def run_cell(row: Row, source: Path, role: str, target: str, work: Path) -> Cell
         cell.reason = _one_line(e)
         cell.seconds = time.perf_counter() - t0
         return cell
+    cell.windows = [layer.window for layer in res.detection.layers]
     out = work / f"{row.id}-{role}-{target}.onnx"
     onnx.save(res.model, str(out))
     try:
