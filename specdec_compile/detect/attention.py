@@ -105,7 +105,8 @@ def scores_path(softmax: gs.Node, score_ops: set[str], cache_dep: set[int], am_d
         if len(chain) != 1:
             break
         for j, x in enumerate(n.inputs):
-            if j != chain[0] and id(x) in am_dep and not (j == 1 and _is_max_shift(n)):
+            cond = n.op == "Where" and j == 0 and chain[0] > 0   # a Where condition on the scores is a mask
+            if j != chain[0] and (id(x) in am_dep or cond) and not (j == 1 and _is_max_shift(n)):
                 kind = mask_kind(n, j, chain[0])
                 sites.append(_refine(n, j, am_dep, key_dep) if kind == "additive" else (n, j, kind))
         t = n.inputs[chain[0]]
@@ -155,7 +156,7 @@ def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], 
             f"attention at Softmax {sm.name!r}: keys come from cache Concat {key.name!r} but the "
             f"values' cache Concat was not found behind the MatMul that reads the probabilities")
     if not sites:
-        what = ", ".join(t.name for t in sources) or "no attention_mask input and no position source"
+        what = ", ".join(repr(t.name) for t in sources) or "the positions (no attention_mask input)"
         raise UnsupportedPatternError(
             f"attention at Softmax {sm.name!r}: no operand depending on {what} on the "
             f"scores path from MatMul {qk.name!r}; cannot find the attention mask")

@@ -143,7 +143,8 @@ def check_query_uses(sources: PositionSources, mask_operands: list[gs.Tensor]) -
         return
     replaced = {id(t) for t in sources.query} | {id(t) for t in mask_operands}
     cone = _backward_cone(mask_operands)
-    stack = [r.outputs[0] for r in sources.ranges]
+    stack = [o for r in sources.ranges for n in r.outputs[0].outputs if n.op not in SHAPE_ONLY_OPS
+             for o in n.outputs]
     seen = set()
     while stack:
         t = stack.pop()
