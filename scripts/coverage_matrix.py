@@ -102,6 +102,13 @@ def main(argv=None) -> int:
             for c in run_row(r):
                 cells.append(c.to_json())
                 print(f"{r.id:24s} {c.role} {c.target:4s} {c.status:8s} {_cell(c.to_json())[:120]}", flush=True)
+        if wanted and (OUT / "matrix.json").is_file():   # a partial rerun replaces those rows only
+            old = json.loads((OUT / "matrix.json").read_text())["cells"]
+            ids = {r.id: r for r in all_rows}
+            redo = {(ids[w].name, ids[w].exporter) for w in wanted if w in ids}
+            fresh = {(c["row"], c["exporter"]): c for c in cells}
+            cells = [c for c in old if (c["row"], c["exporter"]) not in redo] + cells
+            del fresh
         data = {"cells": cells, "skipped": skipped, "seconds": round(time.perf_counter() - t0, 1),
                 "versions": f"transformers {version('transformers')}, optimum-onnx {version('optimum-onnx')}, "
                             f"torch {version('torch')}, onnxruntime {version('onnxruntime')}"}

@@ -95,7 +95,8 @@ def run_row(row: Row) -> list[Cell]:
     try:
         source = export_row(row)
     except Exception as e:  # an exporter failure is a row of the matrix, not a crash
-        return [Cell(row.name, row.family, row.exporter, r, t, "export failed", reason=_one_line(e)[-300:])
+        return [Cell(row.name, row.family, row.exporter, r, t, "export failed",
+                     reason="..." + " ".join(str(e).split())[-300:])
                 for r in ROLES for t in TARGETS]
     with tempfile.TemporaryDirectory(prefix=f"cov-{row.id}-") as d:
         return [run_cell(row, source, r, t, Path(d)) for r in ROLES for t in TARGETS]
