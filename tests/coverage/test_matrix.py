@@ -55,3 +55,24 @@ def test_coverage_doc_lists_every_row_and_skipped_family():
         assert f"| {r.name} | {r.exporter} |" in text, f"docs/coverage.md lacks {r.id}: regenerate it"
     for family, _ in SKIPPED:
         assert f"`{family}`" in text
+
+
+def test_a_bfloat16_export_is_refused_in_one_line(tmp_path, capsys):
+    """A bfloat16 export (here: the llama fixture with its cache and logits typed bfloat16; optimum's
+    own bf16 export fails on CPU) is refused with the one sentence, exit 2, nothing written."""
+    import onnx
+    from models import export_fixture
+
+    from specdec_compile import cli
+    from specdec_compile.detect import BF16_REFUSAL
+    m = onnx.load(str(export_fixture("llama_gqa")))
+    for vi in list(m.graph.input) + list(m.graph.output):
+        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.BFLOAT16
+    src = tmp_path / "bf16.onnx"
+    onnx.save(m, str(src))
+    out = tmp_path / "out"
+    assert cli.main([str(src), "--role", "dlm", "-o", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].endswith(BF16_REFUSAL) and "Traceback" not in err[0]
+    assert not out.exists()
