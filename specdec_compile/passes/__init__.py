@@ -67,6 +67,7 @@ from .lower import lower
 from .position_mask import position_mask
 from .retained_kv import retained_kv
 from .role_logits import role_logits
+from .synth_positions import synth_positions
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class Pass:
 
 
 REGISTRY: tuple[Pass, ...] = (
+    Pass("synth_positions", synth_positions,
+         "an export without a `position_ids` input (Gemma-2/3, gpt-oss, Bloom, ...) gets one, and every "
+         "position it derived from the past length (the rotary index) is fed from it; ALiBi key positions "
+         "made from `attention_mask` become the slot index. No-op on exports that take `position_ids` and "
+         "have no ALiBi"),
     Pass("retained_kv", retained_kv,
          "each growing `Concat` becomes a write into a fixed `ctx_len` cache at `position_ids`. Inputs are "
          "renamed `past_key.{i}`/`past_value.{i}`, outputs `*_RetainedState`. Shape computations that read "
@@ -91,7 +97,8 @@ REGISTRY: tuple[Pass, ...] = (
          "export's GQA Expand needs this)"),
     Pass("position_mask", position_mask,
          "every mask operand is replaced by one mask built from `position_ids`: slot c is visible to a "
-         "query at position p iff c <= p, and position -1 (padding) sees nothing. Masked scores get "
+         "query at position p iff c <= p, and on a layer with a sliding window of W tokens (read off the "
+         "export's own mask) iff p - W < c <= p; position -1 (padding) sees nothing. Masked scores get "
          f"{MASK_VALUE:g} (finite, so a padded row is uniform, never NaN). `attention_mask` is removed"),
     Pass("role_logits", role_logits,
          "TLM: logits for every position. DLM: only the last valid token (largest position) of each row, "
