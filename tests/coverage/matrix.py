@@ -13,7 +13,7 @@ import onnx
 
 for _d in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1]):
     if str(_d) not in sys.path:
-        sys.path.insert(0, str(_d))
+        sys.path.append(str(_d))
 
 from families import Row  # noqa: E402
 from models import export_spec  # noqa: E402

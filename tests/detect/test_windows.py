@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from detect_helpers import graph
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "coverage"))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "coverage"))
 from families import WINDOW, tiny_config  # noqa: E402
 from models import export_spec  # noqa: E402
 

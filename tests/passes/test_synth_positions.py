@@ -9,7 +9,7 @@ import onnx
 import pytest
 from pass_helpers import ctx, load, serialized, session
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "coverage"))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "coverage"))
 from families import tiny_config  # noqa: E402
 from models import export_spec  # noqa: E402
 
