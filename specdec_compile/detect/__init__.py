@@ -16,6 +16,7 @@ One finder per thing found, each a module of this package with its own tests
     attention       attention layers (key/value Concats, Softmax) and mask sites
     model_info      ModelInfo: layers, KV heads, head_dim, vocabulary, dtype
     hints           patches/default.json + patches/<family>.json (op lists, name tie-breakers)
+    rotary          Cos/Sin computed on the device from position_ids (rotary angles)
 
 How they compose: ``detect`` calls the finders in dependency order, handing
 each exactly the graph objects it needs from the ones before (so each finder
@@ -31,13 +32,14 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..graph_utils import topo_nodes
-from ._records import Detection, LayerKV, MaskSite, ModelInfo
+from ._records import Detection, LayerKV, MaskSite, ModelInfo, RotarySite
 from .attention import Attention, find_attention
 from .cache_concats import find_cache_concats, present_outputs
 from .hints import load_hints
 from .integer_inputs import find_integer_inputs, require_integer_input
 from .logits import find_logits, vocab_dim
 from .model_info import find_model_info
+from .rotary import find_rotary
 
 
 def _named(graph: gs.Graph, layers: list[Attention]) -> tuple[tuple[LayerKV, ...], tuple[MaskSite, ...]]:
@@ -65,9 +67,10 @@ def detect(graph: gs.Graph, family: str | None = None, exporter: str | None = No
     info = find_model_info(attention, logits, inputs.input_ids, family=family, exporter=exporter)
     layers, sites = _named(graph, attention)
     amask = inputs.attention_mask
+    rotary = tuple(find_rotary(graph, nodes, inputs.position_ids))
     return Detection(info=info, input_ids=inputs.input_ids.name, position_ids=inputs.position_ids.name,
                      attention_mask=amask.name if amask is not None else None, logits=logits.name,
-                     layers=layers, mask_sites=sites)
+                     layers=layers, mask_sites=sites, rotary=rotary)
 
 
-__all__ = ["detect", "Detection", "ModelInfo", "LayerKV", "MaskSite", "load_hints"]
+__all__ = ["detect", "Detection", "ModelInfo", "LayerKV", "MaskSite", "RotarySite", "load_hints"]

@@ -44,6 +44,17 @@ class MaskSite:
 
 
 @dataclass(frozen=True)
+class RotarySite:
+    """A ``Cos``/``Sin`` node ``node`` whose input ``angle`` depends on the
+    positions; ``table`` is the tensor a per-position table replaces (the trig
+    output, or that followed through Cast and constant scaling)."""
+    node: str
+    op: str
+    angle: str
+    table: str
+
+
+@dataclass(frozen=True)
 class Detection:
     info: ModelInfo
     input_ids: str
@@ -52,3 +63,4 @@ class Detection:
     logits: str
     layers: tuple[LayerKV, ...]
     mask_sites: tuple[MaskSite, ...] = field(default=())
+    rotary: tuple[RotarySite, ...] = field(default=())
