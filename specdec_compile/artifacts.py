@@ -427,6 +427,10 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     to report which inputs and outputs changed.
     """
     options.validate()
+    rewritten_for = getattr(result, "ctx_len", None)
+    if rewritten_for is not None and rewritten_for != options.ctx_len:
+        raise SpecdecError(f"the graph was rewritten for ctx_len {rewritten_for} (its tables hold that many "
+                           f"positions), the artifact asks for --ctx-len {options.ctx_len}")
     shown = Path(out)
     source = getattr(result, "source", None)
     check_out(shown, force, source)

@@ -110,7 +110,8 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from .io import load_model
 
     original = load_model(model_path)
-    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain)
+    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
+                           ctx_len=opts.ctx_len)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)
 
     compiler = find_compiler()
