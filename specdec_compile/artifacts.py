@@ -32,6 +32,7 @@ from . import __version__
 from .errors import SpecdecError
 from .contract import ROLES, TARGETS
 from .io import save_model, sha256_file
+from .qaic_ops import op_set
 from .resources import templates_dir
 
 DTYPES = ("float16", "float32")
@@ -384,6 +385,7 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         **_token_ids(getattr(result, "source_dir", None)),
         "source": {"file": Path(source).name if source else None, "sha256": source_sha},
         "passes": list(getattr(result, "passes", []) or []),
+        "ops": op_set(result.model),
         "tool_version": __version__,
         "interface": io_signature(result.model),
         "files": sorted(files),
