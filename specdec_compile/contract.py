@@ -1,4 +1,4 @@
-"""Names and constants of ../shared/CONTRACT.md, in one place."""
+"""Names and constants of the interface contract (docs/CONTRACT.md), in one place."""
 
 BATCH, SEQ, CTX = "batch_size", "seq_len", "ctx_len"
 INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"
@@ -13,6 +13,16 @@ CACHE_WRITE = "CacheWrite"
 #: reasonable score it stays inside float16's range (so no -inf, no NaN)
 MASK_VALUE = -30000.0
 FP16_MAX = 65504.0
+
+# the files of an artifact directory (section 5)
+MODEL_FILE = "model.onnx"
+SPECIALIZATIONS_FILE = "specializations.json"
+CUSTOM_IO_FILE = "custom_io.yaml"
+COMPILE_SCRIPT = "compile.sh"
+PARTITION_FILE = "mdp_partition.json"
+MANIFEST_FILE = "manifest.json"
+#: where compile.sh puts the compiled program (qaic-exec -aic-binary-dir)
+QPC_DIR = "qpc"
 
 
 def past_name(kind: str, layer: int) -> str:

@@ -129,7 +129,7 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     inferred = check_model(model)
     info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
-                                  info.vocab_size)
+                                  info.vocab_size, value_head_dim=info.value_head_dim)
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]

@@ -116,17 +116,18 @@ def _versions() -> str:
     return f"torch={torch.__version__};transformers={transformers.__version__};optimum-onnx={opt}"
 
 
-def _key(name: str) -> str:
-    spec = json.dumps(CONFIGS[name], sort_keys=True) + _versions() + "v2"
-    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+def _key(spec: dict) -> str:
+    text = json.dumps(spec, sort_keys=True) + _versions() + "v2"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def build_hf_model(name: str, seed: int = 0):
-    """The random-weight torch model of fixture ``name`` (float32, eval mode)."""
+def build_hf_model(name_or_spec, seed: int = 0):
+    """The random-weight torch model of fixture ``name`` (or of a spec like
+    the values of ``CONFIGS``), float32 unless the spec says ``dtype``, eval mode."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = CONFIGS[name]
+    spec = CONFIGS[name_or_spec] if isinstance(name_or_spec, str) else name_or_spec
     config = AutoConfig.for_model(spec["kind"], **spec["config"])
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
@@ -134,11 +135,14 @@ def build_hf_model(name: str, seed: int = 0):
     return model
 
 
-def _export_optimum(model, out: Path, work: Path, task: str = "text-generation-with-past") -> None:
+def _export_optimum(model, out: Path, work: Path, task: str = "text-generation-with-past",
+                    dtype: str | None = None) -> None:
     hf_dir = work / "hf"
     model.save_pretrained(hf_dir)
     cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "onnx",
            "--model", str(hf_dir), "--task", task, str(out)]
+    if dtype:
+        cmd += ["--dtype", dtype]
     exe = shutil.which("optimum-cli", path=str(Path(sys.executable).parent))
     if exe:
         cmd = [exe] + cmd[3:]
@@ -153,8 +157,8 @@ def _export_dynamo(model, out: Path) -> None:
 
     cfg = model.config
     n_layers = cfg.num_hidden_layers
-    kv = cfg.num_key_value_heads
-    hd = cfg.hidden_size // cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     class Wrapper(torch.nn.Module):
         def __init__(self, m):
@@ -199,7 +203,14 @@ def _export_dynamo(model, out: Path) -> None:
 
 def export_fixture(name: str) -> Path:
     """Path to the cached ``model.onnx`` of fixture ``name``, exporting it if needed."""
-    final = CACHE / f"{name}-{_key(name)}"
+    return export_spec(name, CONFIGS[name])
+
+
+def export_spec(name: str, spec: dict) -> Path:
+    """Path to the cached ``model.onnx`` of ``spec`` (``kind``: model_type,
+    ``exporter``: optimum | optimum-nocache | dynamo, ``config``: overrides,
+    optional ``dtype``: fp16 | bf16 for optimum), exporting it if needed."""
+    final = CACHE / f"{name}-{_key(spec)}"
     if (final / "model.onnx").exists():
         return final / "model.onnx"
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -207,10 +218,10 @@ def export_fixture(name: str) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     out = work / "onnx"
     out.mkdir(parents=True)
-    model = build_hf_model(name)
-    if CONFIGS[name]["exporter"] == "optimum":
-        _export_optimum(model, out, work)
-    elif CONFIGS[name]["exporter"] == "optimum-nocache":
+    model = build_hf_model(spec)
+    if spec["exporter"] == "optimum":
+        _export_optimum(model, out, work, dtype=spec.get("dtype"))
+    elif spec["exporter"] == "optimum-nocache":
         _export_optimum(model, out, work, task="text-generation")
     else:
         _export_dynamo(model, out)

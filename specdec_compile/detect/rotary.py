@@ -53,11 +53,16 @@ def table_tensor(graph: gs.Graph, trig: gs.Node) -> gs.Tensor:
     return t
 
 
-def find_rotary(graph: gs.Graph, nodes: list[gs.Node], position_ids: gs.Tensor | None) -> list[RotarySite]:
-    """Every Cos/Sin whose input depends on ``position_ids``, in topological order."""
-    if position_ids is None:
+def find_rotary(graph: gs.Graph, nodes: list[gs.Node], positions) -> list[RotarySite]:
+    """Every Cos/Sin whose input depends on ``positions`` (the position_ids
+    input, or a list of the tensors an export without one derives its
+    positions into), in topological order."""
+    if positions is None:
         return []
-    dep = value_dependence(graph, [position_ids], nodes)
+    sources = [positions] if isinstance(positions, gs.Tensor) else list(positions)
+    if not sources:
+        return []
+    dep = value_dependence(graph, sources, nodes)
     sites = []
     for n in nodes:
         if n.op in TRIG_OPS and n.inputs and id(n.inputs[0]) in dep:

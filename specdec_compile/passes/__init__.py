@@ -8,8 +8,8 @@ tested in ``tests/passes/test_<name>.py``.
 
 ``REGISTRY`` below is the single source of the pipeline: the order the passes
 run in, the ``specdec.passes`` metadata written into the model, the pass names
-``--explain`` and ``diff --passes`` show, and the README's pass table
-(``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
+``--explain`` and ``diff --passes`` show, and the pass table of
+docs/compiler.md (``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
 
 Which passes run (the rule): an entry names the roles and targets it is for
 (default: all of them). ``select(role, target)`` keeps the entries that match,
@@ -27,8 +27,8 @@ selection rule, not a check inside the pass.
 Adding a pass: a module ``passes/<name>.py`` defining ``<name>(graph, ctx)``,
 an entry in ``REGISTRY`` at its place in the order, and
 ``tests/passes/test_<name>.py`` (tests/test_pass_registry.py checks all three),
-then regenerate the README table (``python -c "from specdec_compile.passes import
-render_table; print(render_table())"``).
+then regenerate the table in docs/compiler.md (``python -c "from
+specdec_compile.passes import render_table; print(render_table())"``).
 
 Calling one pass alone, in your own toolchain::
 
@@ -74,13 +74,14 @@ from .position_mask import position_mask
 from .retained_kv import retained_kv
 from .role_logits import role_logits
 from .rotary_tables import rotary_tables
+from .synth_positions import synth_positions
 from .tile_to_expand import tile_to_expand
 
 
 @dataclass(frozen=True)
 class Pass:
     """One registry entry. ``job``: what the pass does, one paragraph (the
-    README table's second column). ``roles``/``targets``: what it is for."""
+    docs/compiler.md table's second column). ``roles``/``targets``: what it is for."""
     name: str
     run: Callable[[gs.Graph, PassContext], gs.Graph]
     job: str
@@ -92,6 +93,11 @@ class Pass:
 
 
 REGISTRY: tuple[Pass, ...] = (
+    Pass("synth_positions", synth_positions,
+         "an export without a `position_ids` input (Gemma-2/3, gpt-oss, Bloom, ...) gets one, and every "
+         "position it derived from the past length (the rotary index) is fed from it; ALiBi key positions "
+         "made from `attention_mask` become the slot index. No-op on exports that take `position_ids` and "
+         "have no ALiBi"),
     Pass("retained_kv", retained_kv,
          "each growing `Concat` becomes a write into a fixed `ctx_len` cache at `position_ids`. Inputs are "
          "renamed `past_key.{i}`/`past_value.{i}`, outputs `*_RetainedState`. Shape computations that read "
@@ -99,7 +105,8 @@ REGISTRY: tuple[Pass, ...] = (
          "export's GQA Expand needs this)"),
     Pass("position_mask", position_mask,
          "every mask operand is replaced by one mask built from `position_ids`: slot c is visible to a "
-         "query at position p iff c <= p, and position -1 (padding) sees nothing. Masked scores get "
+         "query at position p iff c <= p, and on a layer with a sliding window of W tokens (read off the "
+         "export's own mask) iff p - W < c <= p; position -1 (padding) sees nothing. Masked scores get "
          f"{MASK_VALUE:g} (finite, so a padded row is uniform, never NaN). `attention_mask` is removed"),
     Pass("role_logits", role_logits,
          "TLM: logits for every position. DLM: only the last valid token (largest position) of each row, "
@@ -171,7 +178,7 @@ def _scope(p: Pass) -> str:
 
 
 def render_table() -> str:
-    """The README's pass table (markdown), rendered from ``REGISTRY``."""
+    """The pass table of docs/compiler.md (markdown), rendered from ``REGISTRY``."""
     rows = ["| pass | job |", "| --- | --- |"]
     rows += [f"| `{p.name}` | {_scope(p)}{p.job} |" for p in REGISTRY]
     return "\n".join(rows) + "\n"
