@@ -68,11 +68,43 @@ def test_qaic_artifact_uses_only_ops_with_precedent_and_verifies(fixture_path, a
     assert report.ok and report.max_logits_diff <= 1e-4, report.per_shape()
 
 
+#: coverage-matrix rows whose qaic graphs keep ops without precedent, and why: HF's MoE block
+#: routes tokens to experts with a data-dependent NonZero (torch.where on the expert mask);
+#: removing it takes a dense rewrite of the block (as QEfficient's own MoE modules do), not a
+#: local legalization
+KNOWN_GAPS = {"qwen3_moe": {"NonZero", "Flatten"}, "deepseek_v3": {"NonZero", "Flatten"}}
+
+
+def _coverage_rows():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "coverage"))
+    from families import rows
+
+    return rows()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", _coverage_rows(), ids=lambda r: r.id)
+def test_every_coverage_matrix_row_lowers_to_ops_with_precedent(row):
+    """Both roles of every row of tests/coverage (verified there, both targets)."""
+    from matrix import export_row
+
+    from specdec_compile.pipeline import rewrite
+
+    source = export_row(row)
+    for role in ("tlm", "dlm"):
+        model = rewrite(str(source), role=role, target="qaic", k=K if role == "tlm" else None, ctx_len=CL).model
+        assert {u.op for u in without_precedent(model)} == KNOWN_GAPS.get(row.id, set()), row.id
+        assert _trig_on_positions(model) == []
+
+
 def test_the_ort_target_is_not_legalized(artifact):
-    """ORT keeps what serves it (TensorScatter, CastLike, IsNaN...): the check can fail."""
+    """ORT keeps what serves it (TensorScatter, IsNaN, on-device Cos/Sin): the check can fail."""
     model = onnx.load(str(artifact("llama_gqa", "tlm", "ort") / "model.onnx"), load_external_data=False)
     flagged = {u.op for u in without_precedent(model)}
-    assert {"TensorScatter", "CastLike", "LessOrEqual", "IsNaN", "Cos", "Sin"} <= flagged
+    assert {"TensorScatter", "IsNaN", "Cos", "Sin"} <= flagged
 
 
 def test_precedent_data_has_a_source_for_every_op():

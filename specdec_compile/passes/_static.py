@@ -4,6 +4,7 @@ Small, conservative static facts (anything not established is "unknown", and
 a pass that needs a fact it cannot establish leaves the node alone or refuses):
 
     elem_types(graph)   onnx element type of every tensor shape inference types
+    inferred_dims(graph) the dims shape inference (with data propagation) establishes
     vector(t)           the elements of a 1-D int64 shape-like tensor, each an int or None
     scalar(t)           (is t a rank-0 tensor, its value or None)
     rank_of(t)          the rank of t, or None
@@ -22,13 +23,33 @@ _DEPTH = 24
 _PASS_THROUGH = ("Cast", "Identity")
 
 
+def _inferred(graph: gs.Graph, data_prop: bool = False) -> onnx.ModelProto:
+    ordered = graph.copy()
+    ordered.toposort()  # inference reads the nodes in order; passes append theirs at the end
+    model = gs.export_onnx(ordered, do_type_check=False)
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+    except Exception:  # inference is a help here, not a requirement
+        return model
+
+
+def inferred_dims(graph: gs.Graph) -> dict[str, list[int | None]]:
+    """name -> dims (an int where static, else None), from shape inference with
+    data propagation; tensors of unknown rank are absent."""
+    model = _inferred(graph, data_prop=True)
+    dims = {}
+    for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            dims[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    for init in model.graph.initializer:
+        dims[init.name] = list(init.dims)
+    return dims
+
+
 def elem_types(graph: gs.Graph) -> dict[str, int]:
     """name -> onnx element type, from the graph's own types and shape inference."""
-    model = gs.export_onnx(graph.copy(), do_type_check=False)
-    try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # inference is a help here, not a requirement
-        pass
+    model = _inferred(graph)
     types: dict[str, int] = {}
     for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
         if vi.type.tensor_type.elem_type:

@@ -3,7 +3,9 @@
 Padding carries position -1. ONNX Gather wraps a negative index to the last
 row, a device need not (QEfficient sanitizes ``position_ids == -1`` before its
 GPT-J position gather, PR #1189). For every Gather/GatherElements/GatherND
-whose indices depend on ``position_ids``:
+whose indices are computed from ``position_ids`` by integer computations (a
+value that goes through a float activation, such as the experts a MoE router
+picks, is the model's data, not a position):
 
 * indices provably >= 0 (an ArgMax, a slot computed as ``Where(p >= 0, p,
   ...)``, a row already clamped) are left as they are;
@@ -24,11 +26,12 @@ import onnx_graphsurgeon as gs
 
 from ..contract import POSITION_IDS
 from ..errors import UnsupportedPatternError
-from ..graph_utils import Builder, const_value, graph_input, producer, value_dependence
+from ..graph_utils import SHAPE_ONLY_OPS, Builder, const_value, graph_input, producer, topo_nodes
 from ._context import PassContext, need
-from ._static import nonnegative
+from ._static import dtype_of, elem_types, nonnegative
 
 GATHERS = ("Gather", "GatherElements", "GatherND")
+_INDEX_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
 _LAYOUT = ("Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Transpose", "Flatten", "Identity")
 _INT_TYPES = {onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32}
 
@@ -54,6 +57,19 @@ def position_like(t: gs.Tensor, pos: gs.Tensor, depth: int = 0):
     return None
 
 
+def integer_dependence(graph: gs.Graph, pos: gs.Tensor) -> set[int]:
+    """ids of the integer/bool tensors computed from ``pos`` by integer
+    computations alone. A value that passes through a float activation (the
+    experts a router picks with TopK) is the model's data, not a position."""
+    types = elem_types(graph)
+    dep = {id(pos)}
+    for node in topo_nodes(graph):
+        if node.op in SHAPE_ONLY_OPS or not any(id(t) in dep for t in node.inputs):
+            continue
+        dep.update(id(o) for o in node.outputs if dtype_of(o, types) in _INDEX_TYPES)
+    return dep
+
+
 def _positions(graph: gs.Graph, ctx: PassContext) -> gs.Tensor | None:
     pos = graph_input(graph, POSITION_IDS)
     if pos is None and ctx.detection is not None:
@@ -68,7 +84,7 @@ def clamp_gather_positions(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
         return graph
     graph = graph.copy()
     pos = _positions(graph, ctx)
-    dep = value_dependence(graph, [pos])
+    dep = integer_dependence(graph, pos)
     b = Builder(graph, "clamp")
     for node in [n for n in graph.nodes if n.op in GATHERS]:
         index = node.inputs[1]

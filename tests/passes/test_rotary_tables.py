@@ -8,7 +8,7 @@ import pytest
 from pass_helpers import ctx, load, serialized, session
 
 from specdec_compile import passes
-from specdec_compile.detect import Detection, ModelInfo, detect
+from specdec_compile.detect import Detection, ModelInfo
 from specdec_compile.detect.rotary import find_rotary
 from specdec_compile.errors import SpecdecError, UnsupportedPatternError
 from specdec_compile.graph_utils import topo_nodes, value_dependence
@@ -149,7 +149,8 @@ def test_refuses_angles_that_read_another_inputs_values():
         passes.rotary_tables(g, _toy_ctx(g))
 
 
-def test_detection_of_the_rewrite_finds_no_site_left(fixture_path):
+def test_the_rotary_finder_finds_no_site_left(fixture_path):
     g, det = load(fixture_path("qwen2_yarn"))
     out = passes.rotary_tables(g, ctx(det, ctx_len=16))
-    assert detect(out).rotary == ()
+    pos = next(t for t in out.inputs if t.name == "position_ids")
+    assert find_rotary(out, topo_nodes(out), pos) == []
