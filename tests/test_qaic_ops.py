@@ -79,7 +79,7 @@ def _coverage_rows():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "coverage"))
+    sys.path.append(str(Path(__file__).resolve().parent / "coverage"))  # families, matrix by name
     from families import rows
 
     return rows()[0]
