@@ -33,6 +33,7 @@ from .errors import SpecdecError
 from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
                        LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE, TARGETS)
 from .io import save_model, sha256_file
+from .qaic_ops import op_set
 from .resources import templates_dir
 
 DTYPES = ("float16", "float32")
@@ -378,6 +379,7 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         **_token_ids(getattr(result, "source_dir", None)),
         "source": {"file": Path(source).name if source else None, "sha256": source_sha},
         "passes": list(getattr(result, "passes", []) or []),
+        "ops": op_set(result.model),
         "tool_version": __version__,
         "interface": io_signature(result.model),
         "files": sorted(files),
@@ -421,6 +423,10 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     to report which inputs and outputs changed.
     """
     options.validate()
+    rewritten_for = getattr(result, "ctx_len", None)
+    if rewritten_for is not None and rewritten_for != options.ctx_len:
+        raise SpecdecError(f"the graph was rewritten for ctx_len {rewritten_for} (its tables hold that many "
+                           f"positions), the artifact asks for --ctx-len {options.ctx_len}")
     shown = Path(out)
     source = getattr(result, "source", None)
     check_out(shown, force, source)

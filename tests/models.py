@@ -56,6 +56,54 @@ CONFIGS = {
 }
 
 
+#: rotary and positional variants for the qaic lowering (issue 13): every family
+#: whose qaic artifact must use only ops with device precedent. Entries another
+#: change already defines under the same name are kept as they are.
+_QAIC_FAMILIES = {
+    "qwen2": dict(kind="qwen2", exporter="optimum",
+                  config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "mistral": dict(kind="mistral", exporter="optimum",
+                    config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                sliding_window=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    # partial rotary: 4 of 16 head dims
+    "gpt_neox": dict(kind="gpt_neox", exporter="optimum",
+                     config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, rotary_pct=0.25, max_position_embeddings=4096,
+                                 bos_token_id=1, eos_token_id=2)),
+    # interleaved rotary over 8 of 16 head dims, sin/cos from a position table
+    "gptj": dict(kind="gptj", exporter="optimum",
+                 config=dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=4096,
+                             bos_token_id=1, eos_token_id=2)),
+    "phi3": dict(kind="phi3", exporter="optimum",
+                 config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                             original_max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                             eos_token_id=2, tie_word_embeddings=False)),
+    # learned positions
+    "opt": dict(kind="opt", exporter="optimum",
+                config=dict(vocab_size=VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                            num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=4096,
+                            pad_token_id=1, bos_token_id=2, eos_token_id=2)),
+    # scaled ropes: llama3 (inv_freq rescaled) and yarn (inv_freq blended, cos/sin scaled)
+    "llama3_rope": dict(kind="llama", exporter="optimum",
+                        config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0, original_max_position_embeddings=64),
+                                    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "qwen2_yarn": dict(kind="qwen2", exporter="optimum",
+                       config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                   rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                                     original_max_position_embeddings=1024),
+                                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+}
+CONFIGS.update({name: spec for name, spec in _QAIC_FAMILIES.items() if name not in CONFIGS})
+
+
 def _versions() -> str:
     import torch
     import transformers

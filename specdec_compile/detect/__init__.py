@@ -20,6 +20,7 @@ One finder per thing found, each a module of this package with its own tests
     windows         each layer's sliding window, read off what its mask computes
     model_info      ModelInfo: layers, KV heads, head_dim (keys and values), vocabulary, dtype
     hints           patches/default.json + patches/<family>.json (op lists, name tie-breakers)
+    rotary          Cos/Sin computed on the device from position_ids (rotary angles)
 
 How they compose: ``detect`` calls the finders in dependency order, handing
 each exactly the graph objects it needs from the ones before (so each finder
@@ -36,7 +37,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph_utils import topo_nodes
 from ..errors import UnsupportedPatternError
-from ._records import Detection, LayerKV, MaskSite, ModelInfo, PositionSource
+from ._records import Detection, LayerKV, MaskSite, ModelInfo, PositionSource, RotarySite
 from ._tensors import is_bfloat16
 from .attention import Attention, find_attention
 from .cache_concats import find_cache_concats, present_outputs
@@ -45,6 +46,7 @@ from .integer_inputs import find_integer_inputs, require_integer_input
 from .logits import find_logits, vocab_dim
 from .model_info import find_model_info
 from .positions import PositionSources, check_query_uses, find_position_sources
+from .rotary import find_rotary
 from .windows import find_windows
 
 #: the name of the position input the rewrite adds when the export has none
@@ -94,7 +96,8 @@ def detect(graph: gs.Graph, family: str | None = None, exporter: str | None = No
                      layers=layers, mask_sites=sites, synthesize_position_ids=synth,
                      position_sources=tuple([PositionSource("query", t.name) for t in sources.query]
                                             + [PositionSource("key", t.name, rank=v.ndim, dtype=v.dtype.name)
-                                               for t, v in zip(sources.key, sources.key_values)]))
+                                               for t, v in zip(sources.key, sources.key_values)]),
+                     rotary=tuple(find_rotary(graph, nodes, _query_positions(inputs, sources))))
 
 
 def _mask_sources(inputs, sources: PositionSources) -> list[gs.Tensor]:
@@ -106,10 +109,16 @@ def _mask_sources(inputs, sources: PositionSources) -> list[gs.Tensor]:
     return [r.outputs[0] for r in sources.ranges]
 
 
+def _query_positions(inputs, sources: PositionSources) -> list[gs.Tensor]:
+    """What the new tokens' positions are read from: position_ids, else the
+    tensors the export derived them into (synth_positions feeds those later)."""
+    return [inputs.position_ids] if inputs.position_ids is not None else list(sources.query)
+
+
 def _refuse_bfloat16(graph: gs.Graph) -> None:
     if any(is_bfloat16(t) for t in list(graph.inputs) + list(graph.outputs)):
         raise UnsupportedPatternError(BF16_REFUSAL)
 
 
-__all__ = ["detect", "Detection", "ModelInfo", "LayerKV", "MaskSite", "PositionSource", "load_hints",
-           "POSITION_IDS", "BF16_REFUSAL"]
+__all__ = ["detect", "Detection", "ModelInfo", "LayerKV", "MaskSite", "PositionSource", "RotarySite",
+           "load_hints", "POSITION_IDS", "BF16_REFUSAL"]

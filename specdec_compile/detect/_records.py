@@ -62,6 +62,17 @@ class PositionSource:
 
 
 @dataclass(frozen=True)
+class RotarySite:
+    """A ``Cos``/``Sin`` node ``node`` whose input ``angle`` depends on the
+    positions; ``table`` is the tensor a per-position table replaces (the trig
+    output, or that followed through Cast and constant scaling)."""
+    node: str
+    op: str
+    angle: str
+    table: str
+
+
+@dataclass(frozen=True)
 class Detection:
     info: ModelInfo
     input_ids: str
@@ -74,3 +85,4 @@ class Detection:
     #: (named ``position_ids``) and feeds ``position_sources`` from it
     synthesize_position_ids: bool = False
     position_sources: tuple[PositionSource, ...] = field(default=())
+    rotary: tuple[RotarySite, ...] = field(default=())
