@@ -47,7 +47,8 @@ Calling one pass alone, in your own toolchain::
 (``pipeline.rewrite`` does the latter, then exports, checks and records.)
 
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
-the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``castlike_to_cast``,
+the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``,
+``flatten_to_reshape``, ``castlike_to_cast``,
 ``greater_compares``, ``tile_to_expand`` and ``clamp_gather_positions`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` the detection and the role,
 ``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
@@ -67,6 +68,7 @@ from .castlike_to_cast import castlike_to_cast
 from .clamp_gather_positions import clamp_gather_positions
 from .cleanup import cleanup
 from .drop_nan_guards import drop_nan_guards
+from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
 from .greater_compares import greater_compares
@@ -134,6 +136,9 @@ REGISTRY: tuple[Pass, ...] = (
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
          "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`",
+         targets=("qaic",)),
+    Pass("flatten_to_reshape", flatten_to_reshape,
+         "`Flatten(x, axis)` becomes `Reshape(x, [-1, n])` (or `[m, -1]`) with the static product of one side",
          targets=("qaic",)),
     Pass("castlike_to_cast", castlike_to_cast,
          "`CastLike(x, like)` becomes `Cast(x, to=dtype of like)`, or nothing where x has that dtype already",
