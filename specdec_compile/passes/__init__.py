@@ -47,7 +47,7 @@ Calling one pass alone, in your own toolchain::
 (``pipeline.rewrite`` does the latter, then exports, checks and records.)
 
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
-the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``,
+the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
 ``greater_compares``, ``tile_to_expand`` and ``clamp_gather_positions`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` the detection and the role,
@@ -67,6 +67,7 @@ from .canonical_dims import canonical_dims
 from .castlike_to_cast import castlike_to_cast
 from .clamp_gather_positions import clamp_gather_positions
 from .cleanup import cleanup
+from .dense_experts import dense_experts
 from .drop_nan_guards import drop_nan_guards
 from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
@@ -137,6 +138,12 @@ REGISTRY: tuple[Pass, ...] = (
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
          "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`",
          targets=("qaic",)),
+    Pass("dense_experts", dense_experts,
+         "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
+         "becomes dense where it is exactly that form: every expert runs on every token and its output is "
+         "scaled by the token's routing weight for it, `ReduceSum` over the slots of weight x 0/1 selection "
+         "(one non-zero term at most), so a token that did not choose the expert adds exactly 0. A routing "
+         "that differs anywhere is left alone", targets=("qaic",)),
     Pass("flatten_to_reshape", flatten_to_reshape,
          "`Flatten(x, axis)` becomes `Reshape(x, [-1, n])` (or `[m, -1]`) with the static product of one side",
          targets=("qaic",)),
