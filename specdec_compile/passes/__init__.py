@@ -142,8 +142,9 @@ REGISTRY: tuple[Pass, ...] = (
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
          "becomes dense where it is exactly that form: every expert runs on every token and its output is "
          "scaled by the token's routing weight for it, `ReduceSum` over the slots of weight x 0/1 selection "
-         "(one non-zero term at most), so a token that did not choose the expert adds exactly 0. A routing "
-         "that differs anywhere is left alone", targets=("qaic",)),
+         "(one non-zero term at most), and a token that did not choose the expert adds exactly 0 "
+         "(`Where`, so even an expert output that overflows on it cannot leak). A routing that differs anywhere "
+         "is left alone", targets=("qaic",)),
     Pass("flatten_to_reshape", flatten_to_reshape,
          "`Flatten(x, axis)` becomes `Reshape(x, [-1, n])` (or `[m, -1]`) with the static product of one side",
          targets=("qaic",)),

@@ -24,9 +24,11 @@ class _B:
         return outs if n_out > 1 else outs[0]
 
 
-def _expert(b, x, rng, e, mix_rows):
+def _expert(b, x, rng, e, mix_rows, huge):
     w = [gs.Constant(f"w{e}_{i}", rng.standard_normal(s).astype(np.float32) * 0.5)
          for i, s in enumerate([(H, F), (H, F), (F, H)])]
+    if huge:  # finite weights whose products overflow float32
+        w[2] = gs.Constant(f"w{e}_2", np.sign(w[2].values) * np.float32(3e38))
     gate = b.op("MatMul", [x, w[0]])
     act = b.op("Mul", [gate, b.op("Sigmoid", [gate])])
     hidden = b.op("Mul", [act, b.op("MatMul", [x, w[1]])])
@@ -35,14 +37,14 @@ def _expert(b, x, rng, e, mix_rows):
     return b.op("MatMul", [hidden, w[2]])
 
 
-def _route(b, hot, rw, x3, acc, e, rng, perm, mix_rows, leak_scaled):
+def _route(b, hot, rw, x3, acc, e, rng, perm, mix_rows, leak_scaled, huge):
     mask = b.op("Gather", [b.op("Transpose", [hot], {"perm": perm}), np.array(e, dtype=np.int64)], {"axis": 0})
     nz = b.op("NonZero", [b.op("Cast", [mask], {"to": onnx.TensorProto.BOOL})])
     parts = b.op("Split", [b.op("Transpose", [nz], {"perm": [1, 0]}), np.array([1, 1])], {"axis": 1}, n_out=2)
     i0, i1 = (b.op("Squeeze", [p, np.array([1])]) for p in parts)
     token, slot = (i1, i0) if perm == [2, 1, 0] else (i0, i1)
     rows = b.op("Reshape", [b.op("Gather", [x3, token], {"axis": 1}), np.array([-1, H])])
-    y = _expert(b, rows, rng, e, mix_rows)
+    y = _expert(b, rows, rng, e, mix_rows, huge)
     rw3 = b.op("Unsqueeze", [rw, np.array([2])])
     stride = b.op("Gather", [b.op("Shape", [rw3]), np.array(1)], {"axis": 0})
     index = b.op("Add", [slot, b.op("Mul", [token, stride])])
@@ -57,9 +59,11 @@ def _route(b, hot, rw, x3, acc, e, rng, perm, mix_rows, leak_scaled):
     return added, (scaled if leak_scaled else None)
 
 
-def moe_block(*, perm=(2, 1, 0), on_off=(0, 1), mix_rows=False, leak_scaled=False, seed=0) -> gs.Graph:
+def moe_block(*, perm=(2, 1, 0), on_off=(0, 1), mix_rows=False, leak_scaled=False, overflow=False,
+              seed=0) -> gs.Graph:
     """x [tokens, H] -> the MoE output [tokens, H] (and, with ``leak_scaled``, expert 2's
-    scaled rows, one per chosen pair, as a second output)."""
+    scaled rows, one per chosen pair, as a second output). With ``overflow``, expert 3's output
+    overflows to inf on most tokens (the sparse form computes it only where chosen)."""
     rng = np.random.default_rng(seed)
     b = _B()
     x = gs.Variable("x", np.float32, [T_DIM, H])
@@ -71,7 +75,8 @@ def moe_block(*, perm=(2, 1, 0), on_off=(0, 1), mix_rows=False, leak_scaled=Fals
     acc = b.op("ConstantOfShape", [b.op("Shape", [x])], {"value": gs.Constant("z", np.zeros(1, np.float32))})
     leaks = []
     for e in range(E):
-        acc, leak = _route(b, hot, top_w, x3, acc, e, rng, list(perm), mix_rows and e == 1, leak_scaled and e == 2)
+        acc, leak = _route(b, hot, top_w, x3, acc, e, rng, list(perm), mix_rows and e == 1, leak_scaled and e == 2,
+                           overflow and e == 3)
         leaks += [leak] if leak is not None else []
     acc.dtype, acc.shape = np.float32, [T_DIM, H]
     for t in leaks:

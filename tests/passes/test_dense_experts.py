@@ -44,6 +44,16 @@ def test_every_expert_becomes_dense_and_the_output_is_unchanged(perm):
     np.testing.assert_allclose(_run(out, one)[0], _run(g, one)[0], rtol=0, atol=1e-6)
 
 
+def test_a_token_that_did_not_choose_an_overflowing_expert_gets_exactly_nothing_from_it():
+    """Dense computes expert 3 on every token; where its output is inf, y * 0 would be NaN."""
+    g = moe_block(overflow=True)
+    out = passes.dense_experts(g, PassContext())
+    x = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    want, got = _run(g, x)[0], _run(out, x)[0]
+    assert np.isfinite(want).any(axis=1).sum() > 0 and not np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)  # inf and NaN where the export has them, only
+
+
 def test_with_flatten_to_reshape_every_op_has_precedent():
     g = passes.flatten_to_reshape(passes.dense_experts(moe_block(), PassContext()), PassContext())
     assert without_precedent(gs.export_onnx(g)) == []
