@@ -91,3 +91,40 @@ def test_ngram_bad_input(arts, capsys):
     one_line_error(*run(base + ["--ngram-max", "2", "--dlm", arts("llama_gqa", "dlm")], capsys)[::2],
                    "--draft ngram")
     one_line_error(*run(base, capsys)[::2], "--dlm DIR is required")
+
+
+def test_every_eos_of_generation_config_stops(arts, capsys, tmp_path):
+    from test_runtime_cli import make_tokenizer
+    tok = make_tokenizer(tmp_path / "tok")
+    tlm = arts("llama_gqa", "tlm", k=4)
+    base = ["--tlm", tlm, "--dlm", arts("llama_gqa", "dlm"), "--prompt-ids", ",".join(map(str, IDS)),
+            "--max-new-tokens", 20, "--json"]
+    code, out, err = run(base + ["--eos-id", -1], capsys)
+    ids = ids_of(out)[0]
+    stop = next(t for t in ids[2:] if t != 2)
+    code, out, err = run(base + ["--tokenizer", tok], capsys)      # only the tokenizer's EOS (2)
+    assert code == 0, err
+    assert ids_of(out)[0] == ids[: ids.index(2) + 1] if 2 in ids else ids_of(out)[0] == ids
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, stop]}))
+    code, out, err = run(base + ["--tokenizer", tok], capsys)
+    r = json.loads(out)["results"][0]
+    assert r["generated_ids"] == ids[: ids.index(stop) + 1] and r["metrics"]["stop_reason"] == "eos"
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": stop}))
+    ngram = ["--tlm", tlm, "--draft", "ngram", "--prompt-ids", ",".join(map(str, IDS)), "--max-new-tokens", 20,
+             "--json", "--tokenizer", tok]
+    code, out, err = run(ngram, capsys)
+    assert code == 0, err
+    assert json.loads(out)["results"][0]["generated_ids"] == ids[: ids.index(stop) + 1]
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
+    one_line_error(*run(base + ["--tokenizer", tok], capsys)[::2], "generation_config.json")
+
+
+def test_thread_options():
+    from specdec_compile.errors import SpecdecError
+    assert run_cli.ort_thread_options(None, two_models=False) == {}
+    so = run_cli.ort_thread_options(None, two_models=True)["session_options"]
+    assert so.intra_op_num_threads >= 1
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert run_cli.ort_thread_options(1, two_models=False)["session_options"].intra_op_num_threads == 1
+    with pytest.raises(SpecdecError):
+        run_cli.ort_thread_options(0, two_models=False)

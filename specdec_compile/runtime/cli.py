@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("ort", "qaic"), default="ort")
     p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
     p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
+    p.add_argument("--ort-threads", type=int, default=None, metavar="N",
+                   help="ONNX Runtime intra-op threads per model (default: ORT's own for one model; "
+                        "with a DLM and a TLM on the CPU, the usable cores and no spin-waiting, so "
+                        "the two never compete)")
     p.add_argument("--copy-cache", action="store_true",
                    help="ONNX Runtime: feed the cache back by swapping buffers even for ort targets")
     p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline); --tlm may then also be the target "
@@ -208,6 +212,28 @@ def _check_args(args) -> None:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
 
 
+def ort_thread_options(threads: int | None, two_models: bool) -> dict:
+    """Session options for ONNX Runtime on the CPU. DLM and TLM calls alternate,
+    never overlap; but an ORT thread pool spin-waits after each call, so two
+    sessions with default pools fight for the cores. Two models: each pool gets
+    the usable cores and does not spin. ``threads`` (--ort-threads) fixes the count."""
+    import os
+    if threads is not None and threads < 1:
+        raise SpecdecError(f"--ort-threads must be >= 1 (got {threads})")
+    if threads is None and not two_models:
+        return {}
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    if two_models:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    n = threads
+    if n is None:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    so.intra_op_num_threads = n
+    so.inter_op_num_threads = 1
+    return {"session_options": so}
+
+
 def _open(args):
     """(tlm backend, dlm backend or None, (tokenizer, dlm tokenizer), prompts): cheap checks first
     (artifacts, their pairing, tokenizers, prompts), then the models are loaded."""
@@ -229,6 +255,8 @@ def _open(args):
     prompts = _prompts(args, tok)
 
     kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}
+    if args.backend == "ort":
+        kw.update(ort_thread_options(args.ort_threads, two_models=dlm_art is not None))
     tlm = open_backend(tlm_art, args.backend, expect_role="tlm", device_ids=tlm_dev, **kw)
     dlm = None
     if dlm_art is not None:
@@ -243,10 +271,12 @@ def _open(args):
 
 
 def _eos(args, tok, tlm):
+    """--eos-id; else the tokenizer's EOS plus every id of its generation_config.json; else the manifest's."""
+    from .tokenizer import eos_ids
     if args.eos_id is not None:
         return None if args.eos_id < 0 else args.eos_id
     if tok is not None:
-        return tok.eos_token_id
+        return eos_ids(tok, args.tokenizer) or None
     return tlm.artifact.manifest.get("eos_token_ids") or tlm.artifact.eos_token_id
 
 
