@@ -128,3 +128,30 @@ def test_thread_options():
     assert run_cli.ort_thread_options(1, two_models=False)["session_options"].intra_op_num_threads == 1
     with pytest.raises(SpecdecError):
         run_cli.ort_thread_options(0, two_models=False)
+
+
+def test_only_logits_reach_the_host(arts):
+    """The CUDA binding plan, checked without a GPU: logits bound on the host, the
+    cache on the model's device, and no copy of every output per call."""
+    from specdec_compile.runtime import OrtBackend
+    from specdec_compile.runtime.backends.ort.runner import output_plan
+
+    plan = output_plan("cuda", ["past_key.0", "past_value.0"])
+    assert plan == {"logits": "cpu", "past_key.0_RetainedState": "cuda", "past_value.0_RetainedState": "cuda"}
+    b = OrtBackend(arts("llama_gqa", "tlm", k=4))
+    assert b.plan["logits"] == "cpu" and all(v == "cpu" for v in b.plan.values())
+
+    class NoCopy:
+        def __init__(self, io):
+            self.io = io
+
+        def __getattr__(self, name):
+            if name == "copy_outputs_to_cpu":
+                raise AssertionError("copy_outputs_to_cpu copies the whole cache")
+            return getattr(self.io, name)
+
+    b._io = NoCopy(b._io)
+    out = b.run([[5, 6, 7, 8]], [[0, 1, 2, 3]])
+    assert out.shape[:2] == (1, 4)
+    outs = b._io.get_outputs()
+    assert outs[0].device_name().lower() == "cpu"
