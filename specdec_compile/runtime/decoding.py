@@ -42,22 +42,16 @@ padded width is part of what the baseline measures.
 """
 from __future__ import annotations
 
-import time
-from typing import Callable
-
 import numpy as np
 
 from ..errors import SpecdecError
 from .artifact import check_pair
 from .backends import Backend
 from .drafts import NgramDraft, make_draft_source
-from .metrics import GenerationResult, _Meter, aggregate_metrics  # noqa: F401  (re-exported)
-from .sampling import SamplingParams, pick, verify
+from .generation import PAD_ID, OnTokens, _check_prompt, _Generation, _TargetGeneration, run_one  # noqa: F401
+from .metrics import GenerationResult, aggregate_metrics  # noqa: F401  (re-exported)
+from .sampling import SamplingParams
 from .vocab import PairVocab
-
-PAD_ID = 0
-
-OnTokens = Callable[[list, list], None]
 
 
 def eos_set(eos) -> frozenset:
@@ -69,63 +63,32 @@ def eos_set(eos) -> frozenset:
     return frozenset(int(e) for e in eos)
 
 
-def _check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int]:
-    ids = [int(x) for x in prompt_ids]
-    if not ids:
-        raise SpecdecError("empty prompt: at least one token is needed")
-    if max_new_tokens < 0:
-        raise SpecdecError(f"max new tokens must be >= 0 (got {max_new_tokens})")
-    CL = backend.ctx_len
-    if len(ids) >= CL:
-        raise SpecdecError(f"the prompt has {len(ids)} tokens and does not fit: the context holds {CL} "
-                           f"tokens and at least one must be left to generate")
-    v = backend.vocab_size
-    if v and (min(ids) < 0 or max(ids) >= v):
-        raise SpecdecError(f"prompt token id out of range [0, {v})")
-    return ids
+def _generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+              rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None) -> GenerationResult:
+    """One generation (row 0 of each call; a batch > 1 artifact's other rows are padding)."""
+    sampling = sampling or SamplingParams()
+    rng = rng if rng is not None else sampling.rng()
+    prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
+    for b in self.backends():
+        b.reset()
+    return run_one(self.coroutine(prompt, max_new_tokens, sampling, rng, on_tokens))
 
 
-class _Runner:
-    """Calls a backend with row 0 holding the tokens and everything else padding."""
+def _stream(self, prompts, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+            rng: np.random.Generator | None = None, on_tokens=None):
+    """Several prompts through every row of the batch (continuous batching, batch.py):
+    yields (index, GenerationResult) as each finishes. Every prompt is checked first."""
+    from .batch import BatchEngine
+    return BatchEngine(self).stream(prompts, max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
+                                    on_tokens=on_tokens)
 
-    def __init__(self, backend: Backend, role: str, ids_map: Callable | None = None):
-        self.b = backend
-        self.role = role                        # the label its calls are timed under
-        self.ids_map = ids_map                  # how this model reads token ids (see vocab.py)
-        self.last_only = backend.role == "dlm"  # logits of the last valid token only
-        self.B = backend.batch_size
-        self.meter: _Meter | None = None
-        self.cost = None
 
-    def call(self, tokens, start: int, width: int, prefill: bool = False) -> np.ndarray:
-        """Run ``tokens`` at positions start.. in a call of ``width``; returns row-0 logits."""
-        n = len(tokens)
-        if n > width:
-            raise AssertionError(f"{n} tokens in a call of width {width}")
-        ids = np.full((self.B, width), PAD_ID, np.int64)
-        pos = np.full((self.B, width), -1, np.int64)
-        ids[0, :n] = tokens
-        pos[0, :n] = np.arange(start, start + n)
-        if self.ids_map is not None:
-            ids = self.ids_map(ids)
-        t = time.perf_counter()
-        out = self.b.run(ids, pos)
-        dt = time.perf_counter() - t
-        if self.meter is not None:
-            self.meter.add_call(self.role, width, dt, prefill)
-        if self.cost is not None and not prefill:
-            self.cost(self.role, width, dt)
-        return out[0]
-
-    def prefill(self, tokens, start: int = 0) -> np.ndarray:
-        """Run ``tokens`` in PL-sized chunks; returns the logits of the last token [V]."""
-        PL = self.b.prefill_len
-        out = None
-        for c in range(0, len(tokens), PL):
-            chunk = tokens[c:c + PL]
-            out = self.call(chunk, start + c, PL, prefill=True)
-            last = len(chunk) - 1
-        return out[0] if self.last_only else out[last]
+def _generate_many(self, prompts, **kw) -> list[GenerationResult]:
+    """Several prompts through every row of the batch; the results in input order."""
+    out = [None] * len(prompts)
+    for i, r in self.stream(prompts, **kw):
+        out[i] = r
+    return out
 
 
 class TargetOnlyDecoder:
@@ -144,43 +107,17 @@ class TargetOnlyDecoder:
         self.record_calls = record_calls
         self.width = min(tlm.seq_lens)
 
-    def generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-                 rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None) -> GenerationResult:
-        sampling = sampling or SamplingParams()
-        rng = rng if rng is not None else sampling.rng()
-        prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
-        meter = _Meter(0, self.record_calls)
-        run = _Runner(self.tlm, "tlm")
-        run.meter = meter
-        self.tlm.reset()
-        CL = self.tlm.ctx_len
-        seq = list(prompt)
-        out: list[int] = []
-        stop = "max_new_tokens"
-        logits = run.prefill(prompt) if max_new_tokens > 0 else None
-        while True:
-            remaining = min(max_new_tokens - len(out), CL - len(seq))
-            if remaining <= 0:
-                stop = "max_new_tokens" if len(out) >= max_new_tokens else "ctx_len"
-                break
-            tok, _ = pick(logits, sampling, rng)
-            out.append(tok)
-            seq.append(tok)
-            meter.first_token()
-            if on_tokens:
-                meter.callback(on_tokens, [tok], ["target"])
-            if tok in self.eos:
-                stop = "eos"
-                break
-            if remaining == 1:
-                stop = "max_new_tokens" if len(out) >= max_new_tokens else "ctx_len"
-                break
-            logits = run.call([tok], len(seq) - 1, self.width)[0]
-            meter.verify_calls += 1
-            meter.round_tokens += 1
-        meter.t_end = time.perf_counter()
-        return GenerationResult(prompt, out, ["target"] * len(out), stop,
-                                meter.metrics(len(out), speculative=False))
+    def backends(self) -> list[Backend]:
+        return [self.tlm]
+
+    def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, rng,
+                  on_tokens: OnTokens | None = None):
+        """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
+        return _TargetGeneration(self, prompt, max_new_tokens, sampling, rng, on_tokens).run()
+
+    generate = _generate
+    generate_many = _generate_many
+    stream = _stream
 
 
 class SpecDecoder:
@@ -287,20 +224,17 @@ class SpecDecoder:
         return self.k if best is None else best
 
     # -- generation -----------------------------------------------------
-    def generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-                 rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None) -> GenerationResult:
-        sampling = sampling or SamplingParams()
-        rng = rng if rng is not None else sampling.rng()
-        prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
-        gen = _Generation(self, prompt, max_new_tokens, sampling, rng, on_tokens)
-        if max_new_tokens == 0:
-            return gen.result("max_new_tokens")
-        stop = gen.start()
-        while stop is None:
-            stop = gen.round()
-        if gen.first_accepted and gen.meter.verify_calls == 0:
-            gen.meter.add_round(1, 1)        # generation ended with the accepted d1
-        return gen.result(stop)
+    def backends(self) -> list[Backend]:
+        return [self.tlm] + ([self.dlm] if self.dlm is not None else [])
+
+    def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, rng,
+                  on_tokens: OnTokens | None = None):
+        """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
+        return _Generation(self, prompt, max_new_tokens, sampling, rng, on_tokens).run()
+
+    generate = _generate
+    generate_many = _generate_many
+    stream = _stream
 
 
 def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> PairVocab | None:
@@ -312,187 +246,6 @@ def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> 
     reads = dlm.input_vocab if vd < vt else vd   # a smaller draft may still read more ids than it emits
     v = PairVocab.of(vt, vd, tokenizer_len=tokenizer_len, draft_reads=reads)
     return None if v.same else v
-
-
-class _DlmDrafter:
-    """The DLM as a draft source: its runner and how far its cache holds the sequence."""
-
-    def __init__(self, gen: "_Generation", dlm: Backend):
-        self.gen = gen
-        self.vocab = gen.vocab
-        self.r = _Runner(dlm, "dlm", self.vocab.draft_ids if self.vocab else None)
-        self.r.meter, self.r.cost = gen.meter, gen.dec._note_cost
-        dlm.reset()
-        self.valid = 0
-
-    def pick(self, logits) -> tuple[int, np.ndarray | None]:
-        """A draft token and the distribution over the target's ids it was drawn from."""
-        g = self.gen
-        if self.vocab is None:
-            return pick(logits, g.sampling, g.rng)
-        d, q = pick(self.vocab.draft_logits(logits), g.sampling, g.rng)
-        return d, self.vocab.draft_dist(q)
-
-    def first(self, prompt):
-        q0 = self.r.prefill(prompt)
-        self.valid = len(prompt)
-        return self.pick(q0)
-
-    def draft(self, seq, q: int, n: int) -> tuple[list[int], list]:
-        """``n`` drafts for positions q.. (the DLM first catches up to seq[:q])."""
-        drafts, dists = [], []
-        if n <= 0:
-            return drafts, dists
-        pending, p0 = seq[self.valid:q], self.valid
-        PL = self.r.b.prefill_len
-        while len(pending) > 2:          # only after rounds without drafts
-            step = PL if len(pending) > PL else 2
-            self.r.call(pending[:step], p0, step)
-            pending, p0 = pending[step:], p0 + step
-        logits = self.r.call(pending, p0, len(pending))[0]
-        self.valid = q
-        for i in range(n):
-            d, dist = self.pick(logits)
-            drafts.append(d)
-            dists.append(dist)
-            if i < n - 1:
-                logits = self.r.call([d], q + i, 1)[0]
-                self.valid = q + i + 1
-        return drafts, dists
-
-    def rollback(self, valid: int) -> None:
-        self.valid = min(self.valid, valid)
-
-
-class _Generation:
-    """One speculative generation: the state carried from round to round."""
-
-    def __init__(self, dec: SpecDecoder, prompt: list[int], max_new_tokens: int, sampling: SamplingParams,
-                 rng, on_tokens: OnTokens | None):
-        self.dec = dec
-        self.prompt = prompt
-        self.max_new = max_new_tokens
-        self.sampling, self.rng, self.on_tokens = sampling, rng, on_tokens
-        self.meter = _Meter(max(dec.compiled_choices + [1]), dec.record_calls)
-        self.vocab = dec.vocab
-        self.tlm = _Runner(dec.tlm, "tlm")
-        self.tlm.meter, self.tlm.cost = self.meter, dec._note_cost
-        dec.tlm.reset()
-        if dec.dlm is not None:
-            self.drafter = _DlmDrafter(self, dec.dlm)
-        else:
-            self.drafter = dec.source.drafter(dec.tlm.vocab_size, sampling.greedy)
-        self.CL = dec.tlm.ctx_len
-        self.seq = list(prompt)
-        self.out: list[int] = []
-        self.sources: list[str] = []
-        self.tlm_valid = len(prompt)   # the TLM cache holds seq[:tlm_valid]
-        self.first_round = True
-        self.first_accepted = False
-        self.alpha_acc, self.alpha_chk = 0.0, 0.0     # decayed counts: accepted / checked drafts
-        self.zero_rounds, self.probe_every = 0, dec.PROBE_FIRST
-
-    def alpha(self) -> float:
-        return (self.alpha_acc + 0.5) / (self.alpha_chk + 1.0)
-
-    def note_acceptance(self, accepted: int, drafted: int) -> None:
-        lam = self.dec.DECAY
-        self.alpha_acc = lam * self.alpha_acc + accepted
-        self.alpha_chk = lam * self.alpha_chk + accepted + (1 if accepted < drafted else 0)
-
-    def result(self, stop: str) -> GenerationResult:
-        self.meter.t_end = time.perf_counter()
-        return GenerationResult(self.prompt, self.out, self.sources, stop,
-                                self.meter.metrics(len(self.out), speculative=True))
-
-    def emit(self, tokens, srcs) -> str | None:
-        """Append tokens (cut at EOS and at the budget); returns a stop reason or None."""
-        budget = min(self.max_new - len(self.out), self.CL - len(self.seq))
-        tokens, srcs = list(tokens[:budget]), list(srcs[:budget])
-        reason = None
-        hits = [i for i, t in enumerate(tokens) if t in self.dec.eos]
-        if hits:
-            cut = hits[0] + 1
-            tokens, srcs = tokens[:cut], srcs[:cut]
-            reason = "eos"
-        self.out.extend(tokens)
-        self.sources.extend(srcs)
-        self.seq.extend(tokens)
-        if tokens:
-            self.meter.first_token()
-            if self.on_tokens:
-                self.meter.callback(self.on_tokens, tokens, srcs)
-        if reason is None and len(self.out) >= self.max_new:
-            reason = "max_new_tokens"
-        if reason is None and len(self.seq) >= self.CL:
-            reason = "ctx_len"
-        return reason
-
-    def start(self) -> str | None:
-        """Prefill the TLM (and the DLM), then the first token from L0 and d1."""
-        L0 = self.tlm.prefill(self.prompt)
-        first = self.drafter.first(self.prompt) if self.dec.fixed_k != 0 else None
-        if first is None:                 # no first draft (n-gram: nothing matched; --k 0)
-            tok, _ = pick(L0, self.sampling, self.rng)
-            return self.emit([tok], ["target"])
-        d1, q1 = first
-        a, tok = verify([d1], [q1], L0[None], self.sampling, self.rng, bonus=False)
-        self.first_accepted = a == 1
-        self.note_acceptance(a, 1)
-        if not self.first_accepted:
-            self.meter.add_round(1, 0)    # a round that the prefill logits alone decided
-            return self.emit([tok], ["target"])
-        return self.emit([d1], ["draft"])
-
-    def pick_width(self) -> int:
-        """This round's draft count: the adaptive choice, with a probe now and then
-        when it has settled on drafting nothing."""
-        dec = self.dec
-        j = dec.choose_drafts(self.alpha())
-        if j != 0 or not dec.adaptive:
-            self.zero_rounds, self.probe_every = 0, dec.PROBE_FIRST
-            return j
-        self.zero_rounds += 1
-        if self.zero_rounds < self.probe_every:
-            return 0
-        self.zero_rounds = 0
-        self.probe_every = min(2 * self.probe_every, dec.PROBE_MAX)
-        return dec.choose_drafts(self.alpha(), drafting=True)
-
-    def round(self) -> str | None:
-        """One round: draft, verify [t, d1..dn] at q-1.. padded to a compiled width, accept."""
-        dec, meter = self.dec, self.meter
-        q = len(self.seq)                     # position of the next token
-        remaining = min(self.max_new - len(self.out), self.CL - q)
-        round1 = self.first_round and self.first_accepted
-        if round1:                            # contract round 1: TLM width k, [d1..dk]
-            j = (dec.fixed_k if dec.fixed_k is not None else dec.k0) - 1
-        else:
-            j = self.pick_width()
-        kv = max(min(j, remaining - 1), 0)   # drafts worth making
-        drafts, dists = self.drafter.draft(self.seq, q, kv) if kv else ([], [])
-        kv = len(drafts)
-        pending_t = self.seq[self.tlm_valid:q]
-        if len(pending_t) != 1:
-            raise AssertionError(f"TLM is {len(pending_t)} tokens behind")
-        rows = self.tlm.call(pending_t + drafts, self.tlm_valid, dec.width_for(kv + 1))
-        meter.verify_calls += 1
-        meter.widths[kv] = meter.widths.get(kv, 0) + 1
-        a, tok = verify(drafts, dists, rows[: kv + 1], self.sampling, self.rng)
-        if round1:
-            meter.add_round(kv + 1, a + 1)   # d1 belongs to round 1
-        elif kv:
-            meter.add_round(kv, a)           # (a round without drafts is no round of drafting)
-        if kv:
-            self.note_acceptance(a, kv)
-        self.tlm_valid = q + a
-        self.drafter.rollback(q + a)
-        n_before = len(self.out)
-        stop = self.emit(drafts[:a] + [tok], ["draft"] * a + ["target"])
-        # tokens this TLM call produced (round 1 also confirmed d1)
-        meter.round_tokens += len(self.out) - n_before + (1 if round1 else 0)
-        self.first_round = False
-        return stop
 
 
 def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: int = 64,
