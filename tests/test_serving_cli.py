@@ -155,3 +155,41 @@ def test_only_logits_reach_the_host(arts):
     assert out.shape[:2] == (1, 4)
     outs = b._io.get_outputs()
     assert outs[0].device_name().lower() == "cpu"
+
+
+def test_several_prompts_through_a_batch_artifact(arts, capsys):
+    prompts = [IDS, [1, 150, 20], [1, 2, 3, 4, 5, 6, 7, 8], [1, 9, 9, 9, 9], [1, 60, 61]]
+    pid = []
+    for p in prompts:
+        pid += ["--prompt-ids", ",".join(map(str, p))]
+    common = pid + ["--max-new-tokens", 12, "--json", "--eos-id", -1]
+    code, out, err = run(["--tlm", arts("llama_gqa", "tlm", k=4), "--target-only"] + common, capsys)
+    assert code == 0, err
+    want = ids_of(out)
+    assert json.loads(out)["metrics"]["batch_size"] == 1
+    for extra in (["--dlm", arts("llama_gqa", "dlm", batch=2)], ["--draft", "ngram"], ["--target-only"]):
+        code, out, err = run(["--tlm", arts("llama_gqa", "tlm", k=4, batch=2)] + extra + common, capsys)
+        assert code == 0, err
+        obj = json.loads(out)
+        assert ids_of(out) == want, extra
+        assert [r["prompt_ids"] for r in obj["results"]] == prompts
+        assert obj["metrics"]["batch_size"] == 2 and obj["metrics"]["tokens_per_s"] > 0
+        assert obj["metrics"]["new_tokens"] == 12 * len(prompts)
+        assert all(r["metrics"]["new_tokens"] == 12 for r in obj["results"])
+    # plain text: every prompt printed, in input order
+    code, out, err = run(["--tlm", arts("llama_gqa", "tlm", k=4, batch=2), "--draft", "ngram", "--no-color"] + pid
+                         + ["--max-new-tokens", 4], capsys)
+    assert code == 0, err
+    assert [out.index(f"[prompt {i}/5]") for i in range(1, 6)] == sorted(out.index(f"[prompt {i}/5]")
+                                                                         for i in range(1, 6))
+    assert "tokens/s (all prompts, wall time)" in err
+
+
+def test_batch_bad_input(arts, capsys):
+    tlm2 = arts("llama_gqa", "tlm", k=4, batch=2)
+    code, out, err = run(["--tlm", tlm2, "--dlm", arts("llama_gqa", "dlm"), "--prompt-ids", "1,2"], capsys)
+    one_line_error(code, err, "batch size")
+    code, out, err = run(["--tlm", tlm2, "--draft", "ngram", "--prompt-ids", "1,2", "--prompt-ids",
+                          ",".join(["3"] * 70), "--json"], capsys)
+    one_line_error(code, err, "prompt 2", "does not fit")
+    assert out == ""

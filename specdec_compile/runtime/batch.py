@@ -32,7 +32,7 @@ class BatchEngine:
         self.wall_s = 0.0           # wall time of the last stream(), prefill included
         self.calls = 0
 
-    def _check_all(self, prompts, max_new_tokens: int) -> list[list[int]]:
+    def check_prompts(self, prompts, max_new_tokens: int) -> list[list[int]]:
         """Every prompt, checked before anything runs; a bad one is named by its number."""
         from ..errors import SpecdecError
         out = []
@@ -49,7 +49,7 @@ class BatchEngine:
         sources)`` streams each row's tokens as they are accepted."""
         sampling = sampling or SamplingParams()
         rng = rng if rng is not None else sampling.rng()
-        waiting = deque(enumerate(self._check_all(prompts, max_new_tokens)))
+        waiting = deque(enumerate(self.check_prompts(prompts, max_new_tokens)))
         for b in self.dec.backends():
             b.reset()
         t0 = time.perf_counter()

@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt", metavar="TEXT")
     g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
-    g.add_argument("--prompt-ids", metavar="IDS", help="token ids, comma separated: 1,2,3")
+    g.add_argument("--prompt-ids", metavar="IDS", action="append",
+                   help="token ids, comma separated: 1,2,3 (repeat for several prompts)")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, metavar="K")
@@ -82,10 +83,13 @@ def _ids(text: str, what: str) -> list[int]:
 
 def _prompts(args, tok) -> list[list[int]]:
     if args.prompt_ids is not None:
-        ids = _ids(args.prompt_ids, "--prompt-ids")
-        if not ids:
-            raise SpecdecError("--prompt-ids: no ids given")
-        return [ids]
+        out = []
+        for text in args.prompt_ids:
+            ids = _ids(text, "--prompt-ids")
+            if not ids:
+                raise SpecdecError("--prompt-ids: no ids given")
+            out.append(ids)
+        return out
     if args.prompt is not None:
         texts = [args.prompt]
     else:
@@ -159,6 +163,8 @@ def _fmt(v) -> str:
 
 METRIC_ROWS = [
     ("new_tokens", "new tokens"),
+    ("batch_size", "batch size (rows per call)"),
+    ("tokens_per_s", "tokens/s (all prompts, wall time)"),
     ("ttft_s", "time to first token (s)"),
     ("decode_tokens_per_s", "decode tokens/s"),
     ("acceptance_rate", "acceptance rate"),
@@ -299,26 +305,53 @@ def run(argv: list[str]) -> int:
                           eos_token_id=eos, k=args.k, fallback=not args.no_fallback,
                           tokenizer=tok, dlm_tokenizer=dlm_tok)
 
-    rng = sampling.rng()
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)
-    results = []
-    for i, ids in enumerate(prompts):
-        if printer:
-            printer.start(ids, i, len(prompts))
-        r = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng,
-                         on_tokens=printer.on_tokens if printer else None)
-        r.text = tok.decode(r.generated_ids, skip_special_tokens=True) if tok is not None else None
-        r.metrics["stop_reason"] = r.stop_reason
-        results.append(r)
-        if printer:
-            printer.end()
+    results, wall = _decode_all(dec, prompts, args, sampling, printer, tok)
     summary = aggregate_metrics(results)
+    summary["batch_size"] = tlm.batch_size
+    summary["tokens_per_s"] = summary["new_tokens"] / wall if wall > 0 else None
     if args.json:
         print(json.dumps({"results": [r.to_json() for r in results], "metrics": summary}))
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
     return 0
+
+
+def _decode_all(dec, prompts, args, sampling, printer, tok):
+    """Every prompt through the decoder: one after another, streaming, with a batch-1
+    artifact; through every row at once (continuous batching) with a batch-B one,
+    each text printed whole, in input order. Returns (results in input order, wall s)."""
+    import time
+
+    from .batch import BatchEngine
+    engine = BatchEngine(dec)
+    engine.check_prompts(prompts, args.max_new_tokens)       # a prompt that does not fit: before anything runs
+    rng = sampling.rng()
+    results = [None] * len(prompts)
+    t0 = time.perf_counter()
+    if dec.tlm.batch_size == 1:
+        for i, ids in enumerate(prompts):
+            if printer:
+                printer.start(ids, i, len(prompts))
+            results[i] = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng,
+                                      on_tokens=printer.on_tokens if printer else None)
+            if printer:
+                printer.end()
+    else:
+        shown = 0
+        for i, r in engine.stream(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng):
+            results[i] = r
+            while printer and shown < len(prompts) and results[shown] is not None:
+                printer.start(prompts[shown], shown, len(prompts))
+                printer.on_tokens(results[shown].generated_ids, results[shown].sources)
+                printer.end()
+                shown += 1
+    wall = time.perf_counter() - t0
+    for r in results:
+        r.text = tok.decode(r.generated_ids, skip_special_tokens=True) if tok is not None else None
+        r.metrics["stop_reason"] = r.stop_reason
+    return results, wall
 
 
 def main(argv: list[str] | None = None) -> int:
