@@ -89,7 +89,7 @@ def run_one(co):
             r = req.runner
             ids, pos = rows_of([(0, req)], r.b.batch_size, req.width)
             t = time.perf_counter()
-            out = r.b.run(ids, pos)
+            out = r.b.run(ids, pos, check=False)
             r.book(req.width, time.perf_counter() - t, req.prefill)
             req = co.send(out[0])
     except StopIteration as e:
