@@ -75,6 +75,13 @@ def test_rows_pad_and_calls_carry_all_rows():
     assert len([c for c in log if c[0] == "tlm"]) < len([c for c in single if c[0] == "tlm"])
 
 
+def test_more_rows_than_prompts():
+    tlm, d, lm = fake_pair(k=3, dlm="close", batch_size=4)
+    res = SpecDecoder(tlm, d).generate_many(PROMPTS[:2], max_new_tokens=10)
+    assert [r.generated_ids for r in res] == [reference_greedy(lm, p, 10, 64) for p in PROMPTS[:2]]
+    assert SpecDecoder(tlm, d).generate_many([], max_new_tokens=10) == []
+
+
 def test_bad_prompt_is_named_before_anything_runs():
     log = []
     tlm, d, _ = fake_pair(k=3, batch_size=2, ctx_len=32, call_log=log)

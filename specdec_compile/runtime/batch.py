@@ -9,8 +9,8 @@ of its row with position -1. Rows waiting on the other model, and empty rows,
 are all padding in that call: the contract makes such a row a no-op.
 
 More prompts than rows: when a row's generation ends, the next waiting prompt
-is prefilled into that row (its prefill chunks ride in the same calls as the
-other rows' steps), and decoding goes on. Nothing is reset between prompts:
+is prefilled into that row (in calls of its own, the other rows idle), and
+decoding goes on. Nothing is reset between prompts:
 a new prompt's prefill rewrites positions 0..n-1 of its row and every later
 position is written before it is attended to. No batch_index input is needed.
 """
@@ -85,6 +85,9 @@ class BatchEngine:
         """One call for the rows waiting on one model; returns the rows that finished."""
         pending = [(r, s[2]) for r, s in enumerate(slots) if s is not None]
         group = [(r, c) for r, c in pending if c.runner.role == "dlm"] or pending
+        # a prompt's prefill chunk runs with the other rows idle: riding in a PL-wide call
+        # would make every decoding row pay for PL positions
+        group = [(r, c) for r, c in group if c.prefill] or group
         backend = group[0][1].runner.b
         width = max(c.width for _, c in group)
         ids, pos = rows_of(group, self.B, width)
