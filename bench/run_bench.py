@@ -461,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
     ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,fallback",
                     help="comma list of spec, kv, step, rewrite, batch, ngram, fallback")
+    ap.add_argument("--pair", type=Path, default=None,
+                    help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
     ap.add_argument("--serve-repeats", type=int, default=2, help="repeats (serving sections; best kept)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
@@ -498,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     pair = None
     a.log = log
     if only & {"spec", "kv", "step", "batch", "ngram", "fallback"}:
-        pair = train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
+        pair = json.loads(a.pair.read_text()) if a.pair else train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
+        res["pair"] = {"pair_json": str(a.pair) if a.pair else str(a.demo_out / "pair.json"),
+                       "tlm": pair.get("config", {}).get("tlm"), "dlm": pair.get("config", {}).get("dlm")}
     if only & {"batch", "ngram", "fallback"}:
         import serving
         res.update(serving.run(pair, a.out, a, only))
