@@ -97,3 +97,17 @@ def test_ngram_with_the_fallback_equals_target_only():
     for fb in (True, False):
         res = SpecDecoder(t, NgramDraft(2), fallback=fb).generate(PROMPT, max_new_tokens=50)
         assert res.generated_ids == reference_greedy(lm, PROMPT, 50)
+
+
+def test_the_loops_host_work_counts_in_the_choice():
+    t, d, _ = pair(0)
+    dec = SpecDecoder(t, d)
+    calls = {"dlm": [10, 10 * 0.3], "tlm": {1: [10, 10.0], 2: [10, 11.0], 4: [10, 12.0], 5: [10, 13.0]}}
+    dec._cost = dict(calls, host={False: [10, 0.0], True: [10, 0.0]})
+    assert dec.choose_drafts(0.7) > 0
+    dec._cost = dict(calls, host={False: [10, 0.0], True: [10, 50.0]})   # drafting rounds cost 5 s of host work
+    assert dec.choose_drafts(0.7) == 0
+    gen_dec = SpecDecoder(t, d)
+    gen_dec.generate(PROMPT, max_new_tokens=20)
+    host = gen_dec._cost["host"]
+    assert sum(n for n, _ in host.values()) >= 1 and all(s >= 0 for _, s in host.values())

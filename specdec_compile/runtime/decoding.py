@@ -173,7 +173,8 @@ class SpecDecoder:
         self.fallback = bool(fallback)
         self.choices = [j for j in self.compiled_choices if j > 0 or self.fallback]
         self.adaptive = (len(self.k_list) > 1 and k is None) if adaptive is None else bool(adaptive)
-        self._cost = {"dlm": [0, 0.0], "tlm": {}}    # running call-time means, kept across prompts
+        # running means, kept across prompts: call times, and the loop's own host work per round
+        self._cost = {"dlm": [0, 0.0], "tlm": {}, "host": {}}
 
     def width_for(self, n_tokens: int) -> int:
         """The smallest compiled TLM width that holds ``n_tokens``."""
@@ -193,6 +194,20 @@ class SpecDecoder:
             c[0] += 1
             c[1] += dt
 
+    def _note_host(self, drafting: bool, dt: float) -> None:
+        c = self._cost.setdefault("host", {}).setdefault(bool(drafting), [0, 0.0])
+        c[0] += 1
+        c[1] += dt
+
+    def _host_per_round(self) -> tuple[float, float]:
+        """Mean host seconds of a round without drafts and of one with drafts (an
+        unmeasured kind costs what the other does)."""
+        h = {k: t / n for k, (n, t) in self._cost.get("host", {}).items() if n}
+        h0, h1 = h.get(False), h.get(True)
+        h0 = h1 if h0 is None else h0
+        h1 = h0 if h1 is None else h1
+        return h0 or 0.0, h1 or 0.0
+
     def expected_tokens(self, alpha: float, j: int) -> float:
         if alpha >= 1.0:
             return j + 1.0
@@ -207,6 +222,7 @@ class SpecDecoder:
         c_d = dt / dn if dn else 0.0
         seen = {w: t / n for w, (n, t) in self._cost["tlm"].items() if n}
         mean_t = (sum(seen.values()) / len(seen)) if seen else 1.0
+        h0, h1 = self._host_per_round()
         best, best_score = None, -1.0
         for j in self.choices:
             if drafting and j == 0:
@@ -218,7 +234,7 @@ class SpecDecoder:
                 c_t = seen[min(seen, key=lambda s: (abs(s - w), s))]
             else:
                 c_t = mean_t
-            score = self.expected_tokens(alpha, j) / (j * c_d + c_t)
+            score = self.expected_tokens(alpha, j) / (j * c_d + c_t + (h1 if j else h0))
             if score > best_score + 1e-12:
                 best, best_score = j, score
         return self.k if best is None else best

@@ -55,7 +55,10 @@ class _Runner:
         """(generator) Run ``tokens`` at positions start.. in a call of ``width``; returns this row's logits."""
         if len(tokens) > width:
             raise AssertionError(f"{len(tokens)} tokens in a call of width {width}")
+        m = self.meter
+        m.host_seg += time.perf_counter() - m.resumed      # this generation's own work so far
         out = yield Call(self, list(tokens), start, width, prefill)
+        m.resumed = time.perf_counter()
         return out
 
     def prefill(self, tokens, start: int = 0):
@@ -275,6 +278,7 @@ class _Generation:
     def round(self):
         """(generator) One round: draft, verify [t, d1..dn] at q-1.. padded to a compiled width, accept."""
         dec, meter = self.dec, self.meter
+        meter.host_seg, meter.resumed, meter.round_callback = 0.0, time.perf_counter(), 0.0
         q = len(self.seq)                     # position of the next token
         remaining = min(self.max_new - len(self.out), self.CL - q)
         round1 = self.first_round and self.first_accepted
@@ -305,6 +309,8 @@ class _Generation:
         # tokens this TLM call produced (round 1 also confirmed d1)
         meter.round_tokens += len(self.out) - n_before + (1 if round1 else 0)
         self.first_round = False
+        if not round1:   # the loop's own work this round (calls and callbacks excluded): part of the cost
+            dec._note_host(kv > 0, meter.host_seg + time.perf_counter() - meter.resumed - meter.round_callback)
         return stop
 
 
