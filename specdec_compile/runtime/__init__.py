@@ -4,8 +4,9 @@
     tlm = OrtBackend("OUT_TLM"); dlm = OrtBackend("OUT_DLM")
     res = SpecDecoder(tlm, dlm, eos_token_id=2).generate([1, 5, 7], max_new_tokens=32)
     res.generated_ids, res.metrics
+    SpecDecoder(tlm, None, draft="ngram").generate_many(prompts)   # n-gram drafts, every row
 
-See docs/runtime.md.
+See docs/runtime.md and docs/serving.md.
 """
 from .artifact import Artifact, check_pair, load_artifact
 from .backends import Backend, OrtBackend, QaicBackend, open_backend

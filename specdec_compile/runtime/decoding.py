@@ -1,7 +1,11 @@
 """The decoding loops: speculative (DLM drafts, TLM verifies) and target-only.
 
-Speculative decoding follows contract section 6 (batch 1; with a batch > 1
-artifact the prompt runs in row 0 and the other rows are padding):
+Speculative decoding follows contract section 6. ``generate`` runs one prompt
+in row 0 (other rows padding); ``generate_many`` / ``stream`` run one prompt per
+row with continuous batching (batch.py). The loop itself is in generation.py.
+Drafts come from a DLM or from n-gram lookup (drafts.py); with n-gram drafts
+there is no DLM call and a round with no match verifies nothing (width 1 when
+compiled).
 
 prefill    DLM and TLM each run the prompt in PL-sized chunks, the last one
            right-padded with position -1. n = prompt length. The DLM gives the
@@ -25,9 +29,12 @@ stop       EOS (included in the output), max new tokens, or a full context:
            drafts are made and the rest of the fixed-width call is padding (-1).
 
 With several compiled widths (``k_list`` in the TLM manifest) each round picks
-the number of drafts j (TLM width j+1) that maximizes expected tokens per unit
-of time: (1 - a^(j+1)) / (1 - a) over j * t_dlm + t_tlm(j+1), from the running
-acceptance estimate a and the measured call times.
+the number of drafts j (a TLM width >= j+1) that maximizes expected tokens per
+unit of time: (1 - a^(j+1)) / (1 - a) over j * t_dlm + t_tlm(j+1) + the loop's
+host work per round, from a decayed acceptance estimate a and measured times.
+With 0 compiled (``--k-list 0,...``) j = 0 is a choice (the fallback), with a
+probe back to drafting after 4, 8, ... 64 rounds. A fixed ``k`` sets every
+round, round 1 included.
 
 A draft whose table has another size than the target's (one tokenizer, padded
 differently, or cut to its first rows) drafts only the ids both have, and
@@ -35,10 +42,10 @@ reads an id it has no row for as a fill id (vocab.py); the target's side is
 unchanged, so greedy output and the sampled distribution are the target's.
 
 Target-only decoding (the baseline) runs the TLM alone: prefill, then one token
-per call at the TLM's smallest compiled width, the token in slot 0 and the
-rest padding (-1); the logits of the valid token are used. The TLM artifact has
-no seq_len 1, and padding keeps it to the same compiled graph; the cost of the
-padded width is part of what the baseline measures.
+per call at the TLM's smallest compiled width (1 when 0 is in k_list), the
+token in slot 0 and the rest padding (-1); the logits of the valid token are
+used. Without seq_len 1, padding keeps it to the same compiled graph; the cost
+of the padded width is part of what the baseline measures.
 """
 from __future__ import annotations
 
