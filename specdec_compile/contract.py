@@ -5,6 +5,8 @@ INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"
 ROLES = ("tlm", "dlm")
 TARGETS = ("qaic", "ort")
 TARGET_OPSET = {"qaic": 17, "ort": 24}
+#: metadata key: the context length a qaic graph was compiled for (its rotary tables hold that many rows)
+CTX_LEN_KEY = "specdec.ctx_len"
 QAIC_DOMAIN = "com.qualcomm.cloud"
 #: intermediate (target-neutral) op the retained-state pass writes; lowering replaces it
 SPECDEC_DOMAIN = "ai.specdec"

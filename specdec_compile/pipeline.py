@@ -35,7 +35,7 @@ import onnx_graphsurgeon as gs
 
 from . import __version__
 from . import passes as _passes
-from .contract import TARGET_OPSET
+from .contract import CTX_LEN_KEY, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
@@ -125,6 +125,8 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     model.metadata_props.add(key="specdec.role", value=role)
     model.metadata_props.add(key="specdec.target", value=target)
     model.metadata_props.add(key="specdec.passes", value=",".join(applied))
+    if target == "qaic":  # fixed on the device, and the rotary tables hold exactly this many rows
+        model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx_len))
     info = det.info
     inferred = check_model(model)
     info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import INPUT_IDS, LOGITS, MANIFEST_FILE, POSITION_IDS, past_name, retained_name
+from .contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, MANIFEST_FILE, POSITION_IDS, past_name, retained_name
 from .errors import SpecdecError
 from .io import load_model
 
@@ -154,6 +154,9 @@ class _Rewritten:
         self.state = [np.zeros((batch, ins[n].shape[1], ctx_len, ins[n].shape[3]), dtype) for n in self.names]
         logits_shape = next(o for o in self.sess.get_outputs() if o.name == LOGITS).shape
         self.role = "dlm" if logits_shape[1] == 1 else "tlm"
+        meta = self.sess.get_modelmeta().custom_metadata_map
+        #: the context a qaic graph was compiled for (its rotary tables have that many rows); None: any
+        self.max_ctx_len = int(meta[CTX_LEN_KEY]) if meta.get(CTX_LEN_KEY, "").isdigit() else None
 
     def run(self, ids: np.ndarray, pos: np.ndarray):
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos, **dict(zip(self.names, self.state))}
@@ -204,6 +207,9 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
     orig = _Original(Path(original))
     new = _Rewritten(Path(rewritten), ctx_len, batch_size)
+    if new.max_ctx_len is not None and ctx_len > new.max_ctx_len:
+        raise SpecdecError(f"{rewritten} was compiled for ctx_len {new.max_ctx_len} (a qaic graph: fixed context, "
+                           f"rotary tables of that many rows); verify with --ctx-len <= {new.max_ctx_len}")
     if new.layers != orig.det.info.num_layers:
         raise SpecdecError(f"layer count differs: original {orig.det.info.num_layers}, rewrite {new.layers}")
     rng = np.random.default_rng(seed)
@@ -266,10 +272,19 @@ def _defaults_from_manifest(rewritten: Path) -> dict:
     return out
 
 
-def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int) -> int:
+def compiled_ctx_len(rewritten: str | Path) -> int | None:
+    """The context length a qaic graph was compiled for (its metadata), None for any."""
+    import onnx
+    value = {p.key: p.value for p in onnx.load(str(rewritten), load_external_data=False).metadata_props}.get(
+        CTX_LEN_KEY, "")
+    return int(value) if value.isdigit() else None
+
+
+def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int, limit: int | None = None) -> int:
     """The default history: ``ctx_len``, lengthened when the original has a
     sliding window that long or longer, so the replay always runs past every
-    window (``--ctx-len`` overrides)."""
+    window (``--ctx-len`` overrides); never past ``limit``, the context a qaic
+    graph was compiled for (a window longer than that never takes effect there)."""
     import onnx_graphsurgeon as gs
 
     from .detect import detect
@@ -277,7 +292,8 @@ def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int) -
     graph = gs.import_onnx(load_model(Path(original)))
     name_unnamed_nodes(graph)
     windows = [layer.window for layer in detect(graph).layers if layer.window]
-    return max(ctx_len, max(windows) + 2 * prefill_len) if windows else ctx_len
+    history = max(ctx_len, max(windows) + 2 * prefill_len) if windows else ctx_len
+    return min(history, limit) if limit else history
 
 
 def render(report: VerifyReport, file=None) -> None:
@@ -318,7 +334,8 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
         load_model(f)  # one-line errors for missing/truncated files before ORT sees them
     d = _defaults_from_manifest(args.rewritten)
     prefill_len = args.prefill_len or d.get("prefill_len", 32)
-    ctx_len = args.ctx_len or history_past_windows(args.original, d.get("ctx_len", 256), prefill_len)
+    ctx_len = args.ctx_len or history_past_windows(args.original, d.get("ctx_len", 256), prefill_len,
+                                                   limit=compiled_ctx_len(args.rewritten))
     report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7), prefill_len=prefill_len,
                     ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol)
     if args.json:

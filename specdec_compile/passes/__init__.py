@@ -47,7 +47,8 @@ Calling one pass alone, in your own toolchain::
 (``pipeline.rewrite`` does the latter, then exports, checks and records.)
 
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
-the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``castlike_to_cast``,
+the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
+``flatten_to_reshape``, ``castlike_to_cast``,
 ``greater_compares``, ``tile_to_expand`` and ``clamp_gather_positions`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` the detection and the role,
 ``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
@@ -66,7 +67,9 @@ from .canonical_dims import canonical_dims
 from .castlike_to_cast import castlike_to_cast
 from .clamp_gather_positions import clamp_gather_positions
 from .cleanup import cleanup
+from .dense_experts import dense_experts
 from .drop_nan_guards import drop_nan_guards
+from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
 from .greater_compares import greater_compares
@@ -134,6 +137,16 @@ REGISTRY: tuple[Pass, ...] = (
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
          "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`",
+         targets=("qaic",)),
+    Pass("dense_experts", dense_experts,
+         "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
+         "becomes dense where it is exactly that form: every expert runs on every token and its output is "
+         "scaled by the token's routing weight for it, `ReduceSum` over the slots of weight x 0/1 selection "
+         "(one non-zero term at most), and a token that did not choose the expert adds exactly 0 "
+         "(`Where`, so even an expert output that overflows on it cannot leak). A routing that differs anywhere "
+         "is left alone", targets=("qaic",)),
+    Pass("flatten_to_reshape", flatten_to_reshape,
+         "`Flatten(x, axis)` becomes `Reshape(x, [-1, n])` (or `[m, -1]`) with the static product of one side",
          targets=("qaic",)),
     Pass("castlike_to_cast", castlike_to_cast,
          "`CastLike(x, like)` becomes `Cast(x, to=dtype of like)`, or nothing where x has that dtype already",
