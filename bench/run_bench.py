@@ -2,7 +2,7 @@
 """Benchmarks of the compiler and the runtime, in one run (what `make bench` runs).
 
     python bench/run_bench.py                  # everything; writes bench/results.json and bench/results.md
-    python bench/run_bench.py --only spec,kv   # a subset: spec, kv, step, rewrite
+    python bench/run_bench.py --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, fallback
 
 Sections (keys of bench/results.json):
 
@@ -21,7 +21,10 @@ spec_vs_target  the demo pair (demo/train_pair.py; trained or reused) compiled f
 host_share      the fraction of decode time spent outside model calls, per k.
 kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
                 updated in place (output bound to the input's buffer) vs fed back
-                through a second buffer (the copy path), at ctx_len 256 and 2048.
+                through a second buffer (the copy path), at ctx_len 256 and 2048;
+                and the in-place step as the decoding loop calls it (loop_step_ms)
+                against the bare IO-bound session run of the same graph.
+batch_throughput, ngram, fallback_dlm: see bench/serving.py.
 step_latency    a decode step of the original optimum export (concatenating cache,
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
@@ -231,13 +234,15 @@ def time_steps(fn, n: int, warm: int = 5) -> float:
     return statistics.median(ts)
 
 
-def decode_step_fn(backend, ctx_len: int):
+def decode_step_fn(backend, ctx_len: int, check: bool = True):
+    """A decode step through the runtime backend; ``check=False`` as the decoding loop
+    calls it (arrays it built itself: only their shape is checked)."""
     import numpy as np
     state = {"p": ctx_len - 64}
 
     def step():
         p = state["p"]
-        backend.run(np.array([[7]], np.int64), np.array([[p]], np.int64))
+        backend.run(np.array([[7]], np.int64), np.array([[p]], np.int64), check=check)
         state["p"] = ctx_len - 64 if p + 1 >= ctx_len else p + 1
     return step
 
@@ -303,7 +308,8 @@ def bench_kv(pair: dict, out: Path, a) -> tuple[list, list]:
                 feeds[i.name] = np.array([[past]], np.int64)
             else:
                 feeds[i.name] = np.zeros((1, i.shape[1], past, i.shape[3]), np.float32)
-        fns = {"inplace": decode_step_fn(inp, ctx), "copy": decode_step_fn(cp, ctx),
+        fns = {"inplace": decode_step_fn(inp, ctx), "loop": decode_step_fn(inp, ctx, check=False),
+               "copy": decode_step_fn(cp, ctx),
                "original": lambda: sess.run(None, feeds), "raw": raw_inplace_step(art, ctx, a.ort_threads)}
         # rounds interleave the three, so that a change of load hits all; best median kept
         best = {n: float("inf") for n in fns}
@@ -311,13 +317,17 @@ def bench_kv(pair: dict, out: Path, a) -> tuple[list, list]:
             for n, fn in fns.items():
                 best[n] = min(best[n], time_steps(fn, a.steps))
         kv_rows.append({"ctx_len": ctx, "inplace_step_ms": round(best["inplace"] * 1e3, 4),
+                        "loop_step_ms": round(best["loop"] * 1e3, 4), "bare_iobound_ms": round(best["raw"] * 1e3, 4),
+                        "loop_over_bare": round(best["loop"] / best["raw"], 3),
+                        "checked_over_bare": round(best["inplace"] / best["raw"], 3),
                         "copy_step_ms": round(best["copy"] * 1e3, 4),
                         "copy_over_inplace": round(best["copy"] / best["inplace"], 3)})
         step_rows.append({"ctx_len": ctx, "original_ms": round(best["original"] * 1e3, 4),
                           "rewritten_ms": round(best["raw"] * 1e3, 4),
                           "rewritten_runtime_ms": round(best["inplace"] * 1e3, 4),
                           "original_over_rewritten": round(best["original"] / best["raw"], 3)})
-        log(f"[kv] ctx {ctx}: runtime in place {best['inplace'] * 1e3:.3f} ms, runtime copy "
+        log(f"[kv] ctx {ctx}: runtime in place {best['inplace'] * 1e3:.3f} ms (as the loop calls it: "
+            f"{best['loop'] * 1e3:.3f} ms), runtime copy "
             f"{best['copy'] * 1e3:.3f} ms; session.run of the original export {best['original'] * 1e3:.3f} ms, "
             f"IO-bound in-place run of the rewritten graph {best['raw'] * 1e3:.3f} ms per decode step")
         for b in (inp, cp):
@@ -384,6 +394,27 @@ def bench_rewrite(out: Path, a) -> dict:
 
 # --------------------------------------------------------------------------- report
 
+def serving_markdown(res: dict) -> list[str]:
+    L = []
+    if res.get("batch_throughput"):
+        L.append("| batch size | target tok/s | spec tok/s | spec / target | acceptance |")
+        L.append("|---|---|---|---|---|")
+        for r in res["batch_throughput"]:
+            L.append(f"| {r['batch_size']} | {r['target_tokens_per_s']:.1f} | {r['spec_tokens_per_s']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['acceptance_rate']:.3f} |")
+        L.append("")
+    for key in ("ngram", "fallback_dlm"):
+        if res.get(key):
+            L.append(f"| {key} prompts | fallback | target tok/s | spec tok/s | speedup | alpha | per prompt |")
+            L.append("|---|---|---|---|---|---|---|")
+            for r in res[key]:
+                L.append(f"| {r['prompts']} | {'on' if r['fallback'] else 'off'} | {r['target_tokens_per_s']:.1f} | "
+                         f"{r['spec_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['alpha']:.3f} | "
+                         f"{', '.join(f'{x:.2f}' for x in r['per_prompt_speedup'])} |")
+            L.append("")
+    return L
+
+
 def markdown(res: dict) -> str:
     L = []
     sv = res.get("spec_vs_target")
@@ -400,11 +431,14 @@ def markdown(res: dict) -> str:
                  f"(target-only: {hs['target_only']:.1%}).")
         L.append("")
     if res.get("kv_inplace"):
-        L.append("| ctx_len | in-place step (ms) | copy step (ms) | copy / in-place |")
-        L.append("|---|---|---|---|")
+        L.append("| ctx_len | in-place step (ms) | loop step (ms) | bare IO-bound (ms) | loop / bare | copy step (ms) | copy / in-place |")
+        L.append("|---|---|---|---|---|---|---|")
         for r in res["kv_inplace"]:
-            L.append(f"| {r['ctx_len']} | {r['inplace_step_ms']:.3f} | {r['copy_step_ms']:.3f} | {r['copy_over_inplace']:.2f} |")
+            L.append(f"| {r['ctx_len']} | {r['inplace_step_ms']:.3f} | {r.get('loop_step_ms', float('nan')):.3f} | "
+                     f"{r.get('bare_iobound_ms', float('nan')):.3f} | {r.get('loop_over_bare', float('nan')):.2f} | "
+                     f"{r['copy_step_ms']:.3f} | {r['copy_over_inplace']:.2f} |")
         L.append("")
+    L += serving_markdown(res)
     if res.get("step_latency_by_ctx"):
         L.append("| ctx_len | original export step (ms) | rewritten step (ms) | original / rewritten |")
         L.append("|---|---|---|---|")
@@ -425,7 +459,12 @@ def markdown(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default="spec,kv,step,rewrite", help="comma list of spec, kv, step, rewrite")
+    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,fallback",
+                    help="comma list of spec, kv, step, rewrite, batch, ngram, fallback")
+    ap.add_argument("--pair", type=Path, default=None,
+                    help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo")
+    ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
+    ap.add_argument("--serve-repeats", type=int, default=2, help="repeats (serving sections; best kept)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
     ap.add_argument("--demo-out", type=Path, default=ROOT / "build" / "demo")
     ap.add_argument("--results", type=Path, default=HERE / "results.json")
@@ -459,8 +498,14 @@ def main(argv: list[str] | None = None) -> int:
     res["command"] = " ".join(["python", "bench/run_bench.py", *(argv if argv is not None else sys.argv[1:])])
     t_all = time.time()
     pair = None
-    if only & {"spec", "kv", "step"}:
-        pair = train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
+    a.log = log
+    if only & {"spec", "kv", "step", "batch", "ngram", "fallback"}:
+        pair = json.loads(a.pair.read_text()) if a.pair else train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
+        res["pair"] = {"pair_json": str(a.pair) if a.pair else str(a.demo_out / "pair.json"),
+                       "tlm": pair.get("config", {}).get("tlm"), "dlm": pair.get("config", {}).get("dlm")}
+    if only & {"batch", "ngram", "fallback"}:
+        import serving
+        res.update(serving.run(pair, a.out, a, only))
     if "spec" in only:
         rows, host, info = bench_spec(pair, a.out, a)
         res["spec_vs_target"] = rows

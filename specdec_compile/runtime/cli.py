@@ -1,6 +1,7 @@
 """``specdec-run``: generate text with a DLM/TLM pair of artifact directories.
 
     specdec-run --tlm OUT_TLM --dlm OUT_DLM --tokenizer DIR --prompt "Hello"
+    specdec-run --tlm OUT_TLM --draft ngram --tokenizer DIR --prompt "Hello"
     specdec-run --tlm OUT_TLM --target-only --prompt-ids 1,2,3 --json
 
 Text streams as it is accepted (accepted drafts and target tokens in two
@@ -26,14 +27,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
                                        "(ONNX Runtime or Cloud AI 100).")
     p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
-    p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with --target-only)")
+    p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with "
+                   "--target-only or --draft ngram)")
+    p.add_argument("--draft", choices=("dlm", "ngram"), default=None,
+                   help="where drafts come from: the DLM (default when --dlm is given) or n-gram "
+                        "prompt lookup (no draft model)")
+    p.add_argument("--ngram-max", type=int, default=None, metavar="N",
+                   help="--draft ngram: the longest n-gram matched (default 3)")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="never choose to draft nothing (with 0 in the TLM's k_list the adaptive "
+                        "choice may otherwise fall back to plain decoding when drafts do not pay)")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (transformers); "
                    "optional with --prompt-ids")
     p.add_argument("--dlm-tokenizer", metavar="DIR", help="the DLM's tokenizer, checked to equal the TLM's")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt", metavar="TEXT")
     g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
-    g.add_argument("--prompt-ids", metavar="IDS", help="token ids, comma separated: 1,2,3")
+    g.add_argument("--prompt-ids", metavar="IDS", action="append",
+                   help="token ids, comma separated: 1,2,3 (repeat for several prompts)")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, metavar="K")
@@ -45,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("ort", "qaic"), default="ort")
     p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
     p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
+    p.add_argument("--ort-threads", type=int, default=None, metavar="N",
+                   help="ONNX Runtime intra-op threads per model (default: ORT's own for one model; "
+                        "with a DLM and a TLM on the CPU, the usable cores and no spin-waiting, so "
+                        "the two never compete)")
     p.add_argument("--copy-cache", action="store_true",
                    help="ONNX Runtime: feed the cache back by swapping buffers even for ort targets")
     p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline); --tlm may then also be the target "
@@ -68,10 +83,13 @@ def _ids(text: str, what: str) -> list[int]:
 
 def _prompts(args, tok) -> list[list[int]]:
     if args.prompt_ids is not None:
-        ids = _ids(args.prompt_ids, "--prompt-ids")
-        if not ids:
-            raise SpecdecError("--prompt-ids: no ids given")
-        return [ids]
+        out = []
+        for text in args.prompt_ids:
+            ids = _ids(text, "--prompt-ids")
+            if not ids:
+                raise SpecdecError("--prompt-ids: no ids given")
+            out.append(ids)
+        return out
     if args.prompt is not None:
         texts = [args.prompt]
     else:
@@ -145,6 +163,8 @@ def _fmt(v) -> str:
 
 METRIC_ROWS = [
     ("new_tokens", "new tokens"),
+    ("batch_size", "batch size (rows per call)"),
+    ("tokens_per_s", "tokens/s (all prompts, wall time)"),
     ("ttft_s", "time to first token (s)"),
     ("decode_tokens_per_s", "decode tokens/s"),
     ("acceptance_rate", "acceptance rate"),
@@ -180,12 +200,44 @@ def _device_ids(text, what):
 
 
 def _check_args(args) -> None:
-    if not args.target_only and not args.dlm:
-        raise SpecdecError("--dlm DIR is required (or --target-only)")
+    if args.draft is None and not args.target_only:
+        args.draft = "dlm"
+    if args.draft == "ngram" and args.dlm:
+        raise SpecdecError("--draft ngram takes no --dlm (the drafts come from the text itself)")
+    if args.draft == "ngram" and args.target_only:
+        raise SpecdecError("--draft ngram has no meaning with --target-only")
+    if args.ngram_max is not None and args.draft != "ngram":
+        raise SpecdecError("--ngram-max is for --draft ngram")
+    if args.ngram_max is not None and args.ngram_max < 1:
+        raise SpecdecError(f"--ngram-max must be >= 1 (got {args.ngram_max})")
+    if not args.target_only and args.draft == "dlm" and not args.dlm:
+        raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
         raise SpecdecError("--k has no meaning with --target-only")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+
+
+def ort_thread_options(threads: int | None, two_models: bool) -> dict:
+    """Session options for ONNX Runtime on the CPU. DLM and TLM calls alternate,
+    never overlap; but an ORT thread pool spin-waits after each call, so two
+    sessions with default pools fight for the cores. Two models: each pool gets
+    the usable cores and does not spin. ``threads`` (--ort-threads) fixes the count."""
+    import os
+    if threads is not None and threads < 1:
+        raise SpecdecError(f"--ort-threads must be >= 1 (got {threads})")
+    if threads is None and not two_models:
+        return {}
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    if two_models:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    n = threads
+    if n is None:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    so.intra_op_num_threads = n
+    so.inter_op_num_threads = 1
+    return {"session_options": so}
 
 
 def _open(args):
@@ -200,7 +252,8 @@ def _open(args):
     need_model = args.backend == "ort"
     # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
     tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
-    dlm_art = None if args.target_only else load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
+    dlm_art = None if (args.target_only or args.draft == "ngram") else \
+        load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
     tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
     dlm_tok = load_tokenizer(args.dlm_tokenizer) if tok is not None and args.dlm_tokenizer and dlm_art else None
     if dlm_art is not None:   # shapes; the tokenizers when both are given, else the manifests' token ids
@@ -208,6 +261,8 @@ def _open(args):
     prompts = _prompts(args, tok)
 
     kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}
+    if args.backend == "ort":
+        kw.update(ort_thread_options(args.ort_threads, two_models=dlm_art is not None))
     tlm = open_backend(tlm_art, args.backend, expect_role="tlm", device_ids=tlm_dev, **kw)
     dlm = None
     if dlm_art is not None:
@@ -222,10 +277,12 @@ def _open(args):
 
 
 def _eos(args, tok, tlm):
+    """--eos-id; else the tokenizer's EOS plus every id of its generation_config.json; else the manifest's."""
+    from .tokenizer import eos_ids
     if args.eos_id is not None:
         return None if args.eos_id < 0 else args.eos_id
     if tok is not None:
-        return tok.eos_token_id
+        return eos_ids(tok, args.tokenizer) or None
     return tlm.artifact.manifest.get("eos_token_ids") or tlm.artifact.eos_token_id
 
 
@@ -241,31 +298,60 @@ def run(argv: list[str]) -> int:
     _check_args(args)
     tlm, dlm, (tok, dlm_tok), prompts = _open(args)
     eos = _eos(args, tok, tlm)
-    if dlm is None:
+    if args.target_only:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        dec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=args.k, tokenizer=tok, dlm_tokenizer=dlm_tok)
+        dec = SpecDecoder(tlm, dlm, draft=None if dlm is not None else "ngram", ngram_max=args.ngram_max,
+                          eos_token_id=eos, k=args.k, fallback=not args.no_fallback,
+                          tokenizer=tok, dlm_tokenizer=dlm_tok)
 
-    rng = sampling.rng()
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)
-    results = []
-    for i, ids in enumerate(prompts):
-        if printer:
-            printer.start(ids, i, len(prompts))
-        r = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng,
-                         on_tokens=printer.on_tokens if printer else None)
-        r.text = tok.decode(r.generated_ids, skip_special_tokens=True) if tok is not None else None
-        r.metrics["stop_reason"] = r.stop_reason
-        results.append(r)
-        if printer:
-            printer.end()
+    results, wall = _decode_all(dec, prompts, args, sampling, printer, tok)
     summary = aggregate_metrics(results)
+    summary["batch_size"] = tlm.batch_size
+    summary["tokens_per_s"] = summary["new_tokens"] / wall if wall > 0 else None
     if args.json:
         print(json.dumps({"results": [r.to_json() for r in results], "metrics": summary}))
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
     return 0
+
+
+def _decode_all(dec, prompts, args, sampling, printer, tok):
+    """Every prompt through the decoder: one after another, streaming, with a batch-1
+    artifact; through every row at once (continuous batching) with a batch-B one,
+    each text printed whole, in input order. Returns (results in input order, wall s)."""
+    import time
+
+    from .batch import BatchEngine
+    engine = BatchEngine(dec)
+    engine.check_prompts(prompts, args.max_new_tokens)       # a prompt that does not fit: before anything runs
+    rng = sampling.rng()
+    results = [None] * len(prompts)
+    t0 = time.perf_counter()
+    if dec.tlm.batch_size == 1:
+        for i, ids in enumerate(prompts):
+            if printer:
+                printer.start(ids, i, len(prompts))
+            results[i] = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng,
+                                      on_tokens=printer.on_tokens if printer else None)
+            if printer:
+                printer.end()
+    else:
+        shown = 0
+        for i, r in engine.stream(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng):
+            results[i] = r
+            while printer and shown < len(prompts) and results[shown] is not None:
+                printer.start(prompts[shown], shown, len(prompts))
+                printer.on_tokens(results[shown].generated_ids, results[shown].sources)
+                printer.end()
+                shown += 1
+    wall = time.perf_counter() - t0
+    for r in results:
+        r.text = tok.decode(r.generated_ids, skip_special_tokens=True) if tok is not None else None
+        r.metrics["stop_reason"] = r.stop_reason
+    return results, wall
 
 
 def main(argv: list[str] | None = None) -> int:

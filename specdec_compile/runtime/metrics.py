@@ -39,6 +39,8 @@ class _Meter:
         self.widths = {}
         self.callback_time = 0.0
         self.log = [] if record_calls else None
+        self.host_seg, self.resumed = 0.0, self.t0      # host work between calls (generation.py)
+        self.round_callback = 0.0
 
     def add_call(self, role: str, width: int, dt: float, prefill: bool):
         self.time[role] += dt
@@ -61,7 +63,9 @@ class _Meter:
     def callback(self, fn, tokens, sources):
         t = time.perf_counter()
         fn(tokens, sources)
-        self.callback_time += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.callback_time += dt
+        self.round_callback += dt
 
     def first_token(self):
         if self.t_first is None:

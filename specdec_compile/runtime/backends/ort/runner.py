@@ -17,6 +17,17 @@ from ..base import Backend
 from .loader import OrtModel, load_ort
 
 
+def output_plan(device: str, kv_names) -> dict[str, str]:
+    """Where each output of a call is bound: the logits on the host (ORT copies
+    just them off the device), every cache buffer on the model's device (written
+    in place, or into the swap buffer). Nothing else crosses to the host: no
+    ``copy_outputs_to_cpu``, which would copy the whole cache each call on CUDA."""
+    plan = {LOGITS: "cpu"}
+    for n in kv_names:
+        plan[f"{n}_RetainedState"] = device
+    return plan
+
+
 class OrtBackend(Backend):
     """ONNX Runtime with IO binding; CUDA when onnxruntime-gpu is installed.
 
@@ -50,8 +61,11 @@ class OrtBackend(Backend):
         self._io = self.session.io_binding()
         self._a = {n: self._zeros(n) for n in self.kv_names}
         self._b = None if self.inplace else {n: self._zeros(n) for n in self.kv_names}
+        self.plan = output_plan(self.device, self.kv_names)
+        self._logits: dict = {}     # width -> (OrtValue, the numpy array it wraps)
+        self._bound = None          # the width whose buffer is bound now
         # logits is bound first so that it is output 0 of the binding
-        self._io.bind_output(LOGITS, self.device, self.device_id)
+        self._io.bind_output(LOGITS, self.plan[LOGITS])
         self._bind_cache()
 
     def _zeros(self, name):
@@ -70,14 +84,26 @@ class OrtBackend(Backend):
         io = self._io
         io.bind_cpu_input(INPUT_IDS, ids)
         io.bind_cpu_input(POSITION_IDS, pos)
-        io.bind_output(LOGITS, self.device, self.device_id)
+        S = ids.shape[1]
+        buf = self._logits.get(S)      # a host buffer per width, once its shape is known
+        if S != self._bound or buf is None:
+            if buf is None:
+                io.bind_output(LOGITS, self.plan[LOGITS])     # only the logits reach the host (output_plan)
+            else:
+                io.bind_ortvalue_output(LOGITS, buf[0])
+            self._bound = S
         try:
             self.session.run_with_iobinding(io)
         except Exception as e:
             msg = " ".join(str(e).split())[:300]
             raise SpecdecError(f"{self.artifact.name}: ONNX Runtime failed: {msg}") from None
-        logits = io.get_outputs()[0]
-        out = logits.numpy() if self.device == "cpu" else io.copy_outputs_to_cpu()[0]
+        if buf is None:
+            out = io.get_outputs()[0].numpy()
+            arr = np.zeros(out.shape, out.dtype)
+            self._logits[S] = (self._ort.OrtValue.ortvalue_from_numpy(arr), arr)
+            self._bound = None                  # bind the new buffer on the next call of this width
+        else:
+            out = buf[1]
         if not self.inplace:
             self._a, self._b = self._b, self._a
             self._bind_cache()

@@ -1,0 +1,108 @@
+"""Batches: one generation per row of a batch-B artifact, and continuous batching.
+
+Every call carries all B rows. Each row is its own generation (generation.py),
+with its own positions, its own drafts and accepted count per round, its own
+stop. A call serves every row waiting on that model: the DLM first when any row
+is drafting, else the TLM; the call's width is the widest any row asked for,
+and a row with fewer tokens (fewer drafts, or a shorter catch-up) pads the rest
+of its row with position -1. Rows waiting on the other model, and empty rows,
+are all padding in that call: the contract makes such a row a no-op.
+
+More prompts than rows: when a row's generation ends, the next waiting prompt
+is prefilled into that row (in calls of its own, the other rows idle), and
+decoding goes on. Nothing is reset between prompts:
+a new prompt's prefill rewrites positions 0..n-1 of its row and every later
+position is written before it is attended to. No batch_index input is needed.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from .generation import _check_prompt, rows_of
+from .sampling import SamplingParams
+
+
+class BatchEngine:
+    """Runs a decoder (SpecDecoder or TargetOnlyDecoder) over many prompts, B at a time."""
+
+    def __init__(self, decoder):
+        self.dec = decoder
+        self.B = decoder.tlm.batch_size
+        self.wall_s = 0.0           # wall time of the last stream(), prefill included
+        self.calls = 0
+
+    def check_prompts(self, prompts, max_new_tokens: int) -> list[list[int]]:
+        """Every prompt, checked before anything runs; a bad one is named by its number."""
+        from ..errors import SpecdecError
+        out = []
+        for i, p in enumerate(prompts):
+            try:
+                out.append(_check_prompt(p, self.dec.tlm, max_new_tokens))
+            except SpecdecError as e:
+                raise SpecdecError(f"prompt {i + 1}: {e}" if len(prompts) > 1 else str(e)) from None
+        return out
+
+    def stream(self, prompts, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None, rng=None,
+               on_tokens=None):
+        """Yields (index, GenerationResult) as generations end. ``on_tokens(index, ids,
+        sources)`` streams each row's tokens as they are accepted."""
+        sampling = sampling or SamplingParams()
+        rng = rng if rng is not None else sampling.rng()
+        waiting = deque(enumerate(self.check_prompts(prompts, max_new_tokens)))
+        for b in self.dec.backends():
+            b.reset()
+        t0 = time.perf_counter()
+        slots: list[list | None] = [None] * self.B     # [index, coroutine, pending call]
+        done = []
+
+        def start(row):
+            while slots[row] is None and waiting:
+                i, p = waiting.popleft()
+                cb = (lambda ids, src, i=i: on_tokens(i, ids, src)) if on_tokens else None
+                co = self.dec.coroutine(p, max_new_tokens, sampling, rng, cb)
+                try:
+                    slots[row] = [i, co, next(co)]
+                except StopIteration as e:         # nothing to run (max_new_tokens 0)
+                    done.append((i, e.value))
+
+        for r in range(self.B):
+            start(r)
+        yield from self._flush(done)
+        while any(slots):
+            for row in self._step(slots, done):
+                start(row)
+            self.wall_s = time.perf_counter() - t0
+            yield from self._flush(done)
+        self.wall_s = time.perf_counter() - t0
+
+    @staticmethod
+    def _flush(done):
+        while done:
+            yield done.pop(0)
+
+    def _step(self, slots, done) -> list[int]:
+        """One call for the rows waiting on one model; returns the rows that finished."""
+        pending = [(r, s[2]) for r, s in enumerate(slots) if s is not None]
+        group = [(r, c) for r, c in pending if c.runner.role == "dlm"] or pending
+        # a prompt's prefill chunk runs with the other rows idle: riding in a PL-wide call
+        # would make every decoding row pay for PL positions
+        group = [(r, c) for r, c in group if c.prefill] or group
+        backend = group[0][1].runner.b
+        width = max(c.width for _, c in group)
+        ids, pos = rows_of(group, self.B, width)
+        t = time.perf_counter()
+        out = backend.run(ids, pos, check=False)
+        dt = time.perf_counter() - t
+        self.calls += 1
+        freed = []
+        for r, c in group:
+            c.runner.book(width, dt, c.prefill)
+            s = slots[r]
+            try:
+                s[2] = s[1].send(out[r])
+            except StopIteration as e:
+                done.append((s[0], e.value))
+                slots[r] = None
+                freed.append(r)
+        return freed
