@@ -108,13 +108,13 @@ def art(fixture_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("rt_vocab")
     made = {}
 
-    def get(name, role, target="ort", k=None):
-        key = (name, role, target, k)
+    def get(name, role, target="ort", k=None, batch=1):
+        key = (name, role, target, k, batch)
         if key not in made:
             src = fixture_path(name) if name in models.CONFIGS else export_variant(name)
             out = root / "-".join(str(x) for x in key if x is not None)
             argv = [str(src), "--role", role, "--target", target, "--prefill-len", str(PL), "--ctx-len", str(CL),
-                    "-o", str(out)] + (["--k", str(k)] if k else [])
+                    "--batch-size", str(batch), "-o", str(out)] + (["--k", str(k)] if k else [])
             assert compile_cli.main(argv) == 0
             made[key] = out
         return made[key]
@@ -237,6 +237,44 @@ def test_sampling_with_a_prefix_draft_draws_from_the_target(art, target):
     z = sum(kept.values())
     bad, bdf = _chi2({s: int(round(p / z * N)) for s, p in kept.items()}, expect, N)
     assert bad > _chi2_crit(bdf)
+
+
+@pytest.mark.parametrize("target", ["ort", "qaic"])
+def test_batched_greedy_equals_transformers_row_by_row(art, tok, hf_greedy, target):
+    """Batch-3 artifacts, more prompts than rows (continuous batching): every row's output
+    equals that prompt decoded alone by transformers, drafts only below the draft's size."""
+    tlm = OrtBackend(art("v224", "tlm", target, k=4, batch=3), intra_op_threads=1)
+    dlm = OrtBackend(art("prefix211", "dlm", target, batch=3), intra_op_threads=1)
+    spec = SpecDecoder(tlm, dlm, tokenizer=tok)
+    prompts = PROMPTS + [[1, 7, 190, 2], [1, 44]]
+    results = spec.generate_many(prompts, max_new_tokens=24)
+    for prompt, r in zip(prompts, results):
+        assert r.generated_ids == hf_greedy(prompt, 24), prompt
+        assert all(t < spec.vocab.propose for t, src in zip(r.generated_ids, r.sources) if src == "draft")
+    assert max(t for r in results for t in r.generated_ids) >= VD
+    assert sum(r.metrics["accepted_tokens"] for r in results) > 0
+
+
+def test_batched_sampling_with_a_prefix_draft_draws_from_the_target(art):
+    """The chi-square test above, with the samples drawn four rows at a time."""
+    params, n, N = SamplingParams(1.0, top_k=4), 3, 2000
+    one = OrtBackend(art("v224", "tlm", "ort", k=2), intra_op_threads=1)      # the exact distribution
+    tlm = OrtBackend(art("v224", "tlm", "ort", k=2, batch=4), intra_op_threads=1)
+    dlm = OrtBackend(art("prefix211", "dlm", "ort", batch=4), intra_op_threads=1)
+    for prompt in ([1, a, b] for a in range(5, 200, 17) for b in (9, 60, 130)):
+        expect = _target_dist(one, prompt, n, params)
+        extra = sum(p for s, p in expect.items() if max(s) >= VD)
+        if extra > 0.2:
+            break
+    assert extra > 0.2
+    results = SpecDecoder(tlm, dlm).generate_many([prompt] * N, max_new_tokens=n, sampling=params,
+                                                   rng=np.random.default_rng(2026))
+    counts: dict = {}
+    for r in results:
+        counts[tuple(r.generated_ids)] = counts.get(tuple(r.generated_ids), 0) + 1
+    stat, df = _chi2(counts, expect, N)
+    print(f"chi2 batched: prompt {prompt}, stat {stat:.1f}, df {df}, p {chi2_p(stat, df):.3f}")
+    assert stat < _chi2_crit(df), (stat, df)
 
 
 def test_cli_runs_the_pair_and_refuses_another_tokenizer(art, tmp_path, capsys):
