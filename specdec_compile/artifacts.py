@@ -30,22 +30,16 @@ import onnx
 
 from . import __version__
 from .errors import SpecdecError
-from .contract import ROLES, TARGETS
+from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
+                       LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE, TARGETS)
 from .io import save_model, sha256_file
+from .qaic_ops import op_set
 from .resources import templates_dir
 
 DTYPES = ("float16", "float32")
 PRECISIONS = ("fp16", "mx6")
 HW_VERSIONS = ("ai100", "2.0")
 MAX_CORES = 16
-
-MODEL_FILE = "model.onnx"
-SPECIALIZATIONS_FILE = "specializations.json"
-CUSTOM_IO_FILE = "custom_io.yaml"
-COMPILE_SCRIPT = "compile.sh"
-PARTITION_FILE = "mdp_partition.json"
-MANIFEST_FILE = "manifest.json"
-QPC_DIR = "qpc"
 
 COMPILERS = ("qaic-compile", "qaic-exec")
 SDK_EXEC_DIR = Path("/opt/qti-aic/exec")
@@ -136,8 +130,9 @@ class Options:
 
 
 @dataclass
-class Artifact:
-    """What was written, for the summary and --json."""
+class WrittenArtifact:
+    """What ``write_artifact`` wrote, for the summary and --json (the runtime reads
+    an artifact directory with ``runtime.artifact.load_artifact`` instead)."""
 
     out: Path
     files: list[str]
@@ -296,7 +291,7 @@ def template_values(result, options: Options) -> dict:
     if not kv_inputs or not kv_outputs:
         raise SpecdecError("the rewritten graph has no past_* inputs or *_RetainedState outputs; "
                            "it is not a retained-state graph")
-    logits = [s["name"] for s in sig["outputs"] if s["name"] == "logits"]
+    logits = [s["name"] for s in sig["outputs"] if s["name"] == LOGITS]
     seq_lens = options.seq_lens()
     qaic = options.target == "qaic"
     return dict(
@@ -310,7 +305,7 @@ def template_values(result, options: Options) -> dict:
         kv_outputs=kv_outputs,
         kv_dtype=options.kv_dtype,
         logits_dtype=options.logits_dtype,
-        logits_name=logits[0] if logits else "logits",
+        logits_name=logits[0] if logits else LOGITS,
         model_file=MODEL_FILE,
         specializations_file=SPECIALIZATIONS_FILE,
         custom_io_file=CUSTOM_IO_FILE,
@@ -384,6 +379,7 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         **_token_ids(getattr(result, "source_dir", None)),
         "source": {"file": Path(source).name if source else None, "sha256": source_sha},
         "passes": list(getattr(result, "passes", []) or []),
+        "ops": op_set(result.model),
         "tool_version": __version__,
         "interface": io_signature(result.model),
         "files": sorted(files),
@@ -401,13 +397,13 @@ def _fill(tmp: Path, result, options: Options, values: dict, source_sha: str | N
     data = save_model(result.model, tmp / MODEL_FILE, source_dir)
     files = [MODEL_FILE] + [str(p.relative_to(tmp)) for p in data]
     texts = {
-        SPECIALIZATIONS_FILE: render("specializations.json.j2", **values),
-        CUSTOM_IO_FILE: render("custom_io.yaml.j2", **values),
+        SPECIALIZATIONS_FILE: render(f"{SPECIALIZATIONS_FILE}.j2", **values),
+        CUSTOM_IO_FILE: render(f"{CUSTOM_IO_FILE}.j2", **values),
     }
     if options.target == "qaic":
-        texts[COMPILE_SCRIPT] = render("compile.sh.j2", **values)
+        texts[COMPILE_SCRIPT] = render(f"{COMPILE_SCRIPT}.j2", **values)
         if values["partition_file"]:
-            texts[PARTITION_FILE] = render("mdp_partition.json.j2", **values)
+            texts[PARTITION_FILE] = render(f"{PARTITION_FILE}.j2", **values)
     for name, text in texts.items():
         (tmp / name).write_text(text, encoding="utf-8", newline="\n")
     if COMPILE_SCRIPT in texts:
@@ -420,13 +416,17 @@ def _fill(tmp: Path, result, options: Options, values: dict, source_sha: str | N
 
 
 def write_artifact(result, options: Options, out: str | os.PathLike, *, force: bool = False,
-                   original: onnx.ModelProto | None = None) -> Artifact:
+                   original: onnx.ModelProto | None = None) -> WrittenArtifact:
     """Write the artifact directory for ``result`` to ``out``, all or nothing.
 
     ``original`` (the graph before the rewrite, weights not loaded) is only used
     to report which inputs and outputs changed.
     """
     options.validate()
+    rewritten_for = getattr(result, "ctx_len", None)
+    if rewritten_for is not None and rewritten_for != options.ctx_len:
+        raise SpecdecError(f"the graph was rewritten for ctx_len {rewritten_for} (its tables hold that many "
+                           f"positions), the artifact asks for --ctx-len {options.ctx_len}")
     shown = Path(out)
     source = getattr(result, "source", None)
     check_out(shown, force, source)
@@ -476,7 +476,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         shutil.rmtree(old, ignore_errors=True)
     manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     before = io_signature(original) if original is not None else None
-    return Artifact(out=shown, files=files, manifest=manifest,
+    return WrittenArtifact(out=shown, files=files, manifest=manifest,
                     io_changes=io_changes(before, manifest["interface"]),
                     compile_flags=compile_flags(values) if options.target == "qaic" else [])
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, Artifact,
+from .artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
                         Options, check_out, find_compiler, hw_version_for)
 from .cli_common import Parser
 from .errors import SpecdecError
@@ -80,6 +80,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
     p.add_argument("--compile", action="store_true",
                    help="then run the Cloud AI 100 compiler (OUT/compile.sh) and return its exit code")
+    p.add_argument("--supported-ops", default=None, metavar="FILE",
+                   help="qaic: the operator list of `qaic-exec -operators-supported=onnx`; refuse (exit 2, "
+                        "nothing written) when the emitted graph uses an op it lacks")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--explain", action="store_true", help="print what each pass changed in the graph")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -99,6 +102,13 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     opts.validate()
     if a.compile and opts.target != "qaic":
         raise SpecdecError("--compile runs the Cloud AI 100 compiler: it needs --target qaic")
+    supported = None
+    if a.supported_ops is not None:
+        if opts.target != "qaic":
+            raise SpecdecError("--supported-ops checks against the Cloud AI 100 compiler's list: it needs --target qaic")
+        from .qaic_ops import read_supported_ops
+
+        supported = read_supported_ops(a.supported_ops)
     model_path = Path(a.model)
     if not model_path.is_file():
         raise SpecdecError(f"{model_path}: no such file" if not model_path.exists()
@@ -110,7 +120,10 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from .io import load_model
 
     original = load_model(model_path)
-    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain)
+    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
+                           ctx_len=opts.ctx_len)
+    if supported is not None:
+        check_supported(res.model, supported, a.supported_ops, prog)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)
 
     compiler = find_compiler()
@@ -137,6 +150,19 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
                            f"PATH or in /opt/qti-aic/exec/); the artifact is written: copy {a.output} to a "
                            f"machine with the Cloud AI 100 SDK and run {script}")
     return run_compile(Path(a.output), compiler, to_stderr=a.json)
+
+
+def check_supported(model, supported: set[str], list_file: str, prog: str) -> None:
+    """One line per op of ``model`` that ``supported`` lacks (naming its node), then refuse."""
+    from .qaic_ops import not_supported
+
+    missing = not_supported(model, supported)
+    if not missing:
+        return
+    for use in missing:
+        print(f"{prog}: error: op {use.describe()} is not in {list_file}", file=sys.stderr)
+    raise SpecdecError(f"the emitted graph uses {len(missing)} op(s) that --supported-ops {list_file} lacks "
+                       f"({', '.join(sorted({u.op for u in missing}))}); nothing written")
 
 
 def run_compile(out: Path, compiler: Path, to_stderr: bool = False) -> int:

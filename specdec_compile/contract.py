@@ -14,6 +14,16 @@ CACHE_WRITE = "CacheWrite"
 MASK_VALUE = -30000.0
 FP16_MAX = 65504.0
 
+# the files of an artifact directory (section 5)
+MODEL_FILE = "model.onnx"
+SPECIALIZATIONS_FILE = "specializations.json"
+CUSTOM_IO_FILE = "custom_io.yaml"
+COMPILE_SCRIPT = "compile.sh"
+PARTITION_FILE = "mdp_partition.json"
+MANIFEST_FILE = "manifest.json"
+#: where compile.sh puts the compiled program (qaic-exec -aic-binary-dir)
+QPC_DIR = "qpc"
+
 
 def past_name(kind: str, layer: int) -> str:
     """``past_key.3`` / ``past_value.3``"""

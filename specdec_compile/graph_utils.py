@@ -59,18 +59,20 @@ def topo_nodes(graph: gs.Graph) -> list[gs.Node]:
 
 
 def value_dependence(graph: gs.Graph, sources: Iterable[gs.Tensor],
-                     nodes: list[gs.Node] | None = None) -> set[int]:
+                     nodes: list[gs.Node] | None = None, stop: Iterable[gs.Tensor] = ()) -> set[int]:
     """ids of tensors whose *values* depend on any of ``sources``.
 
     Dependence through Shape/Size is not value dependence: ``Shape(x)`` does
-    not change when the values of x change.
+    not change when the values of x change. Tensors in ``stop`` neither
+    depend nor pass dependence on (a value the rewrite replaces).
     """
-    dep = {id(t) for t in sources}
+    blocked = {id(t) for t in stop}
+    dep = {id(t) for t in sources} - blocked
     for node in nodes if nodes is not None else topo_nodes(graph):
         if node.op in SHAPE_ONLY_OPS:
             continue
         if any(id(t) in dep for t in node.inputs):
-            dep.update(id(t) for t in node.outputs)
+            dep.update(id(t) for t in node.outputs if id(t) not in blocked)
     return dep
 
 

@@ -6,8 +6,8 @@ order, derived from it.
 
 Public API (stable; the CLI, artifact writer, diff --explain and runtime use it):
 
-    rewrite(model_or_path, *, role, target="qaic", k=None, record=False) -> CompileResult
-    compile_model(model_or_path, *, role, target="qaic", k=None) -> onnx.ModelProto
+    rewrite(model_or_path, *, role, target="qaic", k=None, record=False, ctx_len=256) -> CompileResult
+    compile_model(model_or_path, *, role, target="qaic", k=None, ctx_len=256) -> onnx.ModelProto
 
 CompileResult fields:
     model        onnx.ModelProto, the rewritten graph; external weights are still
@@ -17,6 +17,8 @@ CompileResult fields:
     detection    the Detection of the original graph
     role         "tlm" | "dlm";  target "qaic" | "ort"
     passes       names of the passes applied, in order (``passes.select(role, target)``)
+    ctx_len      the context length the graph is for (qaic rotary tables hold this many
+                 rows; an artifact must not be written for a longer context)
     source       Path of the source .onnx (None when given a ModelProto)
     source_dir   directory external data locations are relative to (or None)
     snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
@@ -52,6 +54,7 @@ class CompileResult:
     role: str
     target: str
     passes: list[str]
+    ctx_len: int | None = None
     source: Path | None = None
     source_dir: Path | None = None
     snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
@@ -83,9 +86,16 @@ def validate_options(role: str, target: str, k: int | None) -> None:
     _passes.check_options(role, target, k)
 
 
+#: the context length a rewrite is for when none is given (the CLI's --ctx-len default)
+DEFAULT_CTX_LEN = 256
+
+
 def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
-            record: bool = False) -> CompileResult:
-    """Rewrite a stock decoder-LM export into the contract's retained-state graph."""
+            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN) -> CompileResult:
+    """Rewrite a stock decoder-LM export into the contract's retained-state graph.
+
+    ``ctx_len``: the context length the graph is compiled for (the qaic rotary
+    tables hold exactly this many rows)."""
     validate_options(role, target, k)
     if isinstance(model_or_path, onnx.ModelProto):
         original, source, source_dir = model_or_path, None, None
@@ -102,7 +112,8 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     det = detect(graph, family=_family(source_dir, original), exporter=exporter)
 
-    ctx = _passes.PassContext(detection=det, role=role, target=target, k=k, source_opset=source_opset)
+    ctx = _passes.PassContext(detection=det, role=role, target=target, k=k, source_opset=source_opset,
+                              ctx_len=ctx_len)
     selected = _passes.select(role, target)
     applied = [p.name for p in selected]
     snapshots = [("original", original)] if record else None
@@ -118,12 +129,13 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     inferred = check_model(model)
     info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
-                                  info.vocab_size)
+                                  info.vocab_size, value_head_dim=info.value_head_dim)
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
-                         passes=applied, source=source, source_dir=source_dir, snapshots=snapshots)
+                         passes=applied, ctx_len=ctx_len, source=source, source_dir=source_dir,
+                         snapshots=snapshots)
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
@@ -137,9 +149,10 @@ def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
     return None
 
 
-def compile_model(model_or_path, *, role: str, target: str = "qaic", k: int | None = None) -> onnx.ModelProto:
+def compile_model(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
+                  ctx_len: int = DEFAULT_CTX_LEN) -> onnx.ModelProto:
     """The rewritten ``onnx.ModelProto`` (weights untouched, still external refs)."""
-    return rewrite(model_or_path, role=role, target=target, k=k).model
+    return rewrite(model_or_path, role=role, target=target, k=k, ctx_len=ctx_len).model
 
 
-__all__ = ["rewrite", "compile_model", "CompileResult", "PASS_ORDER", "validate_options"]
+__all__ = ["rewrite", "compile_model", "CompileResult", "PASS_ORDER", "DEFAULT_CTX_LEN", "validate_options"]

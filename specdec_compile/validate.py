@@ -13,8 +13,9 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 
 
 def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_kv_heads: int,
-                       head_dim: int, vocab: int) -> list[str]:
-    """Every way ``model``'s interface differs from the contract (empty: none)."""
+                       head_dim: int, vocab: int, value_head_dim: int | None = None) -> list[str]:
+    """Every way ``model``'s interface differs from the contract (empty: none).
+    ``value_head_dim``: the values' head dim when it differs from the keys' (latent attention)."""
     problems = []
     ins, outs = interface(num_layers)
     got_in = [i.name for i in model.graph.input]
@@ -24,6 +25,7 @@ def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_k
     if got_out != outs:
         problems.append(f"outputs {got_out} != {outs}")
     kv = [BATCH, num_kv_heads, CTX, head_dim]
+    kv_value = [BATCH, num_kv_heads, CTX, value_head_dim or head_dim]
     want = {"input_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
             "position_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
             "logits": (onnx.TensorProto.FLOAT, [BATCH, 1 if role == "dlm" else SEQ, vocab])}
@@ -31,7 +33,7 @@ def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_k
         if vi.name in want:
             dtype, dims = want[vi.name]
         else:
-            dtype, dims = None, kv
+            dtype, dims = None, kv_value if vi.name.startswith("past_value.") else kv
         if dtype is not None and vi.type.tensor_type.elem_type != dtype:
             problems.append(f"{vi.name}: dtype {vi.type.tensor_type.elem_type} != {dtype}")
         if _dims(vi) != dims:

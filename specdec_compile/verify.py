@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
+from .contract import INPUT_IDS, LOGITS, MANIFEST_FILE, POSITION_IDS, past_name, retained_name
 from .errors import SpecdecError
 from .io import load_model
 
@@ -86,14 +86,9 @@ class VerifyReport:
 
 
 def _session(path: Path):
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    try:
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise SpecdecError(f"{path}: ONNX Runtime cannot load it: {' '.join(str(e).split())[:300]}") from None
+    """A CPU session with one intra-op thread, from the runtime's ONNX Runtime loader."""
+    from .runtime.backends.ort.loader import CPU, create_session
+    return create_session(path, providers=[CPU], intra_op_threads=1)
 
 
 class _Original:
@@ -120,13 +115,15 @@ class _Original:
 
     def empty(self):
         info = self.det.info
-        z = np.zeros((1, info.num_kv_heads, 0, info.head_dim), self.dtype)
-        return [z] * (2 * info.num_layers)
+        k = np.zeros((1, info.num_kv_heads, 0, info.head_dim), self.dtype)
+        v = np.zeros((1, info.num_kv_heads, 0, info.value_head_dim or info.head_dim), self.dtype)
+        return [k, v] * info.num_layers
 
     def run(self, tokens: np.ndarray, start: int, past: list[np.ndarray]):
         v = len(tokens)
-        feeds = {self.det.input_ids: tokens[None].astype(np.int64),
-                 self.det.position_ids: np.arange(start, start + v, dtype=np.int64)[None]}
+        feeds = {self.det.input_ids: tokens[None].astype(np.int64)}
+        if not self.det.synthesize_position_ids:
+            feeds[self.det.position_ids] = np.arange(start, start + v, dtype=np.int64)[None]
         if self.det.attention_mask is not None:
             feeds[self.det.attention_mask] = np.ones((1, start + v), np.int64)
         for layer in self.det.layers:
@@ -150,12 +147,11 @@ class _Rewritten:
         self.layers = sum(1 for n in ins if n.startswith("past_key."))
         if INPUT_IDS not in ins or POSITION_IDS not in ins or self.layers == 0:
             raise SpecdecError(f"{path}: not a rewritten graph (inputs: {', '.join(ins)})")
-        shape = ins[past_name("key", 0)].shape
         dtype = np.float16 if "float16" in ins[past_name("key", 0)].type else np.float32
         self.names = [past_name(kind, i) for i in range(self.layers) for kind in ("key", "value")]
         self.out_names = [LOGITS] + [retained_name(kind, i) for i in range(self.layers)
                                      for kind in ("key", "value")]
-        self.state = [np.zeros((batch, shape[1], ctx_len, shape[3]), dtype) for _ in self.names]
+        self.state = [np.zeros((batch, ins[n].shape[1], ctx_len, ins[n].shape[3]), dtype) for n in self.names]
         logits_shape = next(o for o in self.sess.get_outputs() if o.name == LOGITS).shape
         self.role = "dlm" if logits_shape[1] == 1 else "tlm"
 
@@ -257,7 +253,7 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
 
 
 def _defaults_from_manifest(rewritten: Path) -> dict:
-    m = rewritten.parent / "manifest.json"
+    m = rewritten.parent / MANIFEST_FILE
     if not m.is_file():
         return {}
     try:
@@ -268,6 +264,20 @@ def _defaults_from_manifest(rewritten: Path) -> dict:
     if isinstance(data.get("k"), int):
         out["k"] = data["k"]
     return out
+
+
+def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int) -> int:
+    """The default history: ``ctx_len``, lengthened when the original has a
+    sliding window that long or longer, so the replay always runs past every
+    window (``--ctx-len`` overrides)."""
+    import onnx_graphsurgeon as gs
+
+    from .detect import detect
+    from .graph_utils import name_unnamed_nodes
+    graph = gs.import_onnx(load_model(Path(original)))
+    name_unnamed_nodes(graph)
+    windows = [layer.window for layer in detect(graph).layers if layer.window]
+    return max(ctx_len, max(windows) + 2 * prefill_len) if windows else ctx_len
 
 
 def render(report: VerifyReport, file=None) -> None:
@@ -291,8 +301,9 @@ def render(report: VerifyReport, file=None) -> None:
 def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] + ".",
                                 epilog="Defaults for k, prefill length and context length come from "
-                                       "manifest.json beside REWRITTEN when there is one. Exit: 0 pass, "
-                                       "1 numerical mismatch, 2 bad input.")
+                                       "manifest.json beside REWRITTEN when there is one; the default "
+                                       "context is lengthened past the longest sliding window of the "
+                                       "model. Exit: 0 pass, 1 numerical mismatch, 2 bad input.")
     p.add_argument("original", type=Path, help="the stock export (concatenating KV cache)")
     p.add_argument("rewritten", type=Path, help="the rewrite (OUT/model.onnx)")
     p.add_argument("--k", type=int, default=None, help="speculation length (default: manifest, else 7)")
@@ -306,10 +317,10 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     for f in (args.original, args.rewritten):
         load_model(f)  # one-line errors for missing/truncated files before ORT sees them
     d = _defaults_from_manifest(args.rewritten)
-    report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7),
-                    prefill_len=args.prefill_len or d.get("prefill_len", 32),
-                    ctx_len=args.ctx_len or d.get("ctx_len", 256), batch_size=args.batch_size,
-                    seed=args.seed, tol=args.tol)
+    prefill_len = args.prefill_len or d.get("prefill_len", 32)
+    ctx_len = args.ctx_len or history_past_windows(args.original, d.get("ctx_len", 256), prefill_len)
+    report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7), prefill_len=prefill_len,
+                    ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

@@ -56,6 +56,54 @@ CONFIGS = {
 }
 
 
+#: rotary and positional variants for the qaic lowering (issue 13): every family
+#: whose qaic artifact must use only ops with device precedent. Entries another
+#: change already defines under the same name are kept as they are.
+_QAIC_FAMILIES = {
+    "qwen2": dict(kind="qwen2", exporter="optimum",
+                  config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "mistral": dict(kind="mistral", exporter="optimum",
+                    config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                sliding_window=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    # partial rotary: 4 of 16 head dims
+    "gpt_neox": dict(kind="gpt_neox", exporter="optimum",
+                     config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, rotary_pct=0.25, max_position_embeddings=4096,
+                                 bos_token_id=1, eos_token_id=2)),
+    # interleaved rotary over 8 of 16 head dims, sin/cos from a position table
+    "gptj": dict(kind="gptj", exporter="optimum",
+                 config=dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=4096,
+                             bos_token_id=1, eos_token_id=2)),
+    "phi3": dict(kind="phi3", exporter="optimum",
+                 config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                             original_max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                             eos_token_id=2, tie_word_embeddings=False)),
+    # learned positions
+    "opt": dict(kind="opt", exporter="optimum",
+                config=dict(vocab_size=VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                            num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=4096,
+                            pad_token_id=1, bos_token_id=2, eos_token_id=2)),
+    # scaled ropes: llama3 (inv_freq rescaled) and yarn (inv_freq blended, cos/sin scaled)
+    "llama3_rope": dict(kind="llama", exporter="optimum",
+                        config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0, original_max_position_embeddings=64),
+                                    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "qwen2_yarn": dict(kind="qwen2", exporter="optimum",
+                       config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                   rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                                     original_max_position_embeddings=1024),
+                                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+}
+CONFIGS.update({name: spec for name, spec in _QAIC_FAMILIES.items() if name not in CONFIGS})
+
+
 def _versions() -> str:
     import torch
     import transformers
@@ -68,17 +116,18 @@ def _versions() -> str:
     return f"torch={torch.__version__};transformers={transformers.__version__};optimum-onnx={opt}"
 
 
-def _key(name: str) -> str:
-    spec = json.dumps(CONFIGS[name], sort_keys=True) + _versions() + "v2"
-    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+def _key(spec: dict) -> str:
+    text = json.dumps(spec, sort_keys=True) + _versions() + "v2"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def build_hf_model(name: str, seed: int = 0):
-    """The random-weight torch model of fixture ``name`` (float32, eval mode)."""
+def build_hf_model(name_or_spec, seed: int = 0):
+    """The random-weight torch model of fixture ``name`` (or of a spec like
+    the values of ``CONFIGS``), float32 unless the spec says ``dtype``, eval mode."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = CONFIGS[name]
+    spec = CONFIGS[name_or_spec] if isinstance(name_or_spec, str) else name_or_spec
     config = AutoConfig.for_model(spec["kind"], **spec["config"])
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
@@ -86,11 +135,14 @@ def build_hf_model(name: str, seed: int = 0):
     return model
 
 
-def _export_optimum(model, out: Path, work: Path, task: str = "text-generation-with-past") -> None:
+def _export_optimum(model, out: Path, work: Path, task: str = "text-generation-with-past",
+                    dtype: str | None = None) -> None:
     hf_dir = work / "hf"
     model.save_pretrained(hf_dir)
     cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "onnx",
            "--model", str(hf_dir), "--task", task, str(out)]
+    if dtype:
+        cmd += ["--dtype", dtype]
     exe = shutil.which("optimum-cli", path=str(Path(sys.executable).parent))
     if exe:
         cmd = [exe] + cmd[3:]
@@ -105,8 +157,8 @@ def _export_dynamo(model, out: Path) -> None:
 
     cfg = model.config
     n_layers = cfg.num_hidden_layers
-    kv = cfg.num_key_value_heads
-    hd = cfg.hidden_size // cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     class Wrapper(torch.nn.Module):
         def __init__(self, m):
@@ -151,7 +203,14 @@ def _export_dynamo(model, out: Path) -> None:
 
 def export_fixture(name: str) -> Path:
     """Path to the cached ``model.onnx`` of fixture ``name``, exporting it if needed."""
-    final = CACHE / f"{name}-{_key(name)}"
+    return export_spec(name, CONFIGS[name])
+
+
+def export_spec(name: str, spec: dict) -> Path:
+    """Path to the cached ``model.onnx`` of ``spec`` (``kind``: model_type,
+    ``exporter``: optimum | optimum-nocache | dynamo, ``config``: overrides,
+    optional ``dtype``: fp16 | bf16 for optimum), exporting it if needed."""
+    final = CACHE / f"{name}-{_key(spec)}"
     if (final / "model.onnx").exists():
         return final / "model.onnx"
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -159,10 +218,10 @@ def export_fixture(name: str) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     out = work / "onnx"
     out.mkdir(parents=True)
-    model = build_hf_model(name)
-    if CONFIGS[name]["exporter"] == "optimum":
-        _export_optimum(model, out, work)
-    elif CONFIGS[name]["exporter"] == "optimum-nocache":
+    model = build_hf_model(spec)
+    if spec["exporter"] == "optimum":
+        _export_optimum(model, out, work, dtype=spec.get("dtype"))
+    elif spec["exporter"] == "optimum-nocache":
         _export_optimum(model, out, work, task="text-generation")
     else:
         _export_dynamo(model, out)

@@ -25,8 +25,8 @@ def fake(tmp_path, monkeypatch):
     """A stand-in ``pipeline.rewrite`` returning a small contract-shaped result."""
     calls = []
 
-    def rewrite(path, *, role, target="qaic", k=None, record=False):
-        calls.append(dict(path=Path(path), role=role, target=target, k=k, record=record))
+    def rewrite(path, *, role, target="qaic", k=None, record=False, ctx_len=None):
+        calls.append(dict(path=Path(path), role=role, target=target, k=k, record=record, ctx_len=ctx_len))
         r = fake_result(tmp_path, role)
         r.target = target
         return r
@@ -120,7 +120,7 @@ def test_summary_and_files(fake, capsys):
     out = fake.tmp / "out" / "tlm"
     rc, so, se = run([fake.model, "--role", "tlm", "--k", "7", "-o", out], capsys)
     assert rc == 0, se
-    assert fake.calls == [dict(path=fake.model, role="tlm", target="qaic", k=7, record=False)]
+    assert fake.calls == [dict(path=fake.model, role="tlm", target="qaic", k=7, record=False, ctx_len=256)]
     assert json.loads((out / "specializations.json").read_text()) == SDK_TLM7
     for word in ("TLM k=7", "32/7/8", "- input  attention_mask", "+ input  past_key.{i}", "(i=0..1)",
                  "manifest.json", "compile.sh", "-aic-hw-version=", "-retained-state"):
@@ -151,7 +151,7 @@ def test_help_has_worked_example(capsys):
 def test_explain_prints_what_each_pass_changed(fake, capsys, monkeypatch):
     from test_artifacts import original_model, rewritten_model
 
-    def rewrite(path, *, role, target="qaic", k=None, record=False):
+    def rewrite(path, *, role, target="qaic", k=None, record=False, ctx_len=None):
         r = fake_result(fake.tmp, role)
         r.snapshots = [("original", original_model()), ("retain_kv", rewritten_model())] if record else []
         return r

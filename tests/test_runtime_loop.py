@@ -155,10 +155,15 @@ def test_pair_mismatches_are_errors():
     base = dict(batch_size=1, ctx_len=64, prefill_len=8, vocab=23)
     t = FakeBackend(fake_artifact("tlm", k=4, **base), lm)
     for change, what in ((dict(ctx_len=32), "context length"), (dict(prefill_len=4), "prefill length"),
-                         (dict(batch_size=2), "batch size"), (dict(vocab=29), "vocabularies")):
+                         (dict(batch_size=2), "batch size")):
         d = FakeBackend(fake_artifact("dlm", **{**base, **change}), lm)
         with pytest.raises(SpecdecError, match=what):
             SpecDecoder(t, d)
+    # another table size is no mismatch (tests/test_runtime_vocab.py); another EOS id is
+    SpecDecoder(t, FakeBackend(fake_artifact("dlm", **{**base, "vocab": 29}), FakeLM(29)))
+    t2 = FakeBackend(fake_artifact("tlm", k=4, eos_token_id=2, **base), lm)
+    with pytest.raises(SpecdecError, match="different EOS ids"):
+        SpecDecoder(t2, FakeBackend(fake_artifact("dlm", eos_token_id=3, **base), lm))
     with pytest.raises(SpecdecError, match="DLM artifact"):
         SpecDecoder(FakeBackend(fake_artifact("dlm", **base), lm), t)
     with pytest.raises(SpecdecError, match="not compiled"):

@@ -16,6 +16,8 @@ class ModelInfo:
     num_heads: int | None = None
     family: str | None = None
     exporter: str | None = None
+    #: latent attention (DeepSeek MLA): values have their own head dim (None: same as keys)
+    value_head_dim: int | None = None
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class LayerKV:
     key_outputs: tuple[str, ...] = ()
     value_outputs: tuple[str, ...] = ()
     softmax: str = ""
+    #: sliding window W (the query at p sees slots p-W < c <= p); None: every slot c <= p
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,31 @@ class MaskSite:
     node: str
     input_index: int
     kind: str
+    #: numpy dtype name of the operand (an additive mask is built in it); None: unknown
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class PositionSource:
+    """A tensor the export derived positions into. kind "query": the new
+    tokens' positions as ``[1, seq]`` (the export's own position_ids, made
+    from the past length); "key": the keys' positions ``[batch, ..., keys]``
+    (an ALiBi index made from attention_mask)."""
+    kind: str
+    tensor: str
+    rank: int | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class RotarySite:
+    """A ``Cos``/``Sin`` node ``node`` whose input ``angle`` depends on the
+    positions; ``table`` is the tensor a per-position table replaces (the trig
+    output, or that followed through Cast and constant scaling)."""
+    node: str
+    op: str
+    angle: str
+    table: str
 
 
 @dataclass(frozen=True)
@@ -52,3 +81,8 @@ class Detection:
     logits: str
     layers: tuple[LayerKV, ...]
     mask_sites: tuple[MaskSite, ...] = field(default=())
+    #: True when the export has no position_ids input: the rewrite adds it
+    #: (named ``position_ids``) and feeds ``position_sources`` from it
+    synthesize_position_ids: bool = False
+    position_sources: tuple[PositionSource, ...] = field(default=())
+    rotary: tuple[RotarySite, ...] = field(default=())

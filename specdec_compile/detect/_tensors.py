@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 _INT_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
@@ -40,3 +41,14 @@ def through(t: gs.Tensor, ops: tuple[str, ...]) -> list[gs.Tensor]:
         res.append(x)
         frontier += [o for c in x.outputs if c.op in ops for o in c.outputs]
     return res
+
+
+def is_bfloat16(t: gs.Tensor) -> bool:
+    """True for a bfloat16 tensor (numpy has no such dtype; gs reports it in
+    several ways depending on the onnx version)."""
+    d = t.dtype
+    if d is None:
+        return False
+    if d == onnx.TensorProto.BFLOAT16:
+        return True
+    return "bfloat16" in str(d).lower()

@@ -5,8 +5,14 @@ MatMul whose second operand comes (through ``hints["layout_ops"]``) from a
 cache Concat is an attention layer: that Concat holds the keys. The MatMul
 that consumes the Softmax output (through ``hints["probs_ops"]``) reads the
 values. The mask: on the chain MatMul -> Softmax, each side operand whose
-values depend on ``attention_mask`` (found by dependence, not position: CodeGen
-adds it before a Div, Llama right before Softmax)."""
+values depend on the mask sources (found by dependence, not position: CodeGen
+adds it before a Div, Llama right before Softmax). The mask sources are
+``attention_mask``, or, in a graph without one, the positions (position_ids
+or the query positions the export derives). An ALiBi bias also depends on
+``attention_mask`` (through its key positions): dependence does not pass
+through those key-position tensors, so the bias is not taken for a mask.
+A layer without any mask operand is refused: the compiler never rewrites a
+graph whose masking it cannot account for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,7 +62,32 @@ def mask_kind(node: gs.Node, j: int, chain: int) -> str:
         f"(input {j}); only additive masks and Where conditions are supported")
 
 
-def scores_path(softmax: gs.Node, score_ops: set[str], cache_dep: set[int], am_dep: set[int]):
+def _refine(n: gs.Node, j: int, am_dep: set[int], key_dep: set[int]) -> tuple[gs.Node, int, str]:
+    """An additive operand that mixes an ALiBi bias (made from key positions)
+    with the mask, ``Add(bias, mask)`` or ``Where(cond, min, bias)``: the mask
+    site is the inner mask input (or the Where condition)."""
+    kind = "additive"
+    for _ in range(8):
+        p = producer(n.inputs[j])
+        for _ in range(6):   # through ops that move a [.., S, K] mask without mixing its entries
+            if p is None or p.op not in ("Slice", "Reshape", "Cast", "Identity", "Expand"):
+                break
+            p = producer(p.inputs[0])
+        if p is not None and p.op == "Where" and id(p.inputs[0]) in am_dep:
+            bias = [i for i in (1, 2) if id(p.inputs[i]) in key_dep]
+            if len(bias) == 1:
+                return p, 0, "visible" if bias[0] == 1 else "masked"
+        if p is None or p.op != "Add" or len(p.inputs) != 2:
+            break
+        dep = [i for i, x in enumerate(p.inputs) if id(x) in am_dep]
+        if len(dep) != 1 or id(p.inputs[1 - dep[0]]) not in key_dep:
+            break
+        n, j = p, dep[0]
+    return n, j, kind
+
+
+def scores_path(softmax: gs.Node, score_ops: set[str], cache_dep: set[int], am_dep: set[int],
+                key_dep: set[int] = frozenset()):
     """Walk from the Softmax back to the QK MatMul: ``(MatMul or None, mask sites)``."""
     t = softmax.inputs[0]
     sites = []
@@ -69,13 +100,23 @@ def scores_path(softmax: gs.Node, score_ops: set[str], cache_dep: set[int], am_d
         if n.op not in score_ops:
             break
         chain = [j for j, x in enumerate(n.inputs) if id(x) in cache_dep]
+        if len(chain) == 2 and _is_max_shift(n):
+            chain = [0]    # x - max(x): a stable softmax (gpt-oss with attention sinks)
         if len(chain) != 1:
             break
         for j, x in enumerate(n.inputs):
-            if j != chain[0] and id(x) in am_dep:
-                sites.append((n, j, mask_kind(n, j, chain[0])))
+            cond = n.op == "Where" and j == 0 and chain[0] > 0   # a Where condition on the scores is a mask
+            if j != chain[0] and (id(x) in am_dep or cond) and not (j == 1 and _is_max_shift(n)):
+                kind = mask_kind(n, j, chain[0])
+                sites.append(_refine(n, j, am_dep, key_dep) if kind == "additive" else (n, j, kind))
         t = n.inputs[chain[0]]
     return None, sites
+
+
+def _is_max_shift(n: gs.Node) -> bool:
+    """``Sub(x, ReduceMax(x))``."""
+    red = producer(n.inputs[1]) if n.op == "Sub" and len(n.inputs) == 2 else None
+    return red is not None and red.op == "ReduceMax" and red.inputs[0] is n.inputs[0]
 
 
 def probs_matmul(softmax: gs.Node, probs_ops: set[str]) -> gs.Node | None:
@@ -97,10 +138,10 @@ def probs_matmul(softmax: gs.Node, probs_ops: set[str]) -> gs.Node | None:
 
 
 def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], am_dep: set[int],
-           amask: gs.Tensor | None) -> Attention | None:
+           sources: list[gs.Tensor], key_dep: set[int]) -> Attention | None:
     """The attention layer at Softmax ``sm``, or None when it is not one."""
     layout_ops = set(hints["layout_ops"])
-    qk, sites = scores_path(sm, set(hints["score_ops"]), cache_dep, am_dep)
+    qk, sites = scores_path(sm, set(hints["score_ops"]), cache_dep, am_dep, key_dep)
     if qk is None:
         return None
     key = walk_back(qk.inputs[1], layout_ops, cache_dep, lambda n: id(n) in concat_ids)
@@ -114,9 +155,10 @@ def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], 
         raise UnsupportedPatternError(
             f"attention at Softmax {sm.name!r}: keys come from cache Concat {key.name!r} but the "
             f"values' cache Concat was not found behind the MatMul that reads the probabilities")
-    if amask is not None and not sites:
+    if not sites:
+        what = ", ".join(repr(t.name) for t in sources) or "the positions (no attention_mask input)"
         raise UnsupportedPatternError(
-            f"attention at Softmax {sm.name!r}: no operand depending on {amask.name!r} on the "
+            f"attention at Softmax {sm.name!r}: no operand depending on {what} on the "
             f"scores path from MatMul {qk.name!r}; cannot find the attention mask")
     return Attention(key=key, value=value, softmax=sm, sites=tuple(sites))
 
@@ -136,14 +178,20 @@ def _check_every_concat_read_once(found: list[Attention], concats: list[gs.Node]
 
 
 def find_attention(graph: gs.Graph, nodes: list[gs.Node], hints: dict, concats: list[gs.Node],
-                   attention_mask: gs.Tensor | None) -> list[Attention]:
-    """Every attention layer, in the order of their key Concats in ``nodes``."""
+                   attention_mask: gs.Tensor | None, mask_sources: list[gs.Tensor] | None = None,
+                   key_positions: list[gs.Tensor] = ()) -> list[Attention]:
+    """Every attention layer, in the order of their key Concats in ``nodes``.
+    ``mask_sources``: what a mask depends on (default: ``attention_mask``);
+    ``key_positions``: ALiBi key-position tensors, through which no mask dependence passes."""
+    if mask_sources is None:
+        mask_sources = [attention_mask] if attention_mask is not None else []
     cache_dep = value_dependence(graph, [n.outputs[0] for n in concats], nodes)
-    am_dep = value_dependence(graph, [attention_mask], nodes) if attention_mask is not None else set()
+    am_dep = value_dependence(graph, mask_sources, nodes, stop=key_positions)
+    key_dep = value_dependence(graph, key_positions, nodes) if key_positions else set()
     concat_ids = {id(n) for n in concats}
     found = []
     for sm in (n for n in nodes if n.op == "Softmax"):
-        layer = _layer(sm, hints, concat_ids, cache_dep, am_dep, attention_mask)
+        layer = _layer(sm, hints, concat_ids, cache_dep, am_dep, mask_sources, key_dep)
         if layer is not None:
             found.append(layer)
     _check_every_concat_read_once(found, concats)

@@ -4,7 +4,8 @@ Names in ``hints["input_names"]`` are tried first; then structure decides:
 input_ids is the integer input feeding an embedding ``Gather`` whose table has
 as many rows as the logits have columns; position_ids is the integer input with
 input_ids' shape; attention_mask is the one left over. Every graph input must
-be one of these or a past K/V."""
+be one of these or a past K/V. position_ids may be absent (the positions
+finder then looks for where the export derives them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ ROLES = ("input_ids", "position_ids", "attention_mask")
 @dataclass(frozen=True)
 class IntegerInputs:
     input_ids: gs.Tensor
-    position_ids: gs.Tensor
+    position_ids: gs.Tensor | None
     attention_mask: gs.Tensor | None
 
 
@@ -85,15 +86,11 @@ def find_integer_inputs(graph: gs.Graph, hints: dict, concats: list[gs.Node], vo
         if len(same) == 1:
             roles["position_ids"] = same[0]
             rest.remove(same[0])
-    if "position_ids" not in roles:
-        raise UnsupportedPatternError(
-            f"no position_ids input (integer inputs: {names(int_inputs)}); export the model "
-            f"with explicit position_ids")
     if "attention_mask" not in roles and len(rest) == 1:
         roles["attention_mask"] = rest.pop()
     known = {id(t) for t in roles.values()} | {id(n.inputs[0]) for n in concats}
     extra = [t for t in graph.inputs if id(t) not in known]
     if extra:
         raise UnsupportedPatternError(f"unexpected graph inputs: {names(extra)}")
-    return IntegerInputs(input_ids=ids, position_ids=roles["position_ids"],
+    return IntegerInputs(input_ids=ids, position_ids=roles.get("position_ids"),
                          attention_mask=roles.get("attention_mask"))

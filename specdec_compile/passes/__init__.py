@@ -47,9 +47,11 @@ Calling one pass alone, in your own toolchain::
 (``pipeline.rewrite`` does the latter, then exports, checks and records.)
 
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
-the field): ``fp16_safe`` and ``cleanup`` need nothing (``PassContext()``),
-``lower`` needs the target, ``role_logits`` the detection and the role, the
-others the detection.
+the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``castlike_to_cast``,
+``greater_compares``, ``tile_to_expand`` and ``clamp_gather_positions`` need nothing (``PassContext()``),
+``lower`` needs the target, ``role_logits`` the detection and the role,
+``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
+the detection.
 """
 from __future__ import annotations
 
@@ -61,12 +63,20 @@ import onnx_graphsurgeon as gs
 from ..contract import FP16_MAX, MASK_VALUE, ROLES, TARGETS
 from ._context import PassContext, check_options, need
 from .canonical_dims import canonical_dims
+from .castlike_to_cast import castlike_to_cast
+from .clamp_gather_positions import clamp_gather_positions
 from .cleanup import cleanup
+from .drop_nan_guards import drop_nan_guards
+from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
+from .greater_compares import greater_compares
 from .lower import lower
 from .position_mask import position_mask
 from .retained_kv import retained_kv
 from .role_logits import role_logits
+from .rotary_tables import rotary_tables
+from .synth_positions import synth_positions
+from .tile_to_expand import tile_to_expand
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,11 @@ class Pass:
 
 
 REGISTRY: tuple[Pass, ...] = (
+    Pass("synth_positions", synth_positions,
+         "an export without a `position_ids` input (Gemma-2/3, gpt-oss, Bloom, ...) gets one, and every "
+         "position it derived from the past length (the rotary index) is fed from it; ALiBi key positions "
+         "made from `attention_mask` become the slot index. No-op on exports that take `position_ids` and "
+         "have no ALiBi"),
     Pass("retained_kv", retained_kv,
          "each growing `Concat` becomes a write into a fixed `ctx_len` cache at `position_ids`. Inputs are "
          "renamed `past_key.{i}`/`past_value.{i}`, outputs `*_RetainedState`. Shape computations that read "
@@ -91,7 +106,8 @@ REGISTRY: tuple[Pass, ...] = (
          "export's GQA Expand needs this)"),
     Pass("position_mask", position_mask,
          "every mask operand is replaced by one mask built from `position_ids`: slot c is visible to a "
-         "query at position p iff c <= p, and position -1 (padding) sees nothing. Masked scores get "
+         "query at position p iff c <= p, and on a layer with a sliding window of W tokens (read off the "
+         "export's own mask) iff p - W < c <= p; position -1 (padding) sees nothing. Masked scores get "
          f"{MASK_VALUE:g} (finite, so a padded row is uniform, never NaN). `attention_mask` is removed"),
     Pass("role_logits", role_logits,
          "TLM: logits for every position. DLM: only the last valid token (largest position) of each row, "
@@ -100,6 +116,12 @@ REGISTRY: tuple[Pass, ...] = (
     Pass("canonical_dims", canonical_dims,
          "the contract's interface, names and order. Only `batch_size`, `seq_len` and `ctx_len` stay "
          "symbolic"),
+    Pass("rotary_tables", rotary_tables,
+         "rotary `Cos`/`Sin` computed from `position_ids` become a `Gather` from constant cos/sin tables of "
+         "exactly `ctx_len` rows, made at compile time by evaluating the export's own frequency subgraph in "
+         "float64 (every rope variant it computes) and stored in the model dtype; the row is "
+         "`Max(position, 0)`. Under `-convert-to-fp16` the angles are then exact at every position",
+         targets=("qaic",)),
     Pass("fp16_safe", fp16_safe,
          f"embedded float constants are clamped to \u00b1{FP16_MAX:g}, so `-convert-to-fp16` cannot turn a "
          "float32-min mask fill into -inf"),
@@ -109,6 +131,26 @@ REGISTRY: tuple[Pass, ...] = (
          "position], the form QEfficient's device graphs use); newer ops are rewritten to their opset-17 "
          "forms (Reduce* axes, Split num_outputs, Gelu). `ort`: opset 24, `TensorScatter(mode=\"circular\")`, "
          "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
+    Pass("fold_static_shapes", fold_static_shapes,
+         "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
+         "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`",
+         targets=("qaic",)),
+    Pass("castlike_to_cast", castlike_to_cast,
+         "`CastLike(x, like)` becomes `Cast(x, to=dtype of like)`, or nothing where x has that dtype already",
+         targets=("qaic",)),
+    Pass("greater_compares", greater_compares,
+         "`LessOrEqual(a, b)` becomes `GreaterOrEqual(b, a)` (exact for every dtype), whatever mask form "
+         "arrives", targets=("qaic",)),
+    Pass("drop_nan_guards", drop_nan_guards,
+         "`Where(IsNaN(p), 0, p)` around an attention Softmax is removed where it cannot fire: every mask "
+         "entering that layer's scores is finite", targets=("qaic",)),
+    Pass("tile_to_expand", tile_to_expand,
+         "`Tile(x, r)` becomes `Expand(x, r)` where every repeated axis of x is provably 1 (GPT-J's "
+         "shape-derived position Tile)", targets=("qaic",)),
+    Pass("clamp_gather_positions", clamp_gather_positions,
+         "every gather indexed by the positions reads row `Max(index, 0)`, so padding (-1) never indexes "
+         "out of range; indices provably >= 0 are left alone, other position-derived indices are refused",
+         targets=("qaic",)),
     Pass("cleanup", cleanup, "dead nodes removed, topological order"),
 )
 

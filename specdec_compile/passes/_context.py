@@ -30,6 +30,8 @@ class PassContext:
     k             speculation length (recorded; today no pass's graph depends on it)
     mask_value    the fill for masked scores: large, finite, negative
     source_opset  the exported model's opset (``lower`` reads it; None: the graph's own)
+    ctx_len       the context length the artifact is compiled for (``rotary_tables``
+                  builds tables of exactly this many rows)
 
     A field a pass does not read may stay None; a pass that needs one refuses
     to run without it (``need``). Options for passes to come (a window size,
@@ -41,9 +43,12 @@ class PassContext:
     k: int | None = None
     mask_value: float = MASK_VALUE
     source_opset: int | None = None
+    ctx_len: int | None = None
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)
+        if self.ctx_len is not None and (not isinstance(self.ctx_len, int) or self.ctx_len < 1):
+            raise SpecdecError(f"ctx_len must be an integer >= 1, got {self.ctx_len!r}")
         if self.detection is not None and not isinstance(self.detection, Detection):
             raise SpecdecError(f"PassContext.detection must be a Detection, got {type(self.detection).__name__}")
 

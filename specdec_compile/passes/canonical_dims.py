@@ -52,7 +52,8 @@ def canonical_dims(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     graph.outputs = [outputs[n] for n in outs]
     for name in ins[2:] + outs[1:]:
         t = inputs.get(name) or outputs[name]
-        t.shape = [BATCH, info.num_kv_heads, CTX, info.head_dim]
+        dim = info.value_head_dim if (info.value_head_dim and name.startswith("past_value.")) else info.head_dim
+        t.shape = [BATCH, info.num_kv_heads, CTX, dim]
     logits = outputs[LOGITS]
     if logits.shape is None or len(logits.shape) != 3:
         logits.shape = [BATCH, SEQ, info.vocab_size]

@@ -26,6 +26,7 @@ from ..contract import CACHE_WRITE, QAIC_DOMAIN, SPECDEC_DOMAIN, TARGET_OPSET
 from ..errors import UnsupportedPatternError
 from ..graph_utils import Builder, const_value
 from ._context import PassContext, need
+from ._static import inferred_dims
 
 _REDUCE_18 = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
@@ -134,27 +135,36 @@ def _axes_to_attribute(node: gs.Node) -> None:
         raise UnsupportedPatternError(f"{node.op} node {node.name!r} uses noop_with_empty_axes")
 
 
+def _split_to_sizes(b: Builder, node: gs.Node, dims: dict) -> None:
+    """Split-18 ``num_outputs=n`` -> Split-13 with n equal sizes, over a dim
+    static in the graph or by shape inference of the graph before lowering (``dims``)."""
+    n = int(node.attrs.pop("num_outputs"))
+    axis = int(node.attrs.get("axis", 0))
+    shape = node.inputs[0].shape
+    if shape is None or len(shape) <= abs(axis) or not isinstance(shape[axis], int):
+        shape = dims.get(node.inputs[0].name)
+    dim = shape[axis] if shape is not None and len(shape) > abs(axis) else None
+    if not isinstance(dim, int) or dim % n:
+        raise UnsupportedPatternError(
+            f"Split node {node.name!r}: num_outputs={n} over a non-static or uneven dim")
+    _truncate(node, 1)
+    node.inputs.append(b.const([dim // n] * n, "int64", hint="split"))
+
+
 def _to_opset17(graph: gs.Graph, source_opset: int) -> None:
     if source_opset <= 17:
         return
     b = Builder(graph, "opset17")
+    splits = any(n.op == "Split" and "num_outputs" in n.attrs for n in graph.nodes)
+    dims = inferred_dims(graph) if splits else {}  # before any node changes its opset form
     for node in list(graph.nodes):
         if node.domain not in (None, "", "ai.onnx"):
             continue
         if node.op in _REDUCE_18:
             _axes_to_attribute(node)
         elif node.op == "Split":
-            if "num_outputs" not in node.attrs:
-                continue  # Split-18 with a split input means what Split-13 means
-            n = int(node.attrs.pop("num_outputs"))
-            axis = int(node.attrs.get("axis", 0))
-            shape = node.inputs[0].shape
-            dim = shape[axis] if shape is not None and len(shape) > abs(axis) else None
-            if not isinstance(dim, int) or dim % n:
-                raise UnsupportedPatternError(
-                    f"Split node {node.name!r}: num_outputs={n} over a non-static or uneven dim")
-            _truncate(node, 1)
-            node.inputs.append(b.const([dim // n] * n, "int64", hint="split"))
+            if "num_outputs" in node.attrs:  # Split-18 with a split input means what Split-13 means
+                _split_to_sizes(b, node, dims)
         elif node.op == "Gelu":
             x = node.inputs[0]
             out = node.outputs[0]

@@ -5,11 +5,13 @@ DLM: only the last valid token of each row, the one with the largest position
 (``[batch_size, 1, vocab]``). When the logits are ``MatMul(hidden, W)`` with
 constant W (the LM head), the row is picked *before* the head, so a prefill
 chunk pays the vocabulary projection once, not once per token.
-Logits are float32 in both roles.
+Logits are float32 in both roles. The last valid token is found by an ArgMax
+over the positions cast to int32 (QEfficient's form; the device's ArgMax).
 """
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from ..contract import LOGITS
@@ -18,8 +20,11 @@ from ._context import PassContext, need
 
 
 def _last_valid(b: Builder, x: gs.Tensor, pos: gs.Tensor) -> gs.Tensor:
-    """x [B,S,N] -> x[b, argmax_s position_ids[b,s], :] as [B,1,N]."""
-    idx = b.op("ArgMax", [pos], attrs={"axis": 1, "keepdims": 1}, hint="last_valid")     # [B,1]
+    """x [B,S,N] -> x[b, argmax_s position_ids[b,s], :] as [B,1,N]. The ArgMax
+    runs on int32 positions (exact: positions are < ctx_len), as QEfficient's
+    device graphs do."""
+    pos32 = b.op("Cast", [pos], attrs={"to": onnx.TensorProto.INT32}, hint="positions_i32", dtype=np.int32)
+    idx = b.op("ArgMax", [pos32], attrs={"axis": 1, "keepdims": 1}, hint="last_valid")   # [B,1]
     idx3 = b.op("Unsqueeze", [idx, b.const([2], "int64")], hint="last_valid_3d")           # [B,1,1]
     shape = b.op("Shape", [x], hint="hidden_shape")
     target = b.op("Concat", [b.op("Slice", [shape, b.const([0], "int64"), b.const([1], "int64")]),

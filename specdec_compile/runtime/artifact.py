@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..contract import INPUT_IDS, MANIFEST_FILE, MODEL_FILE, ROLES, SPECIALIZATIONS_FILE, TARGETS
 from ..errors import SpecdecError
-from ..contract import ROLES, TARGETS
 
 
 # manifest key -> accepted spellings, first wins
@@ -84,11 +84,12 @@ class Artifact:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     eos_token_id: int | None = None
+    embedding_rows: int | None = None  # ids the model reads, when known apart from the logits width
     manifest: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def model_path(self) -> Path:
-        return self.path / "model.onnx"
+        return self.path / MODEL_FILE
 
     @property
     def name(self) -> str:
@@ -103,6 +104,31 @@ class Artifact:
             allowed = ", ".join(f"[{b}, {s}]" for b, s in self.shapes())
             raise SpecdecError(f"{self.name}: a call of shape [{batch}, {seq_len}] matches no "
                                f"specialization (compiled: {allowed})")
+
+
+_PASS_IDS = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
+
+
+def embedding_rows(model_path: Path) -> int | None:
+    """Rows of the embedding table that ``input_ids`` index, read from the graph
+    (weights not loaded); None when no Gather of a 2-D initializer by the ids shows.
+
+    A draft whose LM head keeps only the first rows of the table still reads every
+    id its embedding has; this tells the runtime how many that is.
+    """
+    from ..io import load_model
+
+    graph = load_model(model_path).graph
+    tables = {t.name: t for t in graph.initializer if len(t.dims) == 2}
+    ids = {INPUT_IDS}
+    rows = []
+    for node in graph.node:                     # ONNX graphs are topologically sorted
+        if node.op_type in _PASS_IDS and node.input and node.input[0] in ids:
+            ids.update(node.output)
+        elif (node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in ids
+              and node.input[0] in tables and all(a.i == 0 for a in node.attribute if a.name == "axis")):
+            rows.append(int(tables[node.input[0]].dims[0]))
+    return min(rows) if rows else None
 
 
 def _read_json(path: Path, what: str):
@@ -135,34 +161,34 @@ def read_specializations(path: Path) -> list[dict]:
     return out
 
 
-def load_artifact(path, expect_role: str | None = None, need_model: bool = True) -> Artifact:
-    """Read and check the artifact directory ``path``.
-
-    ``expect_role`` ("tlm"/"dlm") makes a role mismatch an error;
-    ``need_model`` requires ``model.onnx`` (the ONNX Runtime backend needs it,
-    the Cloud AI 100 backend needs the QPC instead).
-    """
-    p = Path(path)
+def _read_dir(p: Path) -> tuple[dict, list[dict]]:
+    """The manifest and the specializations of artifact directory ``p``."""
     if not p.exists():
         raise SpecdecError(f"{p}: no such artifact directory")
     if not p.is_dir():
         raise SpecdecError(f"{p}: not a directory (expected an artifact directory from specdec-compile)")
-    manifest = _read_json(p / "manifest.json", "the artifact manifest")
+    manifest = _read_json(p / MANIFEST_FILE, "the artifact manifest")
     if not isinstance(manifest, dict):
-        raise SpecdecError(f"{p / 'manifest.json'}: expected a JSON object")
-    specs = read_specializations(p / "specializations.json")
-    where = p / "specializations.json"
+        raise SpecdecError(f"{p / MANIFEST_FILE}: expected a JSON object")
+    return manifest, read_specializations(p / SPECIALIZATIONS_FILE)
 
+
+def _role_and_target(p: Path, manifest: dict, expect_role: str | None) -> tuple[str, str]:
     role = str(_get(manifest, "role") or "").lower()
     if role not in ROLES:
-        raise SpecdecError(f"{p / 'manifest.json'}: role is {role or 'missing'!r}, expected tlm or dlm")
+        raise SpecdecError(f"{p / MANIFEST_FILE}: role is {role or 'missing'!r}, expected tlm or dlm")
     if expect_role and role != expect_role:
         raise SpecdecError(f"{p}: is a {role.upper()} artifact, expected a {expect_role.upper()} "
                            f"(were --tlm and --dlm swapped?)")
     target = str(_get(manifest, "target") or "qaic").lower()
     if target not in TARGETS:
-        raise SpecdecError(f"{p / 'manifest.json'}: target is {target!r}, expected ort or qaic")
+        raise SpecdecError(f"{p / MANIFEST_FILE}: target is {target!r}, expected ort or qaic")
+    return role, target
 
+
+def _shapes(p: Path, manifest: dict, specs: list[dict]) -> tuple[int, int, int, tuple[int, ...]]:
+    """(batch size, context length, prefill length, compiled seq_lens), checked against the manifest."""
+    where = p / SPECIALIZATIONS_FILE
     batches = {s["batch_size"] for s in specs}
     ctxs = {s["ctx_len"] for s in specs}
     if len(batches) != 1:
@@ -171,64 +197,81 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
         raise SpecdecError(f"{where}: ctx_len differs between specializations ({sorted(ctxs)})")
     B, CL = batches.pop(), ctxs.pop()
     seq_lens = tuple(sorted({s["seq_len"] for s in specs}))
-
-    def mcheck(key, value):
+    for key, value in (("batch_size", B), ("ctx_len", CL)):
         m = _get(manifest, key)
-        if m is not None and _as_int(m, key, p / "manifest.json") != value:
-            raise SpecdecError(f"{p}: manifest.json says {key}={m} but specializations.json says {value}")
-
-    mcheck("batch_size", B)
-    mcheck("ctx_len", CL)
+        if m is not None and _as_int(m, key, p / MANIFEST_FILE) != value:
+            raise SpecdecError(f"{p}: {MANIFEST_FILE} says {key}={m} but {SPECIALIZATIONS_FILE} says {value}")
     pl = _get(manifest, "prefill_len")
-    PL = _as_int(pl, "prefill_len", p / "manifest.json") if pl is not None else max(seq_lens)
+    PL = _as_int(pl, "prefill_len", p / MANIFEST_FILE) if pl is not None else max(seq_lens)
     if PL not in seq_lens:
         raise SpecdecError(f"{p}: prefill length {PL} is not a compiled seq_len {list(seq_lens)}")
     if PL > CL:
         raise SpecdecError(f"{p}: prefill length {PL} exceeds the context length {CL}")
+    return B, CL, PL, seq_lens
 
+
+def _tlm_widths(p: Path, manifest: dict, seq_lens: tuple[int, ...], PL: int, CL: int) -> tuple[int, tuple[int, ...]]:
+    """A TLM's speculation length k and every verification width it serves (k_list)."""
+    where, mpath = p / SPECIALIZATIONS_FILE, p / MANIFEST_FILE
     k = None
     k_list: tuple[int, ...] = ()
+    mk = _get(manifest, "k")
+    if mk is not None:
+        k = _as_int(mk, "k", mpath)
+    mkl = _get(manifest, "k_list")
+    if mkl is not None:
+        if not isinstance(mkl, (list, tuple)) or not mkl:
+            raise SpecdecError(f"{mpath}: k_list is {mkl!r}, expected a list of integers")
+        k_list = tuple(sorted({_as_int(x, "k_list entry", mpath) for x in mkl}))
+    if k is None:
+        if k_list:
+            k = max(j for j in k_list if j in seq_lens) if any(j in seq_lens for j in k_list) else None
+        else:  # infer: the largest s with s and s+1 compiled, other than the prefill length
+            cands = [s for s in seq_lens if s + 1 in seq_lens and s != PL]
+            k = max(cands) if cands else None
+        if k is None:
+            raise SpecdecError(f"{p}: cannot tell the speculation length k (no k in {MANIFEST_FILE})")
+    if k < 1:
+        raise SpecdecError(f"{mpath}: k={k}, expected k >= 1")
+    k_list = tuple(sorted(set(k_list) | {k}))
+    if k not in seq_lens:
+        raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
+                           f"(has {list(seq_lens)})")
+    for j in k_list:
+        if j < 1 or j + 1 not in seq_lens:
+            raise SpecdecError(f"{where}: the TLM needs seq_len={j + 1} to verify {j} drafts "
+                               f"(has {list(seq_lens)})")
+    if k + 1 > CL:
+        raise SpecdecError(f"{p}: k+1={k + 1} exceeds the context length {CL}")
+    return k, k_list
+
+
+def load_artifact(path, expect_role: str | None = None, need_model: bool = True) -> Artifact:
+    """Read and check the artifact directory ``path``.
+
+    ``expect_role`` ("tlm"/"dlm") makes a role mismatch an error;
+    ``need_model`` requires ``model.onnx`` (the ONNX Runtime backend needs it,
+    the Cloud AI 100 backend needs the QPC instead).
+    """
+    p = Path(path)
+    manifest, specs = _read_dir(p)
+    role, target = _role_and_target(p, manifest, expect_role)
+    B, CL, PL, seq_lens = _shapes(p, manifest, specs)
+    k, k_list = None, ()
     if role == "dlm":
         for s in (1, 2):
             if s not in seq_lens:
-                raise SpecdecError(f"{where}: a DLM needs a seq_len={s} specialization (has {list(seq_lens)})")
-    else:
-        mk = _get(manifest, "k")
-        if mk is not None:
-            k = _as_int(mk, "k", p / "manifest.json")
-        mkl = _get(manifest, "k_list")
-        if mkl is not None:
-            if not isinstance(mkl, (list, tuple)) or not mkl:
-                raise SpecdecError(f"{p / 'manifest.json'}: k_list is {mkl!r}, expected a list of integers")
-            k_list = tuple(sorted({_as_int(x, "k_list entry", p / "manifest.json") for x in mkl}))
-        if k is None:
-            if k_list:
-                k = max(j for j in k_list if j in seq_lens) if any(j in seq_lens for j in k_list) else None
-            else:  # infer: the largest s with s and s+1 compiled, other than the prefill length
-                cands = [s for s in seq_lens if s + 1 in seq_lens and s != PL]
-                k = max(cands) if cands else None
-            if k is None:
-                raise SpecdecError(f"{p}: cannot tell the speculation length k (no k in manifest.json)")
-        if k < 1:
-            raise SpecdecError(f"{p / 'manifest.json'}: k={k}, expected k >= 1")
-        k_list = tuple(sorted(set(k_list) | {k}))
-        if k not in seq_lens:
-            raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
-                               f"(has {list(seq_lens)})")
-        for j in k_list:
-            if j < 1 or j + 1 not in seq_lens:
-                raise SpecdecError(f"{where}: the TLM needs seq_len={j + 1} to verify {j} drafts "
+                raise SpecdecError(f"{p / SPECIALIZATIONS_FILE}: a DLM needs a seq_len={s} specialization "
                                    f"(has {list(seq_lens)})")
-        if k + 1 > CL:
-            raise SpecdecError(f"{p}: k+1={k + 1} exceeds the context length {CL}")
+    else:
+        k, k_list = _tlm_widths(p, manifest, seq_lens, PL, CL)
 
     def opt_int(key):
         v = _get(manifest, key)
-        return None if v is None else _as_int(v, key, p / "manifest.json")
+        return None if v is None else _as_int(v, key, p / MANIFEST_FILE)
 
-    if need_model and not (p / "model.onnx").is_file():
-        raise SpecdecError(f"{p / 'model.onnx'}: missing (the rewritten graph)")
-
+    if need_model and not (p / MODEL_FILE).is_file():
+        raise SpecdecError(f"{p / MODEL_FILE}: missing (the rewritten graph)")
     return Artifact(path=p, role=role, target=target, batch_size=B, ctx_len=CL, prefill_len=PL,
                     seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=opt_int("vocab_size"),
                     num_layers=opt_int("num_layers"), num_kv_heads=opt_int("num_kv_heads"),
@@ -236,8 +279,45 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
                     manifest=manifest)
 
 
-def check_pair(tlm: Artifact, dlm: Artifact) -> None:
-    """A TLM and a DLM can run together: same batch, context, prefill length and vocabulary."""
+#: special token ids a manifest records (from the export's config.json / generation_config.json):
+#: what they are called, and the manifest keys that hold them
+SPECIAL_IDS = (("EOS ids", ("eos_token_id", "eos_token_ids")), ("BOS ids", ("bos_token_id",)),
+               ("pad ids", ("pad_token_id",)))
+
+
+def special_ids(a: Artifact) -> dict[str, frozenset[int]]:
+    """The special token ids ``a``'s manifest records, as sets (EOS: every id listed)."""
+    out = {}
+    for what, keys in SPECIAL_IDS:
+        found: set[int] = set()
+        for key in keys:
+            v = a.eos_token_id if key == "eos_token_id" else a.manifest.get(key)
+            v = [v] if isinstance(v, int) else v
+            if isinstance(v, list):
+                found |= {x for x in v if isinstance(x, int) and not isinstance(x, bool)}
+        if found:
+            out[what] = frozenset(found)
+    return out
+
+
+def _check_special_ids(tlm: Artifact, dlm: Artifact) -> None:
+    t, d = special_ids(tlm), special_ids(dlm)
+    for what, _ in SPECIAL_IDS:
+        if what in t and what in d and t[what] != d[what]:
+            first = min(t[what] ^ d[what])
+            raise SpecdecError(f"TLM and DLM have different {what}: {sorted(t[what])} ({tlm.path}) vs "
+                               f"{sorted(d[what])} ({dlm.path}), first at id {first}; speculative decoding "
+                               f"needs one shared tokenizer")
+
+
+def check_pair(tlm: Artifact, dlm: Artifact, tokenizers=None) -> None:
+    """A TLM and a DLM can run together: the same batch, context and prefill
+    length, and one tokenizer. Their table sizes may differ (see vocab.py).
+
+    ``tokenizers`` = (the TLM's, the DLM's): they must agree on the token of
+    every id both models can emit and on the special tokens. Without both, the
+    special token ids the two manifests record must agree.
+    """
     if tlm.role != "tlm":
         raise SpecdecError(f"{tlm.path}: --tlm is a {tlm.role.upper()} artifact")
     if dlm.role != "dlm":
@@ -248,10 +328,10 @@ def check_pair(tlm: Artifact, dlm: Artifact) -> None:
         if a != b:
             raise SpecdecError(f"TLM and DLM differ in {what}: {a} ({tlm.path}) vs {b} ({dlm.path}); "
                                f"compile both with the same value")
-    te, de = tlm.eos_token_id, dlm.eos_token_id
-    if te is not None and de is not None and te != de:
-        raise SpecdecError(f"TLM and DLM have different EOS ids: {te} ({tlm.path}) vs {de} ({dlm.path}); "
-                           f"speculative decoding needs one shared tokenizer")
-    if tlm.vocab_size and dlm.vocab_size and tlm.vocab_size != dlm.vocab_size:
-        raise SpecdecError(f"TLM and DLM have different vocabularies: {tlm.vocab_size} vs {dlm.vocab_size} "
-                           f"tokens; speculative decoding needs one shared tokenizer")
+    if tokenizers is not None and all(t is not None for t in tokenizers):
+        from .tokenizer import check_tokenizers_agree
+
+        sizes = [v for v in (tlm.vocab_size, dlm.vocab_size) if v]
+        check_tokenizers_agree(*tokenizers, limit=min(sizes) if sizes else None)
+    else:
+        _check_special_ids(tlm, dlm)

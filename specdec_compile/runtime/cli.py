@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from ..cli import run_cli
+from ..cli_common import Parser, run_cli
 from ..errors import SpecdecError
 
 PROG = "specdec-run"
@@ -22,13 +22,8 @@ DRAFT_STYLE = "green"
 TARGET_STYLE = "bold"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, like every other error
-        raise SpecdecError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
+    p = Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
                                        "(ONNX Runtime or Cloud AI 100).")
     p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
     p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with --target-only)")
@@ -184,37 +179,32 @@ def _device_ids(text, what):
     return ids
 
 
-def run(argv: list[str]) -> int:
-    from .artifact import check_pair, load_artifact
-    from .backends import open_backend
-    from .decoding import SpecDecoder, TargetOnlyDecoder, aggregate_metrics
-    from .sampling import SamplingParams
-    from .tokenizer import check_same_tokenizer, check_tokenizer_fits, load_tokenizer
-
-    args = build_parser().parse_args(argv)
-    if args.max_new_tokens < 0:
-        raise SpecdecError("--max-new-tokens must be >= 0")
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+def _check_args(args) -> None:
     if not args.target_only and not args.dlm:
         raise SpecdecError("--dlm DIR is required (or --target-only)")
     if args.k is not None and args.target_only:
         raise SpecdecError("--k has no meaning with --target-only")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+
+
+def _open(args):
+    """(tlm backend, dlm backend or None, (tokenizer, dlm tokenizer), prompts): cheap checks first
+    (artifacts, their pairing, tokenizers, prompts), then the models are loaded."""
+    from .artifact import check_pair, load_artifact
+    from .backends import open_backend
+    from .tokenizer import check_tokenizer_fits, load_tokenizer
+
     tlm_dev = _device_ids(args.tlm_device_ids, "--tlm-device-ids")
     dlm_dev = _device_ids(args.dlm_device_ids, "--dlm-device-ids")
-
-    # cheap checks first: artifacts, their pairing, tokenizers; then load models
     need_model = args.backend == "ort"
     # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
     tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
-    dlm_art = None
-    if not args.target_only:
-        dlm_art = load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
-        check_pair(tlm_art, dlm_art)
+    dlm_art = None if args.target_only else load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
     tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    if tok is not None and args.dlm_tokenizer and not args.target_only:
-        check_same_tokenizer(tok, load_tokenizer(args.dlm_tokenizer))
+    dlm_tok = load_tokenizer(args.dlm_tokenizer) if tok is not None and args.dlm_tokenizer and dlm_art else None
+    if dlm_art is not None:   # shapes; the tokenizers when both are given, else the manifests' token ids
+        check_pair(tlm_art, dlm_art, tokenizers=(tok, dlm_tok))
     prompts = _prompts(args, tok)
 
     kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}
@@ -226,21 +216,35 @@ def run(argv: list[str]) -> int:
         for b in (tlm, dlm):
             if b is not None:
                 b.warmup()
-    if tok is not None:
+    if tok is not None:   # the DLM may have fewer rows: it drafts only the ids it has
         check_tokenizer_fits(tok, tlm.vocab_size, "TLM")
-        if dlm is not None:
-            check_tokenizer_fits(tok, dlm.vocab_size, "DLM")
+    return tlm, dlm, (tok, dlm_tok), prompts
 
+
+def _eos(args, tok, tlm):
     if args.eos_id is not None:
-        eos = None if args.eos_id < 0 else args.eos_id
-    elif tok is not None:
-        eos = tok.eos_token_id
-    else:
-        eos = tlm_art.manifest.get("eos_token_ids") or tlm_art.eos_token_id
+        return None if args.eos_id < 0 else args.eos_id
+    if tok is not None:
+        return tok.eos_token_id
+    return tlm.artifact.manifest.get("eos_token_ids") or tlm.artifact.eos_token_id
+
+
+def run(argv: list[str]) -> int:
+    from .decoding import SpecDecoder, TargetOnlyDecoder
+    from .metrics import aggregate_metrics
+    from .sampling import SamplingParams
+
+    args = build_parser().parse_args(argv)
+    if args.max_new_tokens < 0:
+        raise SpecdecError("--max-new-tokens must be >= 0")
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    _check_args(args)
+    tlm, dlm, (tok, dlm_tok), prompts = _open(args)
+    eos = _eos(args, tok, tlm)
     if dlm is None:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        dec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=args.k)
+        dec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=args.k, tokenizer=tok, dlm_tokenizer=dlm_tok)
 
     rng = sampling.rng()
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
@@ -251,18 +255,14 @@ def run(argv: list[str]) -> int:
             printer.start(ids, i, len(prompts))
         r = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng,
                          on_tokens=printer.on_tokens if printer else None)
-        if tok is not None:
-            r.text = tok.decode(r.generated_ids, skip_special_tokens=True)
-        else:
-            r.text = None
+        r.text = tok.decode(r.generated_ids, skip_special_tokens=True) if tok is not None else None
         r.metrics["stop_reason"] = r.stop_reason
         results.append(r)
         if printer:
             printer.end()
     summary = aggregate_metrics(results)
     if args.json:
-        obj = {"results": [r.to_json() for r in results], "metrics": summary}
-        print(json.dumps(obj))
+        print(json.dumps({"results": [r.to_json() for r in results], "metrics": summary}))
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
     return 0

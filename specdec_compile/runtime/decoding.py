@@ -29,6 +29,11 @@ the number of drafts j (TLM width j+1) that maximizes expected tokens per unit
 of time: (1 - a^(j+1)) / (1 - a) over j * t_dlm + t_tlm(j+1), from the running
 acceptance estimate a and the measured call times.
 
+A draft whose table has another size than the target's (one tokenizer, padded
+differently, or cut to its first rows) drafts only the ids both have, and
+reads an id it has no row for as a fill id (vocab.py); the target's side is
+unchanged, so greedy output and the sampled distribution are the target's.
+
 Target-only decoding (the baseline) runs the TLM alone: prefill, then one token
 per call at the TLM's smallest compiled width, the token in slot 0 and the
 rest padding (-1); the logits of the valid token are used. The TLM artifact has
@@ -38,7 +43,6 @@ padded width is part of what the baseline measures.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -46,144 +50,13 @@ import numpy as np
 from ..errors import SpecdecError
 from .artifact import check_pair
 from .backends import Backend
+from .metrics import GenerationResult, _Meter, aggregate_metrics  # noqa: F401  (re-exported)
 from .sampling import SamplingParams, pick, verify
+from .vocab import PairVocab
 
 PAD_ID = 0
 
 OnTokens = Callable[[list, list], None]
-
-
-@dataclass
-class GenerationResult:
-    prompt_ids: list[int]
-    generated_ids: list[int]          # includes the EOS that ended the text
-    sources: list[str]                # per generated token: "draft" (accepted draft) or "target"
-    stop_reason: str                  # "eos" | "max_new_tokens" | "ctx_len"
-    metrics: dict = field(default_factory=dict)
-    text: str | None = None
-
-    def to_json(self) -> dict:
-        d = {"prompt_ids": list(self.prompt_ids), "generated_ids": list(self.generated_ids),
-             "text": self.text, "metrics": self.metrics}
-        return d
-
-
-class _Meter:
-    """Per-generation counters and timings."""
-
-    def __init__(self, max_drafts: int, record_calls: bool):
-        self.t0 = time.perf_counter()
-        self.t_first = None
-        self.t_end = None
-        self.time = {"dlm": 0.0, "tlm": 0.0}
-        self.prefill_time = {"dlm": 0.0, "tlm": 0.0}
-        self.by_width = {"dlm": {}, "tlm": {}}
-        self.calls = {"dlm": 0, "tlm": 0}
-        self.verify_calls = 0
-        self.round_tokens = 0
-        self.drafted = 0
-        self.accepted = 0
-        self.hist = [0] * (max_drafts + 1)
-        self.widths = {}
-        self.callback_time = 0.0
-        self.log = [] if record_calls else None
-
-    def add_call(self, role: str, width: int, dt: float, prefill: bool):
-        self.time[role] += dt
-        self.calls[role] += 1
-        if prefill:
-            self.prefill_time[role] += dt
-        c = self.by_width[role].setdefault(width, [0, 0.0])
-        c[0] += 1
-        c[1] += dt
-        if self.log is not None:
-            self.log.append([role, width, round(dt, 9)])
-
-    def add_round(self, drafted: int, accepted: int):
-        self.drafted += drafted
-        self.accepted += accepted
-        while accepted >= len(self.hist):
-            self.hist.append(0)
-        self.hist[accepted] += 1
-
-    def callback(self, fn, tokens, sources):
-        t = time.perf_counter()
-        fn(tokens, sources)
-        self.callback_time += time.perf_counter() - t
-
-    def first_token(self):
-        if self.t_first is None:
-            self.t_first = time.perf_counter()
-
-    def metrics(self, new_tokens: int, speculative: bool) -> dict:
-        end = self.t_end or time.perf_counter()
-        total = end - self.t0
-        first = self.t_first or end
-        ttft = first - self.t0
-        dec_time = end - first
-        dec_tokens = max(new_tokens - 1, 0)
-        m = {
-            "new_tokens": new_tokens,
-            "ttft_s": ttft,
-            "decode_tokens_per_s": (dec_tokens / dec_time) if dec_tokens and dec_time > 0 else None,
-            "acceptance_rate": (self.accepted / self.drafted) if self.drafted else None,
-            "mean_tokens_per_tlm_call": (self.round_tokens / self.verify_calls) if self.verify_calls else None,
-            "acceptance_histogram": list(self.hist) if speculative else [],
-            "dlm_time_s": self.time["dlm"],
-            "tlm_time_s": self.time["tlm"],
-            # host: the loop itself (sampling, bookkeeping, input building); the
-            # caller's on_tokens callback (printing) is counted apart
-            "host_time_s": max(total - self.time["dlm"] - self.time["tlm"] - self.callback_time, 0.0),
-            "callback_time_s": self.callback_time,
-            "total_time_s": total,
-            "prefill_time_s": {"dlm": self.prefill_time["dlm"], "tlm": self.prefill_time["tlm"]},
-            "dlm_calls": self.calls["dlm"],
-            "tlm_calls": self.calls["tlm"],
-            "tlm_verify_calls": self.verify_calls,
-            "drafted_tokens": self.drafted,
-            "accepted_tokens": self.accepted,
-            # per role and seq_len: [calls, seconds]; enough for a cost model
-            "call_time_by_width": {r: {str(w): [c, t] for w, (c, t) in sorted(d.items())}
-                                   for r, d in self.by_width.items()},
-            "verify_drafts_histogram": {str(j): c for j, c in sorted(self.widths.items())},
-        }
-        if self.log is not None:
-            m["calls"] = self.log
-        return m
-
-
-def aggregate_metrics(results: list[GenerationResult]) -> dict:
-    """Metrics over several generations (sums, and rates recomputed from the sums)."""
-    ms = [r.metrics for r in results]
-    if not ms:
-        return {}
-    tot = lambda k: sum((m.get(k) or 0) for m in ms)  # noqa: E731
-    new = tot("new_tokens")
-    dec_tokens = sum(max(m["new_tokens"] - 1, 0) for m in ms)
-    dec_time = sum(m["total_time_s"] - m["ttft_s"] for m in ms)
-    hl = max(len(m["acceptance_histogram"]) for m in ms)
-    hist = [sum(m["acceptance_histogram"][i] if i < len(m["acceptance_histogram"]) else 0 for m in ms)
-            for i in range(hl)]
-    drafted, accepted, vcalls = tot("drafted_tokens"), tot("accepted_tokens"), tot("tlm_verify_calls")
-    round_tokens = sum((m["mean_tokens_per_tlm_call"] or 0) * m["tlm_verify_calls"] for m in ms)
-    return {
-        "prompts": len(ms),
-        "new_tokens": new,
-        "ttft_s": tot("ttft_s") / len(ms),
-        "decode_tokens_per_s": dec_tokens / dec_time if dec_tokens and dec_time > 0 else None,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_tokens_per_tlm_call": round_tokens / vcalls if vcalls else None,
-        "acceptance_histogram": hist,
-        "dlm_time_s": tot("dlm_time_s"),
-        "tlm_time_s": tot("tlm_time_s"),
-        "host_time_s": tot("host_time_s"),
-        "total_time_s": tot("total_time_s"),
-        "dlm_calls": tot("dlm_calls"),
-        "tlm_calls": tot("tlm_calls"),
-        "tlm_verify_calls": vcalls,
-        "drafted_tokens": drafted,
-        "accepted_tokens": accepted,
-    }
 
 
 def eos_set(eos) -> frozenset:
@@ -214,9 +87,10 @@ def _check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int
 class _Runner:
     """Calls a backend with row 0 holding the tokens and everything else padding."""
 
-    def __init__(self, backend: Backend, role: str):
+    def __init__(self, backend: Backend, role: str, ids_map: Callable | None = None):
         self.b = backend
         self.role = role                        # the label its calls are timed under
+        self.ids_map = ids_map                  # how this model reads token ids (see vocab.py)
         self.last_only = backend.role == "dlm"  # logits of the last valid token only
         self.B = backend.batch_size
         self.meter: _Meter | None = None
@@ -231,6 +105,8 @@ class _Runner:
         pos = np.full((self.B, width), -1, np.int64)
         ids[0, :n] = tokens
         pos[0, :n] = np.arange(start, start + n)
+        if self.ids_map is not None:
+            ids = self.ids_map(ids)
         t = time.perf_counter()
         out = self.b.run(ids, pos)
         dt = time.perf_counter() - t
@@ -312,14 +188,18 @@ class SpecDecoder:
     ``k``: drafts per round. Default: the TLM's compiled k; with several
     compiled widths (k_list) the default is adaptive. Giving ``k`` (one of
     k_list) fixes it. ``adaptive``: force adaptive width choice on or off.
+    ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own): the
+    pair must agree on them (else on the manifests' special token ids), and
+    the draft proposes only ids the tokenizers have. TLM and DLM tables may
+    differ in size (see vocab.py).
     """
 
     def __init__(self, tlm: Backend, dlm: Backend, *, eos_token_id=None, k: int | None = None,
-                 adaptive: bool | None = None, record_calls: bool = False):
-        check_pair(tlm.artifact, dlm.artifact)
-        if tlm.vocab_size and dlm.vocab_size and tlm.vocab_size != dlm.vocab_size:
-            raise SpecdecError(f"TLM and DLM have different vocabularies: {tlm.vocab_size} vs "
-                               f"{dlm.vocab_size} tokens; speculative decoding needs one shared tokenizer")
+                 adaptive: bool | None = None, record_calls: bool = False, tokenizer=None,
+                 dlm_tokenizer=None):
+        check_pair(tlm.artifact, dlm.artifact, tokenizers=(tokenizer, dlm_tokenizer))
+        toks = [len(t) for t in (tokenizer, dlm_tokenizer) if t is not None]
+        self.vocab = pair_vocab(tlm, dlm, min(toks) if toks else None)
         self.tlm, self.dlm = tlm, dlm
         self.eos_token_id = eos_token_id
         self.eos = eos_set(eos_token_id)
@@ -382,123 +262,165 @@ class SpecDecoder:
         sampling = sampling or SamplingParams()
         rng = rng if rng is not None else sampling.rng()
         prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
-        meter = _Meter(max(self.choices), self.record_calls)
-        tlm, dlm = _Runner(self.tlm, "tlm"), _Runner(self.dlm, "dlm")
-        tlm.meter = dlm.meter = meter
-        tlm.cost = dlm.cost = self._note_cost
-
-        self.tlm.reset()
-        self.dlm.reset()
-        CL = self.tlm.ctx_len
-        eos = self.eos
-        n = len(prompt)
-        seq = list(prompt)
-        out: list[int] = []
-        sources: list[str] = []
+        gen = _Generation(self, prompt, max_new_tokens, sampling, rng, on_tokens)
         if max_new_tokens == 0:
-            meter.t_end = time.perf_counter()
-            return GenerationResult(prompt, [], [], "max_new_tokens", meter.metrics(0, True))
-
-        def emit(tokens, srcs) -> str | None:
-            """Append tokens (cut at EOS and at the budget); returns a stop reason or None."""
-            budget = min(max_new_tokens - len(out), CL - len(seq))
-            tokens, srcs = list(tokens[:budget]), list(srcs[:budget])
-            reason = None
-            hits = [i for i, t in enumerate(tokens) if t in eos]
-            if hits:
-                cut = hits[0] + 1
-                tokens, srcs = tokens[:cut], srcs[:cut]
-                reason = "eos"
-            out.extend(tokens)
-            sources.extend(srcs)
-            seq.extend(tokens)
-            if tokens:
-                meter.first_token()
-                if on_tokens:
-                    meter.callback(on_tokens, tokens, srcs)
-            if reason is None and len(out) >= max_new_tokens:
-                reason = "max_new_tokens"
-            if reason is None and len(seq) >= CL:
-                reason = "ctx_len"
-            return reason
-
-        # prefill (both models), then the first token from L0 and d1
-        L0 = tlm.prefill(prompt)
-        q0 = dlm.prefill(prompt)
-        d1, q1 = pick(q0, sampling, rng)
-        a, tok = verify([d1], [q1], L0[None], sampling, rng, bonus=False)
-        first_accepted = a == 1
-        if not first_accepted:
-            meter.add_round(1, 0)    # a round that the prefill logits alone decided
-        stop = emit([d1], ["draft"]) if first_accepted else emit([tok], ["target"])
-        tlm_valid = n            # the TLM cache holds seq[:tlm_valid]
-        dlm_valid = n            # the DLM cache holds seq[:dlm_valid]
-        first_round = True
-        alpha_acc, alpha_chk = a, 1
-
+            return gen.result("max_new_tokens")
+        stop = gen.start()
         while stop is None:
-            q = len(seq)                     # position of the next token
-            remaining = min(max_new_tokens - len(out), CL - q)
-            if first_round and first_accepted:
-                j = self.k0 - 1                  # contract round 1: TLM width k, [d1..dk]
-            else:
-                j = self.choose_drafts((alpha_acc + 1.0) / (alpha_chk + 2.0))
-            kv = max(min(j, remaining - 1), 0)   # drafts worth making
+            stop = gen.round()
+        if gen.first_accepted and gen.meter.verify_calls == 0:
+            gen.meter.add_round(1, 1)        # generation ended with the accepted d1
+        return gen.result(stop)
 
-            # draft
-            drafts, dists = [], []
-            if kv > 0:
-                pending = seq[dlm_valid:q]
-                p0 = dlm_valid
-                while len(pending) > 2:          # only after a round without drafts
-                    dlm.call(pending[:2], p0, 2)
-                    pending, p0 = pending[2:], p0 + 2
-                logits = dlm.call(pending, p0, len(pending))[0]
-                dlm_valid = q
-                for i in range(kv):
-                    d, dist = pick(logits, sampling, rng)
-                    drafts.append(d)
-                    dists.append(dist)
-                    if i < kv - 1:
-                        logits = dlm.call([d], q + i, 1)[0]
-                        dlm_valid = q + i + 1
 
-            # verify: [t, d1..dkv] at q-1.., padded to width j+1
-            pending_t = seq[tlm_valid:q]
-            if len(pending_t) != 1:
-                raise AssertionError(f"TLM is {len(pending_t)} tokens behind")
-            rows = tlm.call(pending_t + drafts, tlm_valid, j + 1)
-            meter.verify_calls += 1
-            meter.widths[j] = meter.widths.get(j, 0) + 1
-            a, tok = verify(drafts, dists, rows[: kv + 1], sampling, rng)
-            if first_round and first_accepted:
-                meter.add_round(kv + 1, a + 1)   # d1 belongs to round 1
-            elif kv:
-                meter.add_round(kv, a)           # (a last round without drafts is no round of drafting)
-            alpha_acc += a
-            alpha_chk += a + (1 if a < kv else 0)
-            tlm_valid = q + a
-            dlm_valid = min(dlm_valid, q + a)
-            n_before = len(out)
-            stop = emit(drafts[:a] + [tok], ["draft"] * a + ["target"])
-            # tokens this TLM call produced (round 1 also confirmed d1)
-            meter.round_tokens += len(out) - n_before + (1 if first_round and first_accepted else 0)
-            first_round = False
+def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> PairVocab | None:
+    """How the pair shares its vocabulary; None when nothing needs mapping (or the
+    sizes are not known)."""
+    vt, vd = tlm.vocab_size, dlm.vocab_size
+    if not vt or not vd:
+        return None
+    reads = dlm.input_vocab if vd < vt else vd   # a smaller draft may still read more ids than it emits
+    v = PairVocab.of(vt, vd, tokenizer_len=tokenizer_len, draft_reads=reads)
+    return None if v.same else v
 
-        if first_accepted and meter.verify_calls == 0:
-            meter.add_round(1, 1)        # generation ended with the accepted d1
-        meter.t_end = time.perf_counter()
-        return GenerationResult(prompt, out, sources, stop, meter.metrics(len(out), speculative=True))
+
+class _Generation:
+    """One speculative generation: the state carried from round to round."""
+
+    def __init__(self, dec: SpecDecoder, prompt: list[int], max_new_tokens: int, sampling: SamplingParams,
+                 rng, on_tokens: OnTokens | None):
+        self.dec = dec
+        self.prompt = prompt
+        self.max_new = max_new_tokens
+        self.sampling, self.rng, self.on_tokens = sampling, rng, on_tokens
+        self.meter = _Meter(max(dec.choices), dec.record_calls)
+        self.vocab = dec.vocab
+        self.tlm = _Runner(dec.tlm, "tlm")
+        self.dlm = _Runner(dec.dlm, "dlm", self.vocab.draft_ids if self.vocab else None)
+        for r in (self.tlm, self.dlm):
+            r.meter, r.cost = self.meter, dec._note_cost
+        dec.tlm.reset()
+        dec.dlm.reset()
+        self.CL = dec.tlm.ctx_len
+        self.seq = list(prompt)
+        self.out: list[int] = []
+        self.sources: list[str] = []
+        self.tlm_valid = self.dlm_valid = len(prompt)   # each cache holds seq[:valid]
+        self.first_round = True
+        self.first_accepted = False
+        self.alpha_acc, self.alpha_chk = 0, 1
+
+    def result(self, stop: str) -> GenerationResult:
+        self.meter.t_end = time.perf_counter()
+        return GenerationResult(self.prompt, self.out, self.sources, stop,
+                                self.meter.metrics(len(self.out), speculative=True))
+
+    def emit(self, tokens, srcs) -> str | None:
+        """Append tokens (cut at EOS and at the budget); returns a stop reason or None."""
+        budget = min(self.max_new - len(self.out), self.CL - len(self.seq))
+        tokens, srcs = list(tokens[:budget]), list(srcs[:budget])
+        reason = None
+        hits = [i for i, t in enumerate(tokens) if t in self.dec.eos]
+        if hits:
+            cut = hits[0] + 1
+            tokens, srcs = tokens[:cut], srcs[:cut]
+            reason = "eos"
+        self.out.extend(tokens)
+        self.sources.extend(srcs)
+        self.seq.extend(tokens)
+        if tokens:
+            self.meter.first_token()
+            if self.on_tokens:
+                self.meter.callback(self.on_tokens, tokens, srcs)
+        if reason is None and len(self.out) >= self.max_new:
+            reason = "max_new_tokens"
+        if reason is None and len(self.seq) >= self.CL:
+            reason = "ctx_len"
+        return reason
+
+    def start(self) -> str | None:
+        """Prefill both models, then the first token from L0 and d1."""
+        L0 = self.tlm.prefill(self.prompt)
+        q0 = self.dlm.prefill(self.prompt)
+        d1, q1 = self.pick_draft(q0)
+        a, tok = verify([d1], [q1], L0[None], self.sampling, self.rng, bonus=False)
+        self.first_accepted = a == 1
+        self.alpha_acc = a
+        if not self.first_accepted:
+            self.meter.add_round(1, 0)    # a round that the prefill logits alone decided
+            return self.emit([tok], ["target"])
+        return self.emit([d1], ["draft"])
+
+    def pick_draft(self, logits) -> tuple[int, np.ndarray | None]:
+        """A draft token and the distribution over the target's ids it was drawn from."""
+        if self.vocab is None:
+            return pick(logits, self.sampling, self.rng)
+        d, q = pick(self.vocab.draft_logits(logits), self.sampling, self.rng)
+        return d, self.vocab.draft_dist(q)
+
+    def draft(self, q: int, n: int) -> tuple[list[int], list]:
+        """``n`` drafts for positions q.. (the DLM first catches up to seq[:q])."""
+        drafts, dists = [], []
+        if n <= 0:
+            return drafts, dists
+        pending, p0 = self.seq[self.dlm_valid:q], self.dlm_valid
+        while len(pending) > 2:          # only after a round without drafts
+            self.dlm.call(pending[:2], p0, 2)
+            pending, p0 = pending[2:], p0 + 2
+        logits = self.dlm.call(pending, p0, len(pending))[0]
+        self.dlm_valid = q
+        for i in range(n):
+            d, dist = self.pick_draft(logits)
+            drafts.append(d)
+            dists.append(dist)
+            if i < n - 1:
+                logits = self.dlm.call([d], q + i, 1)[0]
+                self.dlm_valid = q + i + 1
+        return drafts, dists
+
+    def round(self) -> str | None:
+        """One round: draft, verify [t, d1..dn] at q-1.. padded to width j+1, accept."""
+        dec, meter = self.dec, self.meter
+        q = len(self.seq)                     # position of the next token
+        remaining = min(self.max_new - len(self.out), self.CL - q)
+        round1 = self.first_round and self.first_accepted
+        if round1:
+            j = dec.k0 - 1                    # contract round 1: TLM width k, [d1..dk]
+        else:
+            j = dec.choose_drafts((self.alpha_acc + 1.0) / (self.alpha_chk + 2.0))
+        kv = max(min(j, remaining - 1), 0)   # drafts worth making
+        drafts, dists = self.draft(q, kv)
+        pending_t = self.seq[self.tlm_valid:q]
+        if len(pending_t) != 1:
+            raise AssertionError(f"TLM is {len(pending_t)} tokens behind")
+        rows = self.tlm.call(pending_t + drafts, self.tlm_valid, j + 1)
+        meter.verify_calls += 1
+        meter.widths[j] = meter.widths.get(j, 0) + 1
+        a, tok = verify(drafts, dists, rows[: kv + 1], self.sampling, self.rng)
+        if round1:
+            meter.add_round(kv + 1, a + 1)   # d1 belongs to round 1
+        elif kv:
+            meter.add_round(kv, a)           # (a last round without drafts is no round of drafting)
+        self.alpha_acc += a
+        self.alpha_chk += a + (1 if a < kv else 0)
+        self.tlm_valid = q + a
+        self.dlm_valid = min(self.dlm_valid, q + a)
+        n_before = len(self.out)
+        stop = self.emit(drafts[:a] + [tok], ["draft"] * a + ["target"])
+        # tokens this TLM call produced (round 1 also confirmed d1)
+        meter.round_tokens += len(self.out) - n_before + (1 if round1 else 0)
+        self.first_round = False
+        return stop
 
 
 def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-             eos_token_id=None, k: int | None = None,
+             eos_token_id=None, k: int | None = None, tokenizer=None,
              on_tokens: OnTokens | None = None) -> GenerationResult:
     """One generation: speculative when ``dlm`` is given, target-only otherwise."""
     sp = SamplingParams(temperature, top_k, top_p, seed)
     if dlm is None:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos_token_id)
     else:
-        dec = SpecDecoder(tlm, dlm, eos_token_id=eos_token_id, k=k)
+        dec = SpecDecoder(tlm, dlm, eos_token_id=eos_token_id, k=k, tokenizer=tokenizer)
     return dec.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sp, on_tokens=on_tokens)

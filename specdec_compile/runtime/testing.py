@@ -54,7 +54,8 @@ class FakeLM:
 
 
 def fake_artifact(role: str, *, batch_size=1, ctx_len=64, prefill_len=8, k=4, k_list=None, vocab=23,
-                  seq_lens=None, target="ort") -> Artifact:
+                  seq_lens=None, target="ort", eos_token_id=None, embedding_rows=None,
+                  manifest=None) -> Artifact:
     if seq_lens is None:
         if role == "dlm":
             seq_lens = {prefill_len, 1, 2}
@@ -65,7 +66,8 @@ def fake_artifact(role: str, *, batch_size=1, ctx_len=64, prefill_len=8, k=4, k_
                     ctx_len=ctx_len, prefill_len=prefill_len, seq_lens=tuple(sorted(seq_lens)),
                     k=k if role == "tlm" else None,
                     k_list=tuple(sorted(set(k_list or ()) | {k})) if role == "tlm" else (),
-                    vocab_size=vocab)
+                    vocab_size=vocab, eos_token_id=eos_token_id, embedding_rows=embedding_rows,
+                    manifest=dict(manifest or {}))
 
 
 class FakeBackend(Backend):
@@ -118,17 +120,24 @@ class FakeBackend(Backend):
 
 
 def fake_pair(*, vocab=23, ctx_len=64, prefill_len=8, k=4, k_list=None, batch_size=1, dlm="close",
-              noise=1.5, tlm_salt=0, call_log=None):
-    """(tlm, dlm, tlm_lm) fakes. ``dlm``: "same" (always agrees), "close" (TLM + noise), "independent"."""
+              noise=1.5, tlm_salt=0, call_log=None, dlm_vocab=None, dlm_reads=None):
+    """(tlm, dlm, tlm_lm) fakes. ``dlm``: "same" (always agrees), "close" (TLM + noise), "independent".
+
+    ``dlm_vocab``: the DLM's logits width when it differs from the TLM's; a
+    FakeLM of fewer rows gives the first rows of the wider one's logits, so
+    "same" is then a draft whose table is a prefix of the target's.
+    ``dlm_reads``: the ids the DLM reads (its embedding rows; default its width).
+    """
+    dv = vocab if dlm_vocab is None else dlm_vocab
     tlm_lm = FakeLM(vocab, salt=tlm_salt)
     if dlm == "same":
-        dlm_lm = FakeLM(vocab, salt=tlm_salt)
+        dlm_lm = FakeLM(dv, salt=tlm_salt)
     elif dlm == "close":
-        dlm_lm = FakeLM(vocab, salt=tlm_salt, noise=noise)
+        dlm_lm = FakeLM(dv, salt=tlm_salt, noise=noise)
     else:
-        dlm_lm = FakeLM(vocab, salt=tlm_salt + 12345)
+        dlm_lm = FakeLM(dv, salt=tlm_salt + 12345)
     t = FakeBackend(fake_artifact("tlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len,
                                   k=k, k_list=k_list, vocab=vocab), tlm_lm, call_log)
     d = FakeBackend(fake_artifact("dlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len,
-                                  vocab=vocab), dlm_lm, call_log)
+                                  vocab=dv, embedding_rows=dlm_reads), dlm_lm, call_log)
     return t, d, tlm_lm

@@ -1,4 +1,6 @@
-"""Tokenizers from local directories, and the checks that TLM and DLM share one."""
+"""Tokenizers from local directories, and the checks that TLM and DLM share one
+(the same tokens for the ids both can emit, the same special tokens; their
+lengths, like the models' table sizes, may differ)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,19 +38,41 @@ def check_tokenizer_fits(tok, vocab_size: int | None, what: str) -> None:
                            f"has a vocabulary of {vocab_size}: they do not belong together")
 
 
-def check_same_tokenizer(tlm_tok, dlm_tok) -> None:
-    """TLM and DLM tokenizers must map the same strings to the same ids and agree on EOS."""
+#: the named special tokens both tokenizers must agree on
+SPECIAL_TOKENS = (("eos_token", "EOS"), ("bos_token", "BOS"), ("pad_token", "pad"), ("unk_token", "unknown"))
+
+
+def _tokens_by_id(tok) -> dict[int, str]:
+    return {i: t for t, i in tok.get_vocab().items()}
+
+
+def check_tokenizers_agree(tlm_tok, dlm_tok, limit: int | None = None) -> int:
+    """TLM and DLM tokenizers must be one tokenizer where it matters: the same
+    token for every id both can emit (ids below both lengths and ``limit``, the
+    smaller logits width), and the same special tokens. Their lengths may differ.
+    Returns the number of ids compared; a mismatch names the first id that differs.
+    """
+    n = min(tokenizer_vocab_size(tlm_tok), tokenizer_vocab_size(dlm_tok), limit or 1 << 62)
     if tlm_tok is dlm_tok:
-        return
-    a, b = tokenizer_vocab_size(tlm_tok), tokenizer_vocab_size(dlm_tok)
-    if a != b:
-        raise SpecdecError(f"TLM and DLM tokenizers differ: {a} vs {b} tokens")
-    if tlm_tok.get_vocab() != dlm_tok.get_vocab():
-        va, vb = tlm_tok.get_vocab(), dlm_tok.get_vocab()
-        diff = sorted(set(va.items()) ^ set(vb.items()))[:1]
-        raise SpecdecError(f"TLM and DLM tokenizers differ: token {diff[0][0]!r} has different ids")
-    if tlm_tok.eos_token_id != dlm_tok.eos_token_id:
-        raise SpecdecError(f"TLM and DLM tokenizers differ in EOS: {tlm_tok.eos_token_id} vs {dlm_tok.eos_token_id}")
+        return n
+    a, b = _tokens_by_id(tlm_tok), _tokens_by_id(dlm_tok)
+    for i in range(n):
+        if a.get(i) != b.get(i):
+            raise SpecdecError(f"TLM and DLM tokenizers differ at id {i}: {a.get(i)!r} (TLM) vs "
+                               f"{b.get(i)!r} (DLM); speculative decoding needs one shared tokenizer")
+    for attr, what in SPECIAL_TOKENS:
+        ia, ib = getattr(tlm_tok, f"{attr}_id", None), getattr(dlm_tok, f"{attr}_id", None)
+        if ia != ib:
+            raise SpecdecError(f"TLM and DLM tokenizers differ in the {what} token: id {ia} "
+                               f"({getattr(tlm_tok, attr, None)!r}, TLM) vs id {ib} ({getattr(dlm_tok, attr, None)!r}, "
+                               f"DLM)")
+    sa = {i for i in tlm_tok.all_special_ids if i is not None and i < n}
+    sb = {i for i in dlm_tok.all_special_ids if i is not None and i < n}
+    if sa != sb:
+        first = min(sa ^ sb)
+        raise SpecdecError(f"TLM and DLM tokenizers differ in their special tokens: id {first} "
+                           f"({a.get(first)!r}) is special for the {'TLM' if first in sa else 'DLM'} only")
+    return n
 
 
 class StreamDecoder:

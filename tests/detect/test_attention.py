@@ -61,9 +61,19 @@ def test_mask_kinds():
         mask_kind(gs.Node("Where", name="w", inputs=[x, x, x]), 2, 1)
 
 
-def test_without_attention_mask_there_are_no_sites(fixture_path):
-    layers = _attention(graph(fixture_path("gpt2")), amask=None)
-    assert len(layers) == 2 and all(a.sites == () for a in layers)
+def test_without_attention_mask_and_no_mask_operand_the_graph_is_refused(fixture_path):
+    """A layer whose masking cannot be accounted for is refused, never rewritten without a mask."""
+    with pytest.raises(UnsupportedPatternError, match=r"no operand depending on the positions \(no attention_mask"):
+        _attention(graph(fixture_path("gpt2")), amask=None)
+
+
+def test_without_attention_mask_the_mask_depends_on_position_ids(fixture_path):
+    """Told there is no attention_mask, the sites are the operands that depend on position_ids (none in
+    gpt2, whose causal mask is a constant table sliced by length): refused, naming position_ids."""
+    g = graph(fixture_path("gpt2"))
+    nodes, hints, concats = parts(g)
+    with pytest.raises(UnsupportedPatternError, match=r"no operand depending on 'position_ids'"):
+        find_attention(g, nodes, hints, concats, None, mask_sources=[input_named(g, "position_ids")])
 
 
 def test_a_mask_input_that_never_reaches_the_scores(fixture_path):

@@ -48,5 +48,5 @@ def test_every_past_input_alike(fixture_path):
     _, layers, logits, ids = _pieces("gpt2", fixture_path)
     layers[1].value.inputs[0].shape = ["batch_size", 4, "past_sequence_length", 8]
     with pytest.raises(UnsupportedPatternError, match=r"past input 'past_key_values.1.value' has shape .*, "
-                                                      r"unlike 'past_key_values.0.key'"):
+                                                      r"unlike 'past_key_values.0.value'"):
         find_model_info(layers, logits, ids)

@@ -89,3 +89,21 @@ def test_lower_takes_the_source_opset_from_the_graph_when_the_context_has_none()
 def test_lower_needs_a_target():
     with pytest.raises(SpecdecError, match=r"pass lower needs ctx\.target"):
         passes.lower(_gelu_graph("none"), PassContext())
+
+
+def test_lower_qaic_split_num_outputs_takes_the_dim_from_shape_inference():
+    """Split-18 num_outputs over a dim the graph does not annotate but inference knows
+    (dynamo's Phi-3 gate_up split): Split-13 with equal sizes."""
+    x = gs.Variable("x", np.float32, ["b", 3])
+    h = gs.Variable("h")
+    a, c = gs.Variable("a", np.float32), gs.Variable("c", np.float32)
+    g = gs.Graph(nodes=[gs.Node("MatMul", inputs=[x, gs.Constant("w", np.ones((3, 8), np.float32))], outputs=[h]),
+                        gs.Node("Split", name="split", attrs={"axis": 1, "num_outputs": 2}, inputs=[h],
+                                outputs=[a, c])], inputs=[x], outputs=[a, c], opset=20)
+    low = passes.lower(g, PassContext(target="qaic", source_opset=20))
+    split = next(n for n in low.nodes if n.op == "Split")
+    assert "num_outputs" not in split.attrs and split.inputs[1].values.tolist() == [4, 4]
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    got = session(low).run(None, feeds)
+    want = np.arange(6, dtype=np.float32).reshape(2, 3) @ np.ones((3, 8), np.float32)
+    np.testing.assert_array_equal(got[0], want[:, :4])

@@ -40,5 +40,12 @@ def test_position_mask_uses_the_context_mask_value(fixture_path):
     before = serialized(g)
     out = passes.position_mask(g, ctx(det, mask_value=-12345.0))
     assert serialized(g) == before, "a pass must not modify its input graph"
-    fill = [n for n in out.nodes if n.op == "Where" and n.name.startswith("specdec/mask/additive_f32")]
+    fill = [n for n in out.nodes if n.op == "Where" and n.name.startswith("specdec/mask/additive_float32")]
     assert len(fill) == 1 and float(fill[0].inputs[2].values) == -12345.0
+
+
+def test_mask_uses_only_ops_with_device_precedent(fixture_path):
+    """GreaterOrEqual / Greater / Where: never LessOrEqual, never CastLike (issue 13)."""
+    g, det = load(fixture_path("llama_gqa"))
+    ops = {n.op for n in passes.position_mask(g, ctx(det)).nodes if n.name.startswith("specdec/mask/")}
+    assert "GreaterOrEqual" in ops and "Where" in ops and not ops & {"LessOrEqual", "CastLike"}

@@ -43,3 +43,14 @@ def test_role_logits_needs_a_role(fixture_path):
     g, det = load(fixture_path("gpt2"))
     with pytest.raises(SpecdecError, match=r"pass role_logits needs ctx\.role"):
         passes.role_logits(g, ctx(det))
+
+
+def test_role_logits_dlm_argmax_runs_on_int32_positions(fixture_path):
+    """The last-valid pick is ArgMax over Cast(position_ids, int32), QEfficient's form."""
+    g, det = load(fixture_path("gpt2"))
+    dlm = passes.role_logits(g, ctx(det, role="dlm"))
+    argmax = [n for n in dlm.nodes if n.op == "ArgMax"]
+    assert len(argmax) == 1
+    cast = argmax[0].inputs[0].inputs[0]
+    assert cast.op == "Cast" and cast.attrs["to"] == onnx.TensorProto.INT32
+    assert cast.inputs[0].name == det.position_ids

@@ -1,0 +1,161 @@
+"""The backend interface: one compiled model with its retained state kept inside.
+
+It is tiny, so that every backend (ONNX Runtime, Cloud AI 100, the test fakes)
+is interchangeable under the decoding loop::
+
+    logits = backend.run(input_ids, position_ids)   # int64 [B, S] each -> float32 logits
+    backend.reset()                                 # forget the sequence (zero the cache)
+
+Every call must match one of the artifact's specializations (batch, seq_len)
+exactly, as the device demands; anything else is a ``SpecdecError``. Positions
+must be in ``[-1, ctx_len)``, with padding (-1) only at the right end of a row.
+A backend subclass implements ``_run`` and ``_reset``; loading (reading and
+checking the model) lives apart, in each backend's ``loader`` module.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ...contract import MANIFEST_FILE
+from ...errors import SpecdecError
+from ..artifact import Artifact, embedding_rows, load_artifact
+
+
+class Backend:
+    """A model with retained state. Subclasses implement ``_run`` and ``_reset``."""
+
+    kind = "abstract"
+
+    def __init__(self, artifact: Artifact):
+        self.artifact = artifact
+        self.calls = 0
+        self.time_s = 0.0
+        self._input_vocab: int | None = None
+
+    # -- shape facts ---------------------------------------------------
+    @property
+    def role(self) -> str:
+        return self.artifact.role
+
+    @property
+    def batch_size(self) -> int:
+        return self.artifact.batch_size
+
+    @property
+    def ctx_len(self) -> int:
+        return self.artifact.ctx_len
+
+    @property
+    def prefill_len(self) -> int:
+        return self.artifact.prefill_len
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return self.artifact.seq_lens
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Width of the logits: the ids the model can emit."""
+        return self.artifact.vocab_size
+
+    @property
+    def input_vocab(self) -> int | None:
+        """The ids the model can read: the rows of its embedding table when the
+        artifact or its graph shows them (read once, on first use), else the
+        logits width. A call with an id beyond the logits width is checked against it."""
+        if self._input_vocab is None:
+            a = self.artifact
+            rows = a.embedding_rows
+            if rows is None and a.model_path.is_file():
+                rows = embedding_rows(a.model_path)
+            self._input_vocab = rows or a.vocab_size or 0
+        return self._input_vocab or None
+
+    # -- calls ----------------------------------------------------------
+    def check_inputs(self, input_ids, position_ids) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        pos = np.ascontiguousarray(position_ids, dtype=np.int64)
+        if ids.ndim != 2 or pos.shape != ids.shape:
+            raise SpecdecError(f"{self.artifact.name}: input_ids {list(ids.shape)} and position_ids "
+                               f"{list(pos.shape)} must both be [batch, seq_len]")
+        self.artifact.check_call(*ids.shape)
+        if pos.size:
+            if pos.min() < -1 or pos.max() >= self.ctx_len:
+                raise SpecdecError(f"{self.artifact.name}: positions must lie in [-1, {self.ctx_len}) "
+                                   f"(got {int(pos.min())}..{int(pos.max())})")
+            pad = pos < 0
+            # padding only at the right end of a row: once padded, stays padded
+            if np.any(pad[:, :-1] & ~pad[:, 1:]):
+                raise SpecdecError(f"{self.artifact.name}: padding (position -1) must be at the right end of a row")
+        v = self.vocab_size
+        if v and ids.size and (ids.min() < 0 or ids.max() >= v):
+            v = self.input_vocab     # the embedding may have more rows than the LM head
+            if ids.min() < 0 or ids.max() >= v:
+                raise SpecdecError(f"{self.artifact.name}: token id out of range [0, {v})")
+        return ids, pos
+
+    def run(self, input_ids, position_ids) -> np.ndarray:
+        """Run one call; returns float32 logits (TLM [B, S, V], DLM [B, 1, V])."""
+        ids, pos = self.check_inputs(input_ids, position_ids)
+        t0 = time.perf_counter()
+        out = self._run(ids, pos)
+        self.time_s += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+    def reset(self) -> None:
+        """Forget the current sequence: the cache goes back to zeros."""
+        self._reset()
+
+    def warmup(self, rounds: int = 1) -> None:
+        """Run every specialization once (all padding), then reset: first-call
+        costs (allocation, kernel selection) stay out of measurements."""
+        B = self.batch_size
+        for _ in range(rounds):
+            for s in self.seq_lens:
+                ids = np.zeros((B, s), np.int64)
+                pos = np.full((B, s), -1, np.int64)
+                pos[:, 0] = 0   # one valid token per row, so every role has logits to give
+                self._run(ids, pos)
+        self.reset()
+
+    def close(self) -> None:
+        pass
+
+    def _run(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def _reset(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def describe(self) -> str:
+        a = self.artifact
+        return (f"{self.kind} {a.role.upper()} {a.path} (target {a.target}, B={a.batch_size}, "
+                f"PL={a.prefill_len}, CL={a.ctx_len}, seq_lens={list(a.seq_lens)})")
+
+
+def resolve_artifact(artifact_or_path, expect_role: str | None, need_model: bool) -> Artifact:
+    """An ``Artifact`` as given, or read from its directory."""
+    if isinstance(artifact_or_path, Artifact):
+        return artifact_or_path
+    return load_artifact(artifact_or_path, expect_role=expect_role, need_model=need_model)
+
+
+def with_vocab(a: Artifact, vocab: int | None, where: str) -> Artifact:
+    """``a`` with the vocabulary the loaded model reports (checked against the manifest's)."""
+    if vocab is None:
+        return a
+    if a.vocab_size is not None and a.vocab_size != vocab:
+        raise SpecdecError(f"{a.path}: {MANIFEST_FILE} says vocab {a.vocab_size} but the {where} has {vocab}")
+    if a.vocab_size == vocab:
+        return a
+    return replace(a, vocab_size=vocab)

@@ -1,0 +1,143 @@
+"""Loading for ONNX Runtime: a session, and the checked interface of a rewritten graph.
+
+``create_session`` is the one place an ``InferenceSession`` is made (the
+runtime and ``verify`` both use it); ``load_ort`` opens an artifact and checks
+that its graph has the contract's interface (section 2), returning an
+``OrtModel`` that the runner binds and runs. Nothing here runs the model.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
+from ....errors import SpecdecError
+from ...artifact import Artifact
+from ..base import resolve_artifact, with_vocab
+
+ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bfloat16)": None,
+}
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+#: environment variable giving the intra-op thread count when none is asked for
+THREADS_ENV = "SPECDEC_ORT_THREADS"
+
+
+def default_providers() -> list[str]:
+    """CUDA when onnxruntime-gpu has it, then CPU."""
+    import onnxruntime as ort
+
+    return ([CUDA] if CUDA in ort.get_available_providers() else []) + [CPU]
+
+
+def create_session(path, *, providers=None, session_options=None, intra_op_threads: int | None = None):
+    """An ONNX Runtime session for the model file ``path`` (quiet logging); a
+    ``SpecdecError`` of one line when ONNX Runtime cannot load it."""
+    import onnxruntime as ort
+
+    so = session_options or ort.SessionOptions()
+    so.log_severity_level = 3
+    if intra_op_threads:
+        so.intra_op_num_threads = intra_op_threads
+    try:
+        return ort.InferenceSession(str(path), sess_options=so,
+                                    providers=list(providers) if providers else default_providers())
+    except Exception as e:  # onnxruntime raises its own exception types
+        msg = " ".join(str(e).split())[:300]
+        raise SpecdecError(f"{path}: ONNX Runtime cannot load it: {msg}") from None
+
+
+def kv_names(names) -> list[str]:
+    """The ``past_key.{i}`` / ``past_value.{i}`` names among ``names``, by layer then kind."""
+    past = [n for n in names if n.startswith("past_key.") or n.startswith("past_value.")]
+
+    def key(n):
+        kind, _, i = n.partition(".")
+        return (int(i) if i.isdigit() else 1 << 30, kind)
+    return sorted(past, key=key)
+
+
+@dataclass
+class OrtModel:
+    """A loaded, checked artifact: what the runner needs to bind and run it."""
+
+    artifact: Artifact
+    session: object
+    providers: list[str]
+    device: str                         # "cpu" or "cuda"
+    device_id: int
+    kv_names: list[str]
+    kv_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    kv_dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    logits_dtype: np.dtype = np.dtype(np.float32)
+
+
+def _check_names(path: Path, ins: dict, outs: dict) -> list[str]:
+    """The cache inputs of a graph with the contract's names; raises for anything else."""
+    for need in (INPUT_IDS, POSITION_IDS):
+        if need not in ins:
+            raise SpecdecError(f"{path}: no {need!r} input; not a graph rewritten by specdec-compile")
+    if LOGITS not in outs:
+        raise SpecdecError(f"{path}: no 'logits' output")
+    kv = kv_names(list(ins))
+    extra = sorted(set(ins) - {INPUT_IDS, POSITION_IDS} - set(kv))
+    if extra:
+        raise SpecdecError(f"{path}: unexpected inputs {extra}; the contract allows only "
+                           f"input_ids, position_ids and past_key/past_value")
+    if not kv:
+        raise SpecdecError(f"{path}: no past_key.{{i}} / past_value.{{i}} inputs")
+    for n in kv:
+        if f"{n}_RetainedState" not in outs:
+            raise SpecdecError(f"{path}: input {n} has no {n}_RetainedState output")
+    return kv
+
+
+def _cache_geometry(art: Artifact, name: str, arg) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape [batch_size, n_kv_heads, ctx_len, head_dim] and dtype of cache input ``arg``."""
+    path = art.model_path
+    shape = list(arg.shape)
+    if len(shape) != 4:
+        raise SpecdecError(f"{path}: {name} has rank {len(shape)}, expected 4")
+    fixed = [art.batch_size, shape[1], art.ctx_len, shape[3]]
+    for dim, (val, what) in enumerate(zip(shape, ("batch_size", "n_kv_heads", "ctx_len", "head_dim"))):
+        if isinstance(val, int) and val != fixed[dim] and dim in (0, 2):
+            raise SpecdecError(f"{path}: {name} has {what}={val} but the specializations say {fixed[dim]}")
+    if not isinstance(fixed[1], int):
+        fixed[1] = art.num_kv_heads
+    if not isinstance(fixed[3], int):
+        fixed[3] = art.head_dim
+    if not all(isinstance(d, int) and d > 0 for d in fixed):
+        raise SpecdecError(f"{path}: cannot tell the cache shape of {name} ({shape})")
+    dt = ORT_TYPES.get(arg.type)
+    if dt is None:
+        raise SpecdecError(f"{path}: {name} has type {arg.type}, not supported by this runtime")
+    return tuple(fixed), np.dtype(dt)
+
+
+def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str | None = None,
+             session_options=None, intra_op_threads: int | None = None) -> OrtModel:
+    """Open an artifact (directory or ``Artifact``) in ONNX Runtime and check its interface."""
+    art = resolve_artifact(artifact, expect_role, need_model=True)
+    providers = list(providers) if providers is not None else default_providers()
+    if intra_op_threads is None and os.environ.get(THREADS_ENV):
+        intra_op_threads = int(os.environ[THREADS_ENV])
+    session = create_session(art.model_path, providers=providers, session_options=session_options,
+                             intra_op_threads=intra_op_threads)
+    ins = {i.name: i for i in session.get_inputs()}
+    outs = {o.name: o for o in session.get_outputs()}
+    kv = _check_names(art.model_path, ins, outs)
+    shapes, dtypes = {}, {}
+    for n in kv:
+        shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
+    lshape = outs[LOGITS].shape
+    vocab = lshape[-1] if lshape and isinstance(lshape[-1], int) else None
+    device = "cuda" if providers[0] == CUDA else "cpu"
+    return OrtModel(artifact=with_vocab(art, vocab, "graph's logits"), session=session, providers=providers,
+                    device=device, device_id=device_id if device == "cuda" else 0, kv_names=kv,
+                    kv_shapes=shapes, kv_dtypes=dtypes,
+                    logits_dtype=np.dtype(ORT_TYPES.get(outs[LOGITS].type) or np.float32))
+

@@ -1,0 +1,99 @@
+"""Running on ONNX Runtime: the cache lives in OrtValues bound with IO binding.
+
+For an ``ort`` target (TensorScatter) each ``past_*.{i}_RetainedState`` output
+is bound to the same buffer as its input, so ONNX Runtime updates the cache in
+place; for a ``qaic`` target (ScatterND in a function) the outputs go to a
+second set of buffers that are swapped with the inputs after the call.
+``inplace=False`` forces the swap path for an ``ort`` target too (for
+measuring what in-place buys).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
+from ....errors import SpecdecError
+from ..base import Backend
+from .loader import OrtModel, load_ort
+
+
+class OrtBackend(Backend):
+    """ONNX Runtime with IO binding; CUDA when onnxruntime-gpu is installed.
+
+    ``artifact``: an artifact directory, an ``Artifact``, or an ``OrtModel``
+    already loaded by ``load_ort`` (then the loading options are ignored).
+    ``inplace``: None (default) = in place for ``ort`` targets, swap for ``qaic``
+    targets; False forces the swap (copy) path; True forces in place.
+    ``providers``: ONNX Runtime providers; default CUDA if available, else CPU.
+    """
+
+    kind = "ort"
+
+    def __init__(self, artifact, *, inplace: bool | None = None, providers=None, device_id: int = 0,
+                 expect_role: str | None = None, session_options=None, intra_op_threads: int | None = None):
+        import onnxruntime as ort
+
+        if isinstance(artifact, OrtModel):
+            model = artifact
+        else:
+            model = load_ort(artifact, providers=providers, device_id=device_id, expect_role=expect_role,
+                             session_options=session_options, intra_op_threads=intra_op_threads)
+        super().__init__(model.artifact)
+        self._ort = ort
+        self.model = model
+        self.session = model.session
+        self.providers = model.providers
+        self.device, self.device_id = model.device, model.device_id
+        self.kv_names, self.kv_shapes, self.kv_dtypes = model.kv_names, model.kv_shapes, model.kv_dtypes
+        self.logits_dtype = model.logits_dtype
+        self.inplace = (self.artifact.target == "ort") if inplace is None else bool(inplace)
+        self._io = self.session.io_binding()
+        self._a = {n: self._zeros(n) for n in self.kv_names}
+        self._b = None if self.inplace else {n: self._zeros(n) for n in self.kv_names}
+        # logits is bound first so that it is output 0 of the binding
+        self._io.bind_output(LOGITS, self.device, self.device_id)
+        self._bind_cache()
+
+    def _zeros(self, name):
+        arr = np.zeros(self.kv_shapes[name], self.kv_dtypes[name])
+        return self._ort.OrtValue.ortvalue_from_numpy(arr, self.device, self.device_id)
+
+    def _bind_cache(self):
+        io = self._io
+        for n in self.kv_names:
+            src = self._a[n]
+            dst = src if self.inplace else self._b[n]
+            io.bind_ortvalue_input(n, src)
+            io.bind_ortvalue_output(f"{n}_RetainedState", dst)
+
+    def _run(self, ids, pos):
+        io = self._io
+        io.bind_cpu_input(INPUT_IDS, ids)
+        io.bind_cpu_input(POSITION_IDS, pos)
+        io.bind_output(LOGITS, self.device, self.device_id)
+        try:
+            self.session.run_with_iobinding(io)
+        except Exception as e:
+            msg = " ".join(str(e).split())[:300]
+            raise SpecdecError(f"{self.artifact.name}: ONNX Runtime failed: {msg}") from None
+        logits = io.get_outputs()[0]
+        out = logits.numpy() if self.device == "cpu" else io.copy_outputs_to_cpu()[0]
+        if not self.inplace:
+            self._a, self._b = self._b, self._a
+            self._bind_cache()
+        return np.array(out, dtype=np.float32, copy=True)
+
+    def _reset(self):
+        for bufs in (self._a, self._b):
+            if bufs:
+                for n, ov in bufs.items():
+                    ov.update_inplace(np.zeros(self.kv_shapes[n], self.kv_dtypes[n]))
+
+    def cache(self, name: str) -> np.ndarray:
+        """A copy of the current cache ``name`` (for tests)."""
+        return self._a[name].numpy().copy()
+
+    def close(self):
+        self._io = None
+        self.session = None
+        self.model = None

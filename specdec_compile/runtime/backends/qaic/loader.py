@@ -1,0 +1,157 @@
+"""Loading for Cloud AI 100: find the QPC, read its IO descriptor, check it
+against the artifact, load and activate the program. Nothing here runs it.
+
+``qaicrt`` / ``QAicApi_pb2`` come from the platform SDK (``import_qaicrt``);
+tests pass FAKE modules in their place.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ....contract import COMPILE_SCRIPT, INPUT_IDS, LOGITS, POSITION_IDS, QPC_DIR
+from ....errors import SpecdecError
+from ...artifact import Artifact
+from ..base import resolve_artifact, with_vocab
+
+SDK_LIB = "/opt/qti-aic/dev/lib"
+SDK_PYTHON = "/opt/qti-aic/dev/python"
+QPC_FILE = "programqpc.bin"
+
+
+def import_qaicrt():
+    """(qaicrt, QAicApi_pb2) from the Cloud AI 100 platform SDK, or a SpecdecError."""
+    mods = []
+    for name, extra in (("qaicrt", f"{SDK_LIB}/{platform.machine()}"), ("QAicApi_pb2", SDK_PYTHON)):
+        try:
+            mods.append(__import__(name))
+            continue
+        except ImportError:
+            pass
+        if os.path.isdir(extra) and extra not in sys.path:
+            sys.path.append(extra)
+        try:
+            mods.append(__import__(name))
+        except ImportError:
+            raise SpecdecError(f"--backend qaic needs the Cloud AI 100 runtime ({name} not importable; "
+                               f"install the platform SDK under /opt/qti-aic)") from None
+    return mods[0], mods[1]
+
+
+def find_qpc(artifact: Artifact, qpc=None) -> Path:
+    """The QPC directory of an artifact: ``qpc`` if given, else OUT/qpc (or the
+    -aic-binary-dir named by the manifest); it must hold programqpc.bin."""
+    cands = []
+    if qpc is not None:
+        cands = [Path(qpc)]
+    else:
+        m = artifact.manifest
+        for key in ("qpc_dir", "qpc", "aic_binary_dir"):
+            if isinstance(m.get(key), str):
+                q = Path(m[key])
+                cands.append(q if q.is_absolute() else artifact.path / q)
+        cands += [artifact.path / QPC_DIR, artifact.path / f"{QPC_DIR}s", artifact.path]
+    for c in cands:
+        if (c / QPC_FILE).is_file():
+            return c
+        if c.name == QPC_FILE and c.is_file():
+            return c.parent
+    raise SpecdecError(f"{artifact.path}: no compiled QPC ({QPC_FILE}) in "
+                       f"{', '.join(str(c) for c in cands)}; run its {COMPILE_SCRIPT} first")
+
+
+@dataclass
+class QaicProgram:
+    """A loaded, activated QPC and the facts about its bindings the runner needs."""
+
+    artifact: Artifact
+    rt: object                      # the qaicrt module
+    qpc_path: Path
+    device_ids: list[int] | None
+    context: object
+    queue: object
+    program: object
+    exec_obj: object
+    bindings: list                  # the IO descriptor's bindings, in index order
+    index: dict                     # binding name -> index
+    dtypes: dict                    # QAicApi type -> numpy dtype
+    allowed: list                   # per specialization: {binding name: dims}
+    retained: list[str]             # the retained-state bindings (kept on the device)
+    logits_dtype: np.dtype
+
+    def check(self, status, what: str) -> None:
+        if status != self.rt.QStatus.QS_SUCCESS:
+            raise SpecdecError(f"{self.artifact.name}: qaicrt {what} failed ({status})")
+
+
+def _read_iodesc(art: Artifact, qpc_path: Path, qpc_obj, api, ok) -> tuple[list, dict, list]:
+    """(bindings, allowed shapes per specialization, numpy dtypes) from the QPC's IO descriptor."""
+    status, raw = qpc_obj.getIoDescriptor()
+    if status != ok:
+        raise SpecdecError(f"{art.name}: qaicrt getIoDescriptor failed ({status})")
+    iodesc = api.IoDesc()
+    iodesc.ParseFromString(bytes(raw))
+    bindings = list(iodesc.selected_set.bindings)
+    dtypes = {api.FLOAT_TYPE: np.dtype(np.float32), api.FLOAT_16_TYPE: np.dtype(np.float16),
+              api.INT64_I_TYPE: np.dtype(np.int64), api.INT32_I_TYPE: np.dtype(np.int32)}
+    names = {b.name for b in bindings}
+    for need in (INPUT_IDS, POSITION_IDS, LOGITS):
+        if need not in names:
+            raise SpecdecError(f"{qpc_path}: the QPC has no {need!r} binding")
+    for b in bindings:
+        if b.type not in dtypes:
+            raise SpecdecError(f"{qpc_path}: binding {b.name} has an unsupported type {b.type}")
+    allowed = [{b.name: tuple(s.dims) for b, s in zip(bindings, shape_set.shapes)}
+               for shape_set in iodesc.allowed_shapes]
+    # every (batch, seq_len) the artifact declares must be one the QPC accepts
+    if allowed:
+        qpc_shapes = {tuple(a[INPUT_IDS]) for a in allowed if INPUT_IDS in a}
+        missing = [s for s in art.shapes() if s not in qpc_shapes]
+        if missing:
+            raise SpecdecError(f"{qpc_path}: the QPC was compiled for input_ids shapes "
+                               f"{sorted(qpc_shapes)}, not the artifact's {missing}")
+    return bindings, allowed, dtypes
+
+
+def load_qaic(artifact, *, device_ids=None, qpc=None, expect_role: str | None = None,
+              qaicrt_module=None, aicapi_module=None) -> QaicProgram:
+    """Load an artifact's QPC on the devices ``device_ids`` (default: device 0)."""
+    if qaicrt_module is None or aicapi_module is None:
+        rt, api = import_qaicrt()
+        qaicrt_module = qaicrt_module or rt
+        aicapi_module = aicapi_module or api
+    rt, api = qaicrt_module, aicapi_module
+    art = resolve_artifact(artifact, expect_role, need_model=False)
+    qpc_path = find_qpc(art, qpc)
+    device_ids = list(device_ids) if device_ids else None
+    ok = rt.QStatus.QS_SUCCESS
+    if device_ids:
+        context = rt.Context(rt.QIDList(device_ids))
+        queue = rt.Queue(context, device_ids[0])
+    else:
+        context = rt.Context()
+        queue = rt.Queue(context, 0)
+    qpc_obj = rt.Qpc(str(qpc_path))
+    bindings, allowed, dtypes = _read_iodesc(art, qpc_path, qpc_obj, api, ok)
+    index = {b.name: b.index for b in bindings}
+    lb = bindings[index[LOGITS]]
+    art = with_vocab(art, int(lb.dims[-1]), "QPC's logits binding")
+    props = rt.QAicProgramProperties()
+    single = device_ids[0] if device_ids and len(device_ids) == 1 else None
+    if device_ids and len(device_ids) > 1:
+        props.devMapping = ":".join(map(str, device_ids))
+    program = rt.Program(context, single, qpc_obj, props)
+    loaded = QaicProgram(
+        artifact=art, rt=rt, qpc_path=qpc_path, device_ids=device_ids, context=context, queue=queue,
+        program=program, exec_obj=None, bindings=bindings, index=index, dtypes=dtypes, allowed=allowed,
+        retained=[b.name for b in bindings if b.name.startswith("past_") or b.name.endswith("_RetainedState")],
+        logits_dtype=dtypes[lb.type])
+    loaded.check(program.load(), "program load")
+    loaded.check(program.activate(), "program activate")
+    loaded.exec_obj = rt.ExecObj(context, program)
+    return loaded

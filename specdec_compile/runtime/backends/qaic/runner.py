@@ -1,0 +1,94 @@
+"""Running on Cloud AI 100 via ``qaicrt``: the retained-state buffers are given
+as zero-size buffers, so the device keeps the cache on its side."""
+from __future__ import annotations
+
+import numpy as np
+
+from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
+from ....errors import SpecdecError
+from ..base import Backend
+from .loader import QaicProgram, load_qaic
+
+
+class QaicBackend(Backend):
+    """Cloud AI 100 via ``qaicrt``: retained state stays on the device.
+
+    ``artifact``: an artifact directory, an ``Artifact``, or a ``QaicProgram``
+    already loaded by ``load_qaic``. ``qaicrt_module`` / ``aicapi_module``
+    replace the SDK modules (tests pass fakes); ``device_ids``: the devices of
+    this model (several = a multi-device QPC). ``qpc``: the QPC directory
+    (default: OUT/qpc).
+    """
+
+    kind = "qaic"
+
+    def __init__(self, artifact, *, device_ids=None, qpc=None, expect_role: str | None = None,
+                 qaicrt_module=None, aicapi_module=None):
+        if isinstance(artifact, QaicProgram):
+            loaded = artifact
+        else:
+            loaded = load_qaic(artifact, device_ids=device_ids, qpc=qpc, expect_role=expect_role,
+                               qaicrt_module=qaicrt_module, aicapi_module=aicapi_module)
+        super().__init__(loaded.artifact)
+        self.loaded = loaded
+        self.rt = loaded.rt
+        self.qpc_path = loaded.qpc_path
+        self.device_ids = loaded.device_ids
+        self.program = loaded.program
+        self.bindings, self.index, self.allowed = loaded.bindings, loaded.index, loaded.allowed
+        self.retained = loaded.retained
+        self.logits_dtype = loaded.logits_dtype
+        self._dtypes = loaded.dtypes
+        self._zero_next = False
+        # buffers: retained state skipped (zero-size), the rest set per call
+        self.qbuffers = [self.rt.QBuffer(bytes(0)) for _ in self.bindings]
+        self.dims = [(self._dtypes[b.type].itemsize, [0]) for b in self.bindings]
+
+    def _set(self, name, arr: np.ndarray):
+        i = self.index[name]
+        self.qbuffers[i] = self.rt.QBuffer(arr.tobytes())
+        self.dims[i] = (arr.itemsize, list(arr.shape) if arr.shape else [1])
+
+    def _skip(self, name):
+        i = self.index[name]
+        self.qbuffers[i] = self.rt.QBuffer(bytes(0))
+        self.dims[i] = (self._dtypes[self.bindings[i].type].itemsize, [0])
+
+    def _run(self, ids, pos):
+        rt, lp = self.rt, self.loaded
+        B, S = ids.shape
+        out_s = S if self.role == "tlm" else 1
+        logits_shape = (B, out_s, self.vocab_size)
+        if self.allowed and not any(a.get(INPUT_IDS) == (B, S) and a.get(LOGITS, logits_shape) == logits_shape
+                                    for a in self.allowed):
+            raise SpecdecError(f"{self.qpc_path}: no matching dimension for input_ids [{B}, {S}] in the QPC")
+        self._set(INPUT_IDS, ids)
+        self._set(POSITION_IDS, pos)
+        self._set(LOGITS, np.zeros(logits_shape, self.logits_dtype))
+        for n in self.retained:
+            b = self.bindings[self.index[n]]
+            if self._zero_next and n.startswith("past_") and not n.endswith("_RetainedState"):
+                self._set(n, np.zeros(tuple(b.dims), self._dtypes[b.type]))
+            else:
+                self._skip(n)
+        self._zero_next = False
+        lp.check(lp.exec_obj.setData(self.qbuffers, rt.BufferDimensionsVecRef(self.dims)), "setData")
+        lp.check(lp.queue.enqueue(lp.exec_obj), "enqueue")
+        lp.check(lp.exec_obj.waitForCompletion(), "run (waitForCompletion)")
+        status, outs = lp.exec_obj.getData()
+        lp.check(status, "getData")
+        raw = bytes(outs[self.index[LOGITS]])
+        return np.frombuffer(raw, self.logits_dtype).reshape(logits_shape).astype(np.float32)
+
+    def _reset(self):
+        # the next call uploads zero caches once; later calls skip them again
+        self._zero_next = True
+
+    def close(self):
+        prog = getattr(self, "program", None)
+        if prog is not None:
+            try:
+                prog.deactivate()
+            except Exception:
+                pass
+            self.program = None
