@@ -104,9 +104,11 @@ class Options:
             return
         if self.k is None:
             raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
+        if self.k < 1:
+            raise SpecdecError(f"k must be at least 1, got {self.k}")
         for j in (self.k, *self.k_list):
-            if j < 1:
-                raise SpecdecError(f"k must be at least 1, got {j}")
+            if j < 0:   # k_list may hold 0: a width-1 TLM call (no drafts, the fallback)
+                raise SpecdecError(f"--k-list entries must be at least 0, got {j}")
             if j + 1 > self.ctx_len:
                 raise SpecdecError(f"k={j} needs seq_len {j + 1}, larger than --ctx-len {self.ctx_len}")
 

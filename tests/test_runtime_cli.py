@@ -231,7 +231,7 @@ def test_other_bad_inputs(arts, capsys, tmp_path):
         (["--tlm", tlm, "--prompt-ids", "1,2"], "--dlm"),
         (["--tlm", tlm, "--dlm", dlm, "--prompt-ids", "1,2", "--backend", "qaic"], "Cloud AI 100 runtime"),
         (["--tlm", tlm, "--dlm", dlm, "--prompt-ids", "1,2", "--temperature", "-1"], "temperature"),
-        (["--tlm", tlm, "--dlm", dlm, "--prompt-ids", "1,2", "--k", "3"], "not compiled"),
+        (["--tlm", tlm, "--dlm", dlm, "--prompt-ids", "1,2", "--k", "2"], "not compiled"),
         (["--tlm", tlm, "--dlm", dlm, "--prompt-ids", "1,2", "--tokenizer", tmp_path], "tokenizer"),
         (["--tlm", tlm, "--dlm", dlm], "required"),
         (["--tlm", tlm, "--dlm", dlm, "--prompt-file", tmp_path / "none.txt"], "cannot read"),

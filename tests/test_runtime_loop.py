@@ -167,7 +167,7 @@ def test_pair_mismatches_are_errors():
     with pytest.raises(SpecdecError, match="DLM artifact"):
         SpecDecoder(FakeBackend(fake_artifact("dlm", **base), lm), t)
     with pytest.raises(SpecdecError, match="not compiled"):
-        SpecDecoder(t, FakeBackend(fake_artifact("dlm", **base), lm), k=3)
+        SpecDecoder(t, FakeBackend(fake_artifact("dlm", **base), lm), k=2)   # k-1 = 3 is compiled (width 4); 2 is not
 
 
 def test_backend_rejects_calls_outside_the_specializations():
@@ -234,8 +234,23 @@ def test_fixed_width_from_k_list():
     tlm, d, lm = fake_pair(k=3, k_list=[1, 3, 6], dlm="close", call_log=log)
     res = SpecDecoder(tlm, d, k=6).generate(PROMPT, max_new_tokens=30)
     assert res.generated_ids == reference_greedy(lm, PROMPT, 30, 64)
-    widths = {c[1] for c in log if c[0] == "tlm"} - {8}
-    assert widths <= {3, 7}     # round 1 is width k=3, the rest 6+1
+    tl = [c for c in log if c[0] == "tlm" and c[1] != 8]
+    # --k fixes every round, round 1 included: width 6+1 (near the budget's end a
+    # narrower compiled width holds the fewer drafts)
+    assert tl[0][1] == 7
+    assert {c[1] for c in tl} <= {2, 3, 4, 7}
+
+
+def test_fixed_k_minus_one_and_every_round():
+    log = []
+    tlm, d, lm = fake_pair(k=4, dlm="same", call_log=log)
+    res = SpecDecoder(tlm, d, k=3).generate(PROMPT, max_new_tokens=30)
+    assert res.generated_ids == reference_greedy(lm, PROMPT, 30, 64)
+    tl = [c for c in log if c[0] == "tlm" and c[1] != 8]
+    # round 1 carries [d1..d3] (width 4), every later round [t, d1..d3] (width 4)
+    assert tl[0][2][:3] == [11, 12, 13] and tl[0][2][3] == -1
+    assert {c[1] for c in tl} == {4}
+    assert all(len([p for p in c[2] if p >= 0]) == 4 for c in tl[1:-1])
 
 
 def test_expected_tokens_formula():

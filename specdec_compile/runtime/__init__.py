@@ -10,10 +10,11 @@ See docs/runtime.md.
 from .artifact import Artifact, check_pair, load_artifact
 from .backends import Backend, OrtBackend, QaicBackend, open_backend
 from .decoding import SpecDecoder, TargetOnlyDecoder, generate
+from .drafts import NgramDraft
 from .metrics import GenerationResult, aggregate_metrics
 from .sampling import SamplingParams
 from .vocab import PairVocab
 
-__all__ = ["Artifact", "Backend", "GenerationResult", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
+__all__ = ["Artifact", "Backend", "GenerationResult", "NgramDraft", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
            "SpecDecoder", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
            "load_artifact", "open_backend"]

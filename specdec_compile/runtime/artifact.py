@@ -238,7 +238,7 @@ def _tlm_widths(p: Path, manifest: dict, seq_lens: tuple[int, ...], PL: int, CL:
         raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
                            f"(has {list(seq_lens)})")
     for j in k_list:
-        if j < 1 or j + 1 not in seq_lens:
+        if j < 0 or j + 1 not in seq_lens:
             raise SpecdecError(f"{where}: the TLM needs seq_len={j + 1} to verify {j} drafts "
                                f"(has {list(seq_lens)})")
     if k + 1 > CL:

@@ -1,6 +1,7 @@
 """``specdec-run``: generate text with a DLM/TLM pair of artifact directories.
 
     specdec-run --tlm OUT_TLM --dlm OUT_DLM --tokenizer DIR --prompt "Hello"
+    specdec-run --tlm OUT_TLM --draft ngram --tokenizer DIR --prompt "Hello"
     specdec-run --tlm OUT_TLM --target-only --prompt-ids 1,2,3 --json
 
 Text streams as it is accepted (accepted drafts and target tokens in two
@@ -26,7 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
                                        "(ONNX Runtime or Cloud AI 100).")
     p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
-    p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with --target-only)")
+    p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with "
+                   "--target-only or --draft ngram)")
+    p.add_argument("--draft", choices=("dlm", "ngram"), default=None,
+                   help="where drafts come from: the DLM (default when --dlm is given) or n-gram "
+                        "prompt lookup (no draft model)")
+    p.add_argument("--ngram-max", type=int, default=None, metavar="N",
+                   help="--draft ngram: the longest n-gram matched (default 3)")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="never choose to draft nothing (with 0 in the TLM's k_list the adaptive "
+                        "choice may otherwise fall back to plain decoding when drafts do not pay)")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (transformers); "
                    "optional with --prompt-ids")
     p.add_argument("--dlm-tokenizer", metavar="DIR", help="the DLM's tokenizer, checked to equal the TLM's")
@@ -45,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("ort", "qaic"), default="ort")
     p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
     p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
+    p.add_argument("--ort-threads", type=int, default=None, metavar="N",
+                   help="ONNX Runtime intra-op threads per model (default: ORT's own for one model; "
+                        "with a DLM and a TLM on the CPU, the usable cores and no spin-waiting, so "
+                        "the two never compete)")
     p.add_argument("--copy-cache", action="store_true",
                    help="ONNX Runtime: feed the cache back by swapping buffers even for ort targets")
     p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline); --tlm may then also be the target "
@@ -180,12 +194,44 @@ def _device_ids(text, what):
 
 
 def _check_args(args) -> None:
-    if not args.target_only and not args.dlm:
-        raise SpecdecError("--dlm DIR is required (or --target-only)")
+    if args.draft is None and not args.target_only:
+        args.draft = "dlm"
+    if args.draft == "ngram" and args.dlm:
+        raise SpecdecError("--draft ngram takes no --dlm (the drafts come from the text itself)")
+    if args.draft == "ngram" and args.target_only:
+        raise SpecdecError("--draft ngram has no meaning with --target-only")
+    if args.ngram_max is not None and args.draft != "ngram":
+        raise SpecdecError("--ngram-max is for --draft ngram")
+    if args.ngram_max is not None and args.ngram_max < 1:
+        raise SpecdecError(f"--ngram-max must be >= 1 (got {args.ngram_max})")
+    if not args.target_only and args.draft == "dlm" and not args.dlm:
+        raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
         raise SpecdecError("--k has no meaning with --target-only")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+
+
+def ort_thread_options(threads: int | None, two_models: bool) -> dict:
+    """Session options for ONNX Runtime on the CPU. DLM and TLM calls alternate,
+    never overlap; but an ORT thread pool spin-waits after each call, so two
+    sessions with default pools fight for the cores. Two models: each pool gets
+    the usable cores and does not spin. ``threads`` (--ort-threads) fixes the count."""
+    import os
+    if threads is not None and threads < 1:
+        raise SpecdecError(f"--ort-threads must be >= 1 (got {threads})")
+    if threads is None and not two_models:
+        return {}
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    if two_models:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    n = threads
+    if n is None:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    so.intra_op_num_threads = n
+    so.inter_op_num_threads = 1
+    return {"session_options": so}
 
 
 def _open(args):
@@ -200,7 +246,8 @@ def _open(args):
     need_model = args.backend == "ort"
     # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
     tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
-    dlm_art = None if args.target_only else load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
+    dlm_art = None if (args.target_only or args.draft == "ngram") else \
+        load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
     tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
     dlm_tok = load_tokenizer(args.dlm_tokenizer) if tok is not None and args.dlm_tokenizer and dlm_art else None
     if dlm_art is not None:   # shapes; the tokenizers when both are given, else the manifests' token ids
@@ -208,6 +255,8 @@ def _open(args):
     prompts = _prompts(args, tok)
 
     kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}
+    if args.backend == "ort":
+        kw.update(ort_thread_options(args.ort_threads, two_models=dlm_art is not None))
     tlm = open_backend(tlm_art, args.backend, expect_role="tlm", device_ids=tlm_dev, **kw)
     dlm = None
     if dlm_art is not None:
@@ -222,10 +271,12 @@ def _open(args):
 
 
 def _eos(args, tok, tlm):
+    """--eos-id; else the tokenizer's EOS plus every id of its generation_config.json; else the manifest's."""
+    from .tokenizer import eos_ids
     if args.eos_id is not None:
         return None if args.eos_id < 0 else args.eos_id
     if tok is not None:
-        return tok.eos_token_id
+        return eos_ids(tok, args.tokenizer) or None
     return tlm.artifact.manifest.get("eos_token_ids") or tlm.artifact.eos_token_id
 
 
@@ -241,10 +292,12 @@ def run(argv: list[str]) -> int:
     _check_args(args)
     tlm, dlm, (tok, dlm_tok), prompts = _open(args)
     eos = _eos(args, tok, tlm)
-    if dlm is None:
+    if args.target_only:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        dec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=args.k, tokenizer=tok, dlm_tokenizer=dlm_tok)
+        dec = SpecDecoder(tlm, dlm, draft=None if dlm is not None else "ngram", ngram_max=args.ngram_max,
+                          eos_token_id=eos, k=args.k, fallback=not args.no_fallback,
+                          tokenizer=tok, dlm_tokenizer=dlm_tok)
 
     rng = sampling.rng()
     color = (not args.no_color) and sys.stdout.isatty() and not args.json

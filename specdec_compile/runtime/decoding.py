@@ -50,6 +50,7 @@ import numpy as np
 from ..errors import SpecdecError
 from .artifact import check_pair
 from .backends import Backend
+from .drafts import NgramDraft, make_draft_source
 from .metrics import GenerationResult, _Meter, aggregate_metrics  # noqa: F401  (re-exported)
 from .sampling import SamplingParams, pick, verify
 from .vocab import PairVocab
@@ -183,38 +184,66 @@ class TargetOnlyDecoder:
 
 
 class SpecDecoder:
-    """Speculative decoding with a DLM and a TLM backend (see the module doc).
+    """Speculative decoding: a TLM backend verifies drafts from a draft source (see the module doc).
 
+    The draft source: ``dlm`` (a DLM backend), or no DLM and ``draft="ngram"``
+    (prompt lookup, :class:`~.drafts.NgramDraft`, ``ngram_max`` its longest
+    n-gram), or an ``NgramDraft`` passed in place of ``dlm``.
     ``k``: drafts per round. Default: the TLM's compiled k; with several
     compiled widths (k_list) the default is adaptive. Giving ``k`` (one of
-    k_list) fixes it. ``adaptive``: force adaptive width choice on or off.
-    ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own): the
-    pair must agree on them (else on the manifests' special token ids), and
-    the draft proposes only ids the tokenizers have. TLM and DLM tables may
-    differ in size (see vocab.py).
+    k_list, or the compiled k - 1) fixes every round, round 1 included.
+    ``adaptive``: force adaptive width choice on or off. ``fallback``: the
+    adaptive choice may draft nothing (TLM width 1, plain decoding) when that
+    pays; it needs 0 in the TLM's k_list. ``tokenizer`` (and
+    ``dlm_tokenizer`` when the DLM came with its own): the pair must agree on
+    them (else on the manifests' special token ids), and the draft proposes
+    only ids the tokenizers have. TLM and DLM tables may differ in size (see
+    vocab.py).
     """
 
-    def __init__(self, tlm: Backend, dlm: Backend, *, eos_token_id=None, k: int | None = None,
-                 adaptive: bool | None = None, record_calls: bool = False, tokenizer=None,
-                 dlm_tokenizer=None):
-        check_pair(tlm.artifact, dlm.artifact, tokenizers=(tokenizer, dlm_tokenizer))
-        toks = [len(t) for t in (tokenizer, dlm_tokenizer) if t is not None]
-        self.vocab = pair_vocab(tlm, dlm, min(toks) if toks else None)
-        self.tlm, self.dlm = tlm, dlm
+    PROBE_FIRST, PROBE_MAX, DECAY = 4, 64, 0.8
+
+    def __init__(self, tlm: Backend, dlm=None, *, draft=None, ngram_max: int | None = None,
+                 eos_token_id=None, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
+                 record_calls: bool = False, tokenizer=None, dlm_tokenizer=None):
+        self.source = dlm if isinstance(dlm, NgramDraft) else make_draft_source(draft, ngram_max)
+        self.dlm = None if isinstance(dlm, NgramDraft) else dlm
+        if self.source is not None and self.dlm is not None:
+            raise SpecdecError("give either a DLM or draft='ngram', not both")
+        if self.source is None and self.dlm is None:
+            raise SpecdecError("speculative decoding needs a DLM backend or draft='ngram'")
+        self.vocab = None
+        if self.dlm is not None:
+            check_pair(tlm.artifact, self.dlm.artifact, tokenizers=(tokenizer, dlm_tokenizer))
+            toks = [len(t) for t in (tokenizer, dlm_tokenizer) if t is not None]
+            self.vocab = pair_vocab(tlm, self.dlm, min(toks) if toks else None)
+        self.tlm = tlm
         self.eos_token_id = eos_token_id
         self.eos = eos_set(eos_token_id)
         self.record_calls = record_calls
         art = tlm.artifact
         self.k0 = art.k                              # the compiled k: round 1 is width k
         self.k_list = tuple(art.k_list) or (art.k,)
-        if k is not None:
-            if k not in self.k_list:
-                raise SpecdecError(f"k={k} is not compiled into the TLM (k_list {list(self.k_list)})")
+        self.widths = sorted(tlm.seq_lens)
+        # draft counts a round may use: j drafts need a TLM width >= j+1
+        all_j = set(self.k_list) | ({self.k0 - 1} if self.k0 >= 1 else set())
+        self.compiled_choices = sorted(j for j in all_j if j >= 0 and j + 1 in self.widths)
+        if k is not None and k not in self.compiled_choices:
+            raise SpecdecError(f"k={k} is not compiled into the TLM (k_list {list(self.k_list)}; "
+                               f"the drafts a round can verify: {self.compiled_choices})")
+        self.fixed_k = k
         self.k = k if k is not None else self.k0
+        self.fallback = bool(fallback)
+        self.choices = [j for j in self.compiled_choices if j > 0 or self.fallback]
         self.adaptive = (len(self.k_list) > 1 and k is None) if adaptive is None else bool(adaptive)
-        # draft counts a round may use: j drafts need TLM width j+1
-        self.choices = sorted(set(self.k_list) | ({self.k0 - 1} if self.k0 >= 1 else set()))
         self._cost = {"dlm": [0, 0.0], "tlm": {}}    # running call-time means, kept across prompts
+
+    def width_for(self, n_tokens: int) -> int:
+        """The smallest compiled TLM width that holds ``n_tokens``."""
+        for w in self.widths:
+            if w >= n_tokens:
+                return w
+        raise AssertionError(f"no TLM width holds {n_tokens} tokens (widths {self.widths})")
 
     # -- width choice ---------------------------------------------------
     def _note_cost(self, role, width, dt):
@@ -232,19 +261,20 @@ class SpecDecoder:
             return j + 1.0
         return (1.0 - alpha ** (j + 1)) / (1.0 - alpha)
 
-    def choose_drafts(self, alpha: float) -> int:
-        """The number of drafts j (from the compiled widths) with the most expected tokens per second."""
+    def choose_drafts(self, alpha: float, drafting: bool = False) -> int:
+        """The number of drafts j (from the compiled widths) with the most expected
+        tokens per second; ``drafting``: the best j > 0 (a probe)."""
         if not self.adaptive:
             return self.k
         dn, dt = self._cost["dlm"]
         c_d = dt / dn if dn else 0.0
         seen = {w: t / n for w, (n, t) in self._cost["tlm"].items() if n}
         mean_t = (sum(seen.values()) / len(seen)) if seen else 1.0
-        best, best_score = self.k, -1.0
+        best, best_score = None, -1.0
         for j in self.choices:
-            if j < 0:
+            if drafting and j == 0:
                 continue
-            w = j + 1
+            w = self.width_for(j + 1)
             if w in seen:
                 c_t = seen[w]
             elif seen:  # an untried width costs what the nearest tried width costs
@@ -254,7 +284,7 @@ class SpecDecoder:
             score = self.expected_tokens(alpha, j) / (j * c_d + c_t)
             if score > best_score + 1e-12:
                 best, best_score = j, score
-        return best
+        return self.k if best is None else best
 
     # -- generation -----------------------------------------------------
     def generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
@@ -284,6 +314,56 @@ def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> 
     return None if v.same else v
 
 
+class _DlmDrafter:
+    """The DLM as a draft source: its runner and how far its cache holds the sequence."""
+
+    def __init__(self, gen: "_Generation", dlm: Backend):
+        self.gen = gen
+        self.vocab = gen.vocab
+        self.r = _Runner(dlm, "dlm", self.vocab.draft_ids if self.vocab else None)
+        self.r.meter, self.r.cost = gen.meter, gen.dec._note_cost
+        dlm.reset()
+        self.valid = 0
+
+    def pick(self, logits) -> tuple[int, np.ndarray | None]:
+        """A draft token and the distribution over the target's ids it was drawn from."""
+        g = self.gen
+        if self.vocab is None:
+            return pick(logits, g.sampling, g.rng)
+        d, q = pick(self.vocab.draft_logits(logits), g.sampling, g.rng)
+        return d, self.vocab.draft_dist(q)
+
+    def first(self, prompt):
+        q0 = self.r.prefill(prompt)
+        self.valid = len(prompt)
+        return self.pick(q0)
+
+    def draft(self, seq, q: int, n: int) -> tuple[list[int], list]:
+        """``n`` drafts for positions q.. (the DLM first catches up to seq[:q])."""
+        drafts, dists = [], []
+        if n <= 0:
+            return drafts, dists
+        pending, p0 = seq[self.valid:q], self.valid
+        PL = self.r.b.prefill_len
+        while len(pending) > 2:          # only after rounds without drafts
+            step = PL if len(pending) > PL else 2
+            self.r.call(pending[:step], p0, step)
+            pending, p0 = pending[step:], p0 + step
+        logits = self.r.call(pending, p0, len(pending))[0]
+        self.valid = q
+        for i in range(n):
+            d, dist = self.pick(logits)
+            drafts.append(d)
+            dists.append(dist)
+            if i < n - 1:
+                logits = self.r.call([d], q + i, 1)[0]
+                self.valid = q + i + 1
+        return drafts, dists
+
+    def rollback(self, valid: int) -> None:
+        self.valid = min(self.valid, valid)
+
+
 class _Generation:
     """One speculative generation: the state carried from round to round."""
 
@@ -293,22 +373,32 @@ class _Generation:
         self.prompt = prompt
         self.max_new = max_new_tokens
         self.sampling, self.rng, self.on_tokens = sampling, rng, on_tokens
-        self.meter = _Meter(max(dec.choices), dec.record_calls)
+        self.meter = _Meter(max(dec.compiled_choices + [1]), dec.record_calls)
         self.vocab = dec.vocab
         self.tlm = _Runner(dec.tlm, "tlm")
-        self.dlm = _Runner(dec.dlm, "dlm", self.vocab.draft_ids if self.vocab else None)
-        for r in (self.tlm, self.dlm):
-            r.meter, r.cost = self.meter, dec._note_cost
+        self.tlm.meter, self.tlm.cost = self.meter, dec._note_cost
         dec.tlm.reset()
-        dec.dlm.reset()
+        if dec.dlm is not None:
+            self.drafter = _DlmDrafter(self, dec.dlm)
+        else:
+            self.drafter = dec.source.drafter(dec.tlm.vocab_size, sampling.greedy)
         self.CL = dec.tlm.ctx_len
         self.seq = list(prompt)
         self.out: list[int] = []
         self.sources: list[str] = []
-        self.tlm_valid = self.dlm_valid = len(prompt)   # each cache holds seq[:valid]
+        self.tlm_valid = len(prompt)   # the TLM cache holds seq[:tlm_valid]
         self.first_round = True
         self.first_accepted = False
-        self.alpha_acc, self.alpha_chk = 0, 1
+        self.alpha_acc, self.alpha_chk = 0.0, 0.0     # decayed counts: accepted / checked drafts
+        self.zero_rounds, self.probe_every = 0, dec.PROBE_FIRST
+
+    def alpha(self) -> float:
+        return (self.alpha_acc + 0.5) / (self.alpha_chk + 1.0)
+
+    def note_acceptance(self, accepted: int, drafted: int) -> None:
+        lam = self.dec.DECAY
+        self.alpha_acc = lam * self.alpha_acc + accepted
+        self.alpha_chk = lam * self.alpha_chk + accepted + (1 if accepted < drafted else 0)
 
     def result(self, stop: str) -> GenerationResult:
         self.meter.t_end = time.perf_counter()
@@ -339,72 +429,64 @@ class _Generation:
         return reason
 
     def start(self) -> str | None:
-        """Prefill both models, then the first token from L0 and d1."""
+        """Prefill the TLM (and the DLM), then the first token from L0 and d1."""
         L0 = self.tlm.prefill(self.prompt)
-        q0 = self.dlm.prefill(self.prompt)
-        d1, q1 = self.pick_draft(q0)
+        first = self.drafter.first(self.prompt) if self.dec.fixed_k != 0 else None
+        if first is None:                 # no first draft (n-gram: nothing matched; --k 0)
+            tok, _ = pick(L0, self.sampling, self.rng)
+            return self.emit([tok], ["target"])
+        d1, q1 = first
         a, tok = verify([d1], [q1], L0[None], self.sampling, self.rng, bonus=False)
         self.first_accepted = a == 1
-        self.alpha_acc = a
+        self.note_acceptance(a, 1)
         if not self.first_accepted:
             self.meter.add_round(1, 0)    # a round that the prefill logits alone decided
             return self.emit([tok], ["target"])
         return self.emit([d1], ["draft"])
 
-    def pick_draft(self, logits) -> tuple[int, np.ndarray | None]:
-        """A draft token and the distribution over the target's ids it was drawn from."""
-        if self.vocab is None:
-            return pick(logits, self.sampling, self.rng)
-        d, q = pick(self.vocab.draft_logits(logits), self.sampling, self.rng)
-        return d, self.vocab.draft_dist(q)
-
-    def draft(self, q: int, n: int) -> tuple[list[int], list]:
-        """``n`` drafts for positions q.. (the DLM first catches up to seq[:q])."""
-        drafts, dists = [], []
-        if n <= 0:
-            return drafts, dists
-        pending, p0 = self.seq[self.dlm_valid:q], self.dlm_valid
-        while len(pending) > 2:          # only after a round without drafts
-            self.dlm.call(pending[:2], p0, 2)
-            pending, p0 = pending[2:], p0 + 2
-        logits = self.dlm.call(pending, p0, len(pending))[0]
-        self.dlm_valid = q
-        for i in range(n):
-            d, dist = self.pick_draft(logits)
-            drafts.append(d)
-            dists.append(dist)
-            if i < n - 1:
-                logits = self.dlm.call([d], q + i, 1)[0]
-                self.dlm_valid = q + i + 1
-        return drafts, dists
+    def pick_width(self) -> int:
+        """This round's draft count: the adaptive choice, with a probe now and then
+        when it has settled on drafting nothing."""
+        dec = self.dec
+        j = dec.choose_drafts(self.alpha())
+        if j != 0 or not dec.adaptive:
+            self.zero_rounds, self.probe_every = 0, dec.PROBE_FIRST
+            return j
+        self.zero_rounds += 1
+        if self.zero_rounds < self.probe_every:
+            return 0
+        self.zero_rounds = 0
+        self.probe_every = min(2 * self.probe_every, dec.PROBE_MAX)
+        return dec.choose_drafts(self.alpha(), drafting=True)
 
     def round(self) -> str | None:
-        """One round: draft, verify [t, d1..dn] at q-1.. padded to width j+1, accept."""
+        """One round: draft, verify [t, d1..dn] at q-1.. padded to a compiled width, accept."""
         dec, meter = self.dec, self.meter
         q = len(self.seq)                     # position of the next token
         remaining = min(self.max_new - len(self.out), self.CL - q)
         round1 = self.first_round and self.first_accepted
-        if round1:
-            j = dec.k0 - 1                    # contract round 1: TLM width k, [d1..dk]
+        if round1:                            # contract round 1: TLM width k, [d1..dk]
+            j = (dec.fixed_k if dec.fixed_k is not None else dec.k0) - 1
         else:
-            j = dec.choose_drafts((self.alpha_acc + 1.0) / (self.alpha_chk + 2.0))
+            j = self.pick_width()
         kv = max(min(j, remaining - 1), 0)   # drafts worth making
-        drafts, dists = self.draft(q, kv)
+        drafts, dists = self.drafter.draft(self.seq, q, kv) if kv else ([], [])
+        kv = len(drafts)
         pending_t = self.seq[self.tlm_valid:q]
         if len(pending_t) != 1:
             raise AssertionError(f"TLM is {len(pending_t)} tokens behind")
-        rows = self.tlm.call(pending_t + drafts, self.tlm_valid, j + 1)
+        rows = self.tlm.call(pending_t + drafts, self.tlm_valid, dec.width_for(kv + 1))
         meter.verify_calls += 1
-        meter.widths[j] = meter.widths.get(j, 0) + 1
+        meter.widths[kv] = meter.widths.get(kv, 0) + 1
         a, tok = verify(drafts, dists, rows[: kv + 1], self.sampling, self.rng)
         if round1:
             meter.add_round(kv + 1, a + 1)   # d1 belongs to round 1
         elif kv:
-            meter.add_round(kv, a)           # (a last round without drafts is no round of drafting)
-        self.alpha_acc += a
-        self.alpha_chk += a + (1 if a < kv else 0)
+            meter.add_round(kv, a)           # (a round without drafts is no round of drafting)
+        if kv:
+            self.note_acceptance(a, kv)
         self.tlm_valid = q + a
-        self.dlm_valid = min(self.dlm_valid, q + a)
+        self.drafter.rollback(q + a)
         n_before = len(self.out)
         stop = self.emit(drafts[:a] + [tok], ["draft"] * a + ["target"])
         # tokens this TLM call produced (round 1 also confirmed d1)
@@ -415,12 +497,12 @@ class _Generation:
 
 def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-             eos_token_id=None, k: int | None = None, tokenizer=None,
+             eos_token_id=None, k: int | None = None, tokenizer=None, draft=None,
              on_tokens: OnTokens | None = None) -> GenerationResult:
-    """One generation: speculative when ``dlm`` is given, target-only otherwise."""
+    """One generation: speculative when ``dlm`` (or ``draft="ngram"``) is given, target-only otherwise."""
     sp = SamplingParams(temperature, top_k, top_p, seed)
-    if dlm is None:
+    if dlm is None and draft is None:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos_token_id)
     else:
-        dec = SpecDecoder(tlm, dlm, eos_token_id=eos_token_id, k=k, tokenizer=tokenizer)
+        dec = SpecDecoder(tlm, dlm, draft=draft, eos_token_id=eos_token_id, k=k, tokenizer=tokenizer)
     return dec.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sp, on_tokens=on_tokens)

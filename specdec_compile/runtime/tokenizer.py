@@ -27,6 +27,29 @@ def load_tokenizer(path):
     return tok
 
 
+def eos_ids(tok, tokenizer_dir=None) -> list[int]:
+    """Every end-of-sequence id: the tokenizer's, plus ``eos_token_id`` of the
+    generation_config.json beside it (an id or a list; instruct models list
+    several, and HF ``generate`` stops at each)."""
+    ids = []
+    if getattr(tok, "eos_token_id", None) is not None:
+        ids.append(int(tok.eos_token_id))
+    if tokenizer_dir is not None:
+        gc = Path(tokenizer_dir) / "generation_config.json"
+        if gc.is_file():
+            import json
+            try:
+                val = json.loads(gc.read_text(encoding="utf-8")).get("eos_token_id")
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                raise SpecdecError(f"{gc}: not a JSON object") from None
+            vals = val if isinstance(val, list) else ([] if val is None else [val])
+            for v in vals:
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise SpecdecError(f"{gc}: eos_token_id {val!r} is not an id or a list of ids")
+                ids.append(v)
+    return sorted(set(ids))
+
+
 def tokenizer_vocab_size(tok) -> int:
     return len(tok)
 

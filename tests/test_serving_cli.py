@@ -1,0 +1,130 @@
+"""``specdec-run`` serving options on a real tiny export (ONNX Runtime): --draft ngram,
+--k-list 0 fallback, several prompts, bad input as one line + exit 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec_compile import cli as compile_cli
+from specdec_compile.runtime import cli as run_cli
+
+PL, CL = 8, 64
+IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55, 1, 5, 9, 33, 7]
+
+
+@pytest.fixture(scope="module")
+def arts(fixture_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serving_cli")
+    made = {}
+
+    def get(name, role, target="ort", k=None, k_list=None, batch=1):
+        key = (name, role, target, k, k_list, batch)
+        if key not in made:
+            out = root / "-".join(str(x) for x in key if x is not None)
+            argv = [str(fixture_path(name)), "--role", role, "--target", target, "--prefill-len", str(PL),
+                    "--ctx-len", str(CL), "--batch-size", str(batch), "-o", str(out)]
+            if k is not None:
+                argv += ["--k", str(k)]
+            if k_list is not None:
+                argv += ["--k-list", k_list]
+            assert compile_cli.main(argv) == 0
+            made[key] = out
+        return made[key]
+
+    return get
+
+
+def run(argv, capsys):
+    capsys.readouterr()
+    code = run_cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *needles):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec-run: error: "), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def ids_of(out):
+    return [r["generated_ids"] for r in json.loads(out)["results"]]
+
+
+def test_ngram_drafts_equal_target_only(arts, capsys):
+    tlm = arts("llama_gqa", "tlm", k=4)
+    base = ["--tlm", tlm, "--prompt-ids", ",".join(map(str, IDS)), "--max-new-tokens", 24, "--json",
+            "--eos-id", -1]
+    code, out, err = run(base + ["--target-only"], capsys)
+    assert code == 0, err
+    want = ids_of(out)
+    for extra in (["--draft", "ngram"], ["--draft", "ngram", "--ngram-max", "1"],
+                  ["--draft", "ngram", "--k", "3"]):
+        code, out, err = run(base + extra, capsys)
+        assert code == 0, err
+        assert ids_of(out) == want, extra
+
+
+def test_k_list_zero_compiles_width_one_and_decodes(arts, capsys):
+    tlm = arts("llama_gqa", "tlm", k=4, k_list="0,4")
+    man = json.loads((tlm / "manifest.json").read_text())
+    assert 0 in man["k_list"]
+    base = ["--tlm", tlm, "--prompt-ids", ",".join(map(str, IDS)), "--max-new-tokens", 24, "--json",
+            "--eos-id", -1]
+    code, out, err = run(base + ["--target-only"], capsys)
+    want = ids_of(out)
+    for extra in (["--draft", "ngram"], ["--draft", "ngram", "--k", "0"], ["--dlm", arts("llama_gqa", "dlm")],
+                  ["--dlm", arts("llama_gqa", "dlm"), "--no-fallback"]):
+        code, out, err = run(base + extra, capsys)
+        assert code == 0, err
+        assert ids_of(out) == want, extra
+
+
+def test_ngram_bad_input(arts, capsys):
+    tlm = arts("llama_gqa", "tlm", k=4)
+    base = ["--tlm", tlm, "--prompt-ids", "1,2,3"]
+    one_line_error(*run(base + ["--draft", "ngram", "--dlm", arts("llama_gqa", "dlm")], capsys)[::2], "no --dlm")
+    one_line_error(*run(base + ["--draft", "ngram", "--ngram-max", "0"], capsys)[::2], "--ngram-max")
+    one_line_error(*run(base + ["--ngram-max", "2", "--dlm", arts("llama_gqa", "dlm")], capsys)[::2],
+                   "--draft ngram")
+    one_line_error(*run(base, capsys)[::2], "--dlm DIR is required")
+
+
+def test_every_eos_of_generation_config_stops(arts, capsys, tmp_path):
+    from test_runtime_cli import make_tokenizer
+    tok = make_tokenizer(tmp_path / "tok")
+    tlm = arts("llama_gqa", "tlm", k=4)
+    base = ["--tlm", tlm, "--dlm", arts("llama_gqa", "dlm"), "--prompt-ids", ",".join(map(str, IDS)),
+            "--max-new-tokens", 20, "--json"]
+    code, out, err = run(base + ["--eos-id", -1], capsys)
+    ids = ids_of(out)[0]
+    stop = next(t for t in ids[2:] if t != 2)
+    code, out, err = run(base + ["--tokenizer", tok], capsys)      # only the tokenizer's EOS (2)
+    assert code == 0, err
+    assert ids_of(out)[0] == ids[: ids.index(2) + 1] if 2 in ids else ids_of(out)[0] == ids
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, stop]}))
+    code, out, err = run(base + ["--tokenizer", tok], capsys)
+    r = json.loads(out)["results"][0]
+    assert r["generated_ids"] == ids[: ids.index(stop) + 1] and r["metrics"]["stop_reason"] == "eos"
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": stop}))
+    ngram = ["--tlm", tlm, "--draft", "ngram", "--prompt-ids", ",".join(map(str, IDS)), "--max-new-tokens", 20,
+             "--json", "--tokenizer", tok]
+    code, out, err = run(ngram, capsys)
+    assert code == 0, err
+    assert json.loads(out)["results"][0]["generated_ids"] == ids[: ids.index(stop) + 1]
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
+    one_line_error(*run(base + ["--tokenizer", tok], capsys)[::2], "generation_config.json")
+
+
+def test_thread_options():
+    from specdec_compile.errors import SpecdecError
+    assert run_cli.ort_thread_options(None, two_models=False) == {}
+    so = run_cli.ort_thread_options(None, two_models=True)["session_options"]
+    assert so.intra_op_num_threads >= 1
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert run_cli.ort_thread_options(1, two_models=False)["session_options"].intra_op_num_threads == 1
+    with pytest.raises(SpecdecError):
+        run_cli.ort_thread_options(0, two_models=False)

@@ -1,0 +1,99 @@
+"""The K=0 fallback: with 0 in the TLM's k_list the adaptive choice drafts nothing
+(TLM width 1) when drafts do not pay, probes now and then, and drafts again when
+they are accepted. FAKE backends (specdec_compile.runtime.testing)."""
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_compile.runtime import NgramDraft, SpecDecoder, TargetOnlyDecoder
+from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact
+
+PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1]
+
+
+class PhaseLM(FakeLM):
+    """A draft that always disagrees with ``target`` while the history is shorter
+    than ``until``, and equals it afterwards."""
+
+    def __init__(self, target: FakeLM, until: int):
+        super().__init__(target.vocab)
+        self.target, self.until = target, until
+
+    def __call__(self, history):
+        x = self.target(history).copy()
+        if len(history) < self.until:
+            x[int(np.argmax(x))] -= 100.0
+        return x
+
+
+def reference_greedy(lm, prompt, max_new):
+    seq, out = list(prompt), []
+    for _ in range(max_new):
+        t = int(np.argmax(lm(seq)))
+        out.append(t)
+        seq.append(t)
+    return out
+
+
+class Nominal(SpecDecoder):
+    """The width choice fed nominal call times (TLM 1 + 0.05 per token, DLM 0.3)
+    instead of measured ones, so the test does not depend on a shared machine's timer."""
+
+    def _note_cost(self, role, width, dt):
+        super()._note_cost(role, width, 0.3 if role == "dlm" else 1.0 + 0.05 * width)
+
+
+def pair(until, k_list=(0, 1, 4), log=None, ctx=160):
+    lm = FakeLM(23)
+    t = FakeBackend(fake_artifact("tlm", k=4, k_list=list(k_list), ctx_len=ctx), lm, log)
+    d = FakeBackend(fake_artifact("dlm", ctx_len=ctx), PhaseLM(lm, until), log)
+    return t, d, lm
+
+
+def test_choice_with_known_costs():
+    t, d, _ = pair(0)
+    dec = SpecDecoder(t, d)
+    assert dec.adaptive and dec.choices == [0, 1, 3, 4]
+    dec._cost = {"dlm": [10, 10 * 0.3], "tlm": {1: [10, 10.0], 2: [10, 11.0], 4: [10, 12.0], 5: [10, 13.0]}}
+    assert dec.choose_drafts(0.05) == 0              # drafts rarely accepted: plain decoding
+    assert dec.choose_drafts(0.9) == 4               # drafts pay
+    assert dec.choose_drafts(0.05, drafting=True) == 1   # the probe: the best j > 0
+    dec.fallback = False
+    nf = SpecDecoder(t, d, fallback=False)
+    nf._cost = dec._cost
+    assert 0 not in nf.choices and nf.choose_drafts(0.05) == 1
+
+
+def test_falls_back_to_width_one_when_drafts_are_never_accepted():
+    log = []
+    t, d, lm = pair(until=10 ** 6, log=log)
+    res = Nominal(t, d).generate(PROMPT, max_new_tokens=60)
+    assert res.generated_ids == reference_greedy(lm, PROMPT, 60)
+    assert res.generated_ids == TargetOnlyDecoder(t).generate(PROMPT, max_new_tokens=60).generated_ids
+    assert res.metrics["accepted_tokens"] == 0
+    widths = [c[1] for c in log if c[0] == "tlm" and c[1] != 8]
+    assert widths.count(1) >= 0.7 * len(widths), widths          # mostly plain decoding
+    assert len(widths) - widths.count(1) >= 2                     # but it probed
+    hist = res.metrics["verify_drafts_histogram"]
+    assert hist.get("0", 0) > sum(v for j, v in hist.items() if j != "0")
+
+
+def test_returns_to_drafting_when_drafts_are_accepted():
+    log = []
+    t, d, lm = pair(until=40, log=log, ctx=200)
+    res = Nominal(t, d).generate(PROMPT, max_new_tokens=150)
+    assert res.generated_ids == reference_greedy(lm, PROMPT, 150)
+    tl = [c for c in log if c[0] == "tlm" and c[1] != 8]
+    early = [c[1] for c in tl if 0 <= c[2][0] < 40]
+    late = [c[1] for c in tl if c[2][0] >= 110]
+    assert early.count(1) >= len(early) // 2, early               # fell back while drafts failed
+    assert late and sum(w > 1 for w in late) >= 0.7 * len(late), late   # and drafts again
+    assert res.metrics["accepted_tokens"] >= 60
+
+
+def test_ngram_with_the_fallback_equals_target_only():
+    lm = FakeLM(23)
+    t = FakeBackend(fake_artifact("tlm", k=4, k_list=[0, 2, 4], ctx_len=96), lm, cost=0.001)
+    for fb in (True, False):
+        res = SpecDecoder(t, NgramDraft(2), fallback=fb).generate(PROMPT, max_new_tokens=50)
+        assert res.generated_ids == reference_greedy(lm, PROMPT, 50)
