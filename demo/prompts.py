@@ -22,6 +22,9 @@ DEMO_PROMPTS: list[str] = [
     "Give three tips for writing readable code.",
 ]
 
+# The warm-up before the timed runs (every width once); not a demo prompt, not a training one.
+WARMUP_PROMPT = "Write a short poem about the sea."
+
 # words that tie an instruction to a demo prompt; such instructions are left out
 _HELD_OUT_WORDS = ("palindrome", "tuple", "word count", "count words", "words", "readable")
 

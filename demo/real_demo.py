@@ -14,9 +14,10 @@
              speculative with the chosen draft (the text streams, accepted drafts in
              green); greedy speculative output must equal the target-only output.
 5. drafts    the candidates are compared in ``choose_draft`` (the one place that
-             decides): the distilled draft, measured; prompt lookup (n-gram), replayed
-             on the target's own answers with the measured call costs until the
-             runtime runs it (then measured like the other).
+             decides): the distilled draft and the runtime's prompt lookup (n-gram,
+             ``runtime_ngram_decoder``), both measured on the same prompts, side by
+             side. The n-gram replay on the target's own answers (``ngram.py``) is
+             reported next to it as a prediction, labelled as such.
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ import prompts as prompt_sets
 import run_demo
 import smollm2
 
-WIDTHS = list(range(1, 9))              # verification widths j+1 for j drafts, j = 1..8
+WIDTHS = list(range(1, 9))              # drafts per round j = 1..8 (verification widths j+1)
+K_LIST = [0] + WIDTHS                   # 0: a width-1 TLM call, the runtime's K=0 fallback
+NGRAM_MAX = 3
 
 
 def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, log=print) -> dict:
@@ -42,7 +45,7 @@ def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, lo
     draft = distill.run(distill.CONFIG, out, target, threads=threads)
     t_draft = time.time() - t0
     common = ["--target", "ort", "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
-    tl = ["--role", "tlm", "--k", str(k), "--k-list", ",".join(map(str, WIDTHS))]
+    tl = ["--role", "tlm", "--k", str(k), "--k-list", ",".join(map(str, K_LIST))]
     onnx_t, onnx_d = Path(target["paths"]["onnx"]), Path(draft["paths"]["onnx"])
     ctimes = {"dlm": run_demo.compile_artifact(onnx_d, out / "dlm", ["--role", "dlm", *common], log=log),
               "tlm": run_demo.compile_artifact(onnx_t, out / "tlm", [*tl, *common], log=log),
@@ -87,11 +90,16 @@ def width_costs(tlm, dlm, base, *, rounds: int = 6, start: int = 100) -> dict:
     return {"step_s": med.pop("step"), "dlm_s": med.pop("dlm"), "verify_s": med}
 
 
-def runtime_ngram_decoder(tlm, eos, k: int):
-    """The runtime's prompt-lookup drafter, once it has one (the serving issue); None until then.
-    This is the only place to change when it lands: return a decoder with ``generate()``
-    like ``SpecDecoder``'s and the demo measures it like the distilled draft."""
-    return None
+def runtime_ngram_decoder(tlm, eos, k: int | None = None):
+    """The runtime's prompt-lookup drafter (``SpecDecoder(tlm, None, draft="ngram")``, docs/serving.md):
+    no draft model; ``k`` None: the adaptive width choice (with the K=0 fallback) over the TLM's
+    compiled widths. None when the runtime has no n-gram drafter."""
+    from specdec_compile.runtime import SpecDecoder
+    try:
+        return SpecDecoder(tlm, None, draft="ngram", ngram_max=NGRAM_MAX, eos_token_id=eos, k=k,
+                           adaptive=None if k is None else False)
+    except TypeError:          # a runtime without draft sources
+        return None
 
 
 def choose_draft(cands: list[dict]) -> dict:
@@ -120,47 +128,72 @@ def ngram_prediction(pairs: list[tuple[list[int], list[int]]], costs: dict) -> d
     return {"best_k": best[0], "predicted_speedup": round(best[1], 3), "by_k": per_k}
 
 
-def decode_all(spec, target, tok, instructions: list[str], *, max_new_tokens: int, repeats: int,
-               stream) -> list[dict]:
-    """Each instruction: target-only, then speculative (streamed on the first repeat); best of
-    ``repeats`` decode rates; greedy outputs must be identical."""
+def _best(prev, res):
+    r = run_demo.decode_rate(res.metrics) or 0
+    return res if prev is None or r > (run_demo.decode_rate(prev.metrics) or 0) else prev
+
+
+def decode_all(drafts: dict, target, tok, instructions: list[str], *, max_new_tokens: int, repeats: int,
+               stream, streamed: str) -> list[dict]:
+    """Each instruction: target-only, then speculative with every draft in ``drafts`` (name ->
+    decoder), interleaved, ``repeats`` times (best decode rate kept); the ``streamed`` draft's first
+    run streams. Greedy: every speculative output must equal the target-only output."""
     rows = []
     for text in instructions:
         ids = smollm2.chat_ids(tok, text)
-        best_s = best_t = None
-        identical = True
+        best_t = None
+        best = {n: None for n in drafts}
+        same = {n: True for n in drafts}
         for r in range(repeats):
             rt = target.generate(ids, max_new_tokens=max_new_tokens)
-            if r == 0:
-                stream.start(ids, f"{len(ids)} prompt tokens with the chat template; accepted drafts in green",
-                             shown=f"user: {text}\nassistant: ")
-            rs = spec.generate(ids, max_new_tokens=max_new_tokens, on_tokens=stream if r == 0 else None)
-            if r == 0:
-                stream.end()
-            identical &= rs.generated_ids == rt.generated_ids
-            if best_s is None or (run_demo.decode_rate(rs.metrics) or 0) > (run_demo.decode_rate(best_s.metrics) or 0):
-                best_s = rs
-            if best_t is None or (run_demo.decode_rate(rt.metrics) or 0) > (run_demo.decode_rate(best_t.metrics) or 0):
-                best_t = rt
-        vs, vt = run_demo.decode_rate(best_s.metrics), run_demo.decode_rate(best_t.metrics)
-        m = best_s.metrics
-        rows.append({"prompt": text, "prompt_tokens": len(ids), "new_tokens": m["new_tokens"],
-                     "stop": best_s.stop_reason, "target_tokens_per_s": vt, "spec_tokens_per_s": vs,
-                     "speedup": (vs / vt) if vs and vt else None, "identical": bool(identical),
-                     "acceptance_rate": m["acceptance_rate"], "tokens_per_tlm_call": m["mean_tokens_per_tlm_call"],
-                     "verify_drafts_histogram": m.get("verify_drafts_histogram"),
-                     "prompt_ids": ids, "answer_ids": best_t.generated_ids,
+            best_t = _best(best_t, rt)
+            for name, dec in drafts.items():
+                show = r == 0 and name == streamed
+                if show:
+                    stream.start(ids, f"{len(ids)} prompt tokens (chat template); {name} draft, accepted drafts "
+                                      f"in green", shown=f"user: {text}\nassistant: ")
+                rs = dec.generate(ids, max_new_tokens=max_new_tokens, on_tokens=stream if show else None)
+                if show:
+                    stream.end()
+                same[name] &= rs.generated_ids == rt.generated_ids
+                best[name] = _best(best[name], rs)
+        vt = run_demo.decode_rate(best_t.metrics)
+        per = {}
+        for name, res in best.items():
+            m, vs = res.metrics, run_demo.decode_rate(res.metrics)
+            per[name] = {"spec_tokens_per_s": vs, "speedup": (vs / vt) if vs and vt else None,
+                         "identical": bool(same[name]), "new_tokens": m["new_tokens"],
+                         "acceptance_rate": m["acceptance_rate"], "tokens_per_tlm_call": m["mean_tokens_per_tlm_call"],
+                         "verify_drafts_histogram": m.get("verify_drafts_histogram")}
+        rows.append({"prompt": text, "prompt_tokens": len(ids), "new_tokens": best_t.metrics["new_tokens"],
+                     "stop": best_t.stop_reason, "target_tokens_per_s": vt, "drafts": per,
+                     "identical": all(same.values()), "prompt_ids": ids, "answer_ids": best_t.generated_ids,
                      "text": tok.decode(best_t.generated_ids, skip_special_tokens=True)})
     return rows
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize(rows: list[dict], name: str) -> dict:
+    """Decode rates over all prompts (total tokens / total time) for one draft, and its speedup."""
     tot = sum(r["new_tokens"] - 1 for r in rows)
-    ts = sum((r["new_tokens"] - 1) / r["spec_tokens_per_s"] for r in rows if r["spec_tokens_per_s"])
+    ts = sum((r["new_tokens"] - 1) / r["drafts"][name]["spec_tokens_per_s"] for r in rows
+             if r["drafts"][name]["spec_tokens_per_s"])
     tt = sum((r["new_tokens"] - 1) / r["target_tokens_per_s"] for r in rows if r["target_tokens_per_s"])
     s = {"spec_tokens_per_s": tot / ts if ts else None, "target_tokens_per_s": tot / tt if tt else None}
     s["speedup"] = s["spec_tokens_per_s"] / s["target_tokens_per_s"] if ts and tt else None
+    s["identical"] = all(r["drafts"][name]["identical"] for r in rows)
     return s
+
+
+def calibrate(drafts: dict, target, tok) -> dict:
+    """Warm-up (every width once) on an instruction outside the demo set; the decode rates also pick
+    which draft streams. Returns name -> speedup on it."""
+    ids = smollm2.chat_ids(tok, prompt_sets.WARMUP_PROMPT)
+    vt = run_demo.decode_rate(target.generate(ids, max_new_tokens=48).metrics) or 0
+    out = {}
+    for name, dec in drafts.items():
+        vs = run_demo.decode_rate(dec.generate(ids, max_new_tokens=48).metrics) or 0
+        out[name] = vs / vt if vt else 0.0
+    return out
 
 
 def main(a, console, log) -> int:
@@ -173,69 +206,83 @@ def main(a, console, log) -> int:
     log(f"[target] {tgt['name']} ({tgt['license']}): {tgt['facts']['params'] / 1e6:.1f}M parameters, "
         f"{tgt['facts']['layers']} layers; from {tgt['source']}")
     dm = dr["metrics"]
-    log(f"[draft] distilled: SmolLM2 layer(s) {dr['layers']} + head over ids < {dr['head_rows']} "
+    log(f"[draft] distilled: SmolLM2 layer(s) {dr['layers']} + head over {dr['head_rows']} ids "
         f"({dr['params'] / 1e6:.1f}M parameters), trained on {dr['train_answer_tokens']:,} answer tokens; "
         f"held-out greedy agreement {dm['greedy_agreement']}, head coverage {dm['head_coverage']}")
 
+    t_dec = time.time()
     tok, tlm, dlm, base = open_backends(a.out, a.ort_threads)
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
     target = TargetOnlyDecoder(base, eos_token_id=eos)
-    spec = SpecDecoder(tlm, dlm, eos_token_id=eos, k=a.decode_k)
+    drafts = {"distilled": SpecDecoder(tlm, dlm, eos_token_id=eos, k=a.decode_k)}
+    ng_dec = runtime_ngram_decoder(tlm, eos, a.decode_k)
+    if ng_dec is not None:
+        drafts["ngram"] = ng_dec
     costs = width_costs(tlm, dlm, base)
     log(f"[costs] target step {costs['step_s'] * 1e3:.1f} ms, draft step {costs['dlm_s'] * 1e3:.2f} ms "
         f"(c = {costs['dlm_s'] / costs['step_s']:.3f}), verification "
         + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_s"].items())) + " ms")
-    warm = smollm2.chat_ids(tok, "Say hello.")
-    spec.generate(warm, max_new_tokens=16)
-    target.generate(warm, max_new_tokens=4)
+    cal = calibrate(drafts, target, tok)
+    streamed = max(cal, key=cal.get)
+    log("[warm-up] " + ", ".join(f"{n} {v:.2f}x" for n, v in cal.items())
+        + f" on a warm-up instruction: the {streamed} draft streams below; both are measured")
 
     instructions = prompt_sets.DEMO_PROMPTS[: a.prompts]
     stream = run_demo.Stream(tok, console, enabled=not a.no_stream)
-    rows = decode_all(spec, target, tok, instructions, max_new_tokens=a.max_new_tokens, repeats=a.repeats,
-                      stream=stream)
-    summary = summarize(rows)
+    rows = decode_all(drafts, target, tok, instructions, max_new_tokens=a.max_new_tokens, repeats=a.repeats,
+                      stream=stream, streamed=streamed)
+    sums = {n: summarize(rows, n) for n in drafts}
     identical = all(r["identical"] for r in rows)
 
     ng = ngram_prediction([(r["prompt_ids"], r["answer_ids"]) for r in rows], costs)
-    cands = [{"name": "distilled", "runnable": True, "speedup": summary["speedup"], "how": "measured"},
-             {"name": "ngram", "runnable": runtime_ngram_decoder(tlm, eos, ng["best_k"]) is not None,
-              "speedup": ng["predicted_speedup"], "how": "predicted", "k": ng["best_k"]}]
+    cands = [{"name": n, "runnable": True, "speedup": sums[n]["speedup"], "how": "measured"} for n in drafts]
+    if "ngram" not in drafts:
+        cands.append({"name": "ngram", "runnable": False, "speedup": ng["predicted_speedup"], "how": "predicted",
+                      "k": ng["best_k"]})
     chosen = choose_draft(cands)
+    summary = sums[chosen["name"]]
 
     t = Table(title=f"SmolLM2-135M-Instruct: speculative vs target-only greedy decoding (ONNX Runtime CPU, "
-                    f"{a.ort_threads} thread; draft: {chosen['name']})")
-    for col in ("prompt", "new tok", "target tok/s", "spec tok/s", "speedup", "accept", "tok/TLM call", "identical"):
+                    f"{a.ort_threads} thread; measured, best of {a.repeats})")
+    cols = ["prompt", "new tok", "target tok/s"] + [f"{n} tok/s" for n in drafts] + \
+        [f"{n} speedup" for n in drafts] + [f"{n} tok/call" for n in drafts] + ["identical"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "prompt" else "right")
     f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
     for r in rows:
-        t.add_row(r["prompt"][:44], str(r["new_tokens"]), f(r["target_tokens_per_s"]), f(r["spec_tokens_per_s"]),
-                  f(r["speedup"], 2) + "x", f(r["acceptance_rate"], 2), f(r["tokens_per_tlm_call"], 2),
-                  "yes" if r["identical"] else "NO")
+        d = r["drafts"]
+        t.add_row(r["prompt"][:40], str(r["new_tokens"]), f(r["target_tokens_per_s"]),
+                  *[f(d[n]["spec_tokens_per_s"]) for n in drafts], *[f(d[n]["speedup"], 2) + "x" for n in drafts],
+                  *[f(d[n]["tokens_per_tlm_call"], 2) for n in drafts], "yes" if r["identical"] else "NO")
     t.add_row("all", str(sum(r["new_tokens"] for r in rows)), f(summary["target_tokens_per_s"]),
-              f(summary["spec_tokens_per_s"]), f(summary["speedup"], 2) + "x", "", "",
-              "yes" if identical else "NO", style="bold")
+              *[f(sums[n]["spec_tokens_per_s"]) for n in drafts], *[f(sums[n]["speedup"], 2) + "x" for n in drafts],
+              *["" for _ in drafts], "yes" if identical else "NO", style="bold")
     console.print(t)
     for c in cands:
-        state = "" if c["runnable"] else " (not run: the runtime has no n-gram drafter yet)"
+        state = "" if c["runnable"] else " (a replay on the target's answers, not run: the runtime has no n-gram drafter)"
         log(f"[drafts] {c['name']}: {c['speedup']:.2f}x {c['how']}{state}")
+    log(f"[drafts] n-gram replay on the target's answers (a prediction from the measured call costs): "
+        f"{ng['predicted_speedup']:.2f}x at k={ng['best_k']}")
     log(f"[drafts] the demo uses the {chosen['name']} draft ({chosen['speedup']:.2f}x, {chosen['how']})")
     log("every speculative output was identical to the target-only output (greedy)" if identical else
         "SPECULATIVE OUTPUT DIFFERED FROM THE TARGET-ONLY OUTPUT")
 
     result = {"model": f"{tgt['name']} ({tgt['license']}; {tgt['source']})", "draft": chosen["name"],
-              "prompts": [{"prompt": r["prompt"], "new_tokens": r["new_tokens"], "speedup": r["speedup"],
-                           "identical": r["identical"]} for r in rows],
+              "prompts": [{"prompt": r["prompt"], "new_tokens": r["new_tokens"],
+                           "speedup": r["drafts"][chosen["name"]]["speedup"],
+                           "identical": r["drafts"][chosen["name"]]["identical"]} for r in rows],
               "speedup": summary["speedup"], "identical": identical,
-              "details": {"summary": summary, "rows": [{k: v for k, v in r.items() if k not in ("prompt_ids",)}
-                                                       for r in rows],
-                          "draft_candidates": cands, "ngram": ng, "costs": {k: v for k, v in costs.items()},
+              "details": {"summary": summary, "by_draft": sums, "draft_candidates": cands, "warmup": cal,
+                          "rows": [{k: v for k, v in r.items() if k not in ("prompt_ids", "answer_ids")} for r in rows],
+                          "ngram_replay_prediction": ng, "costs": costs,
                           "draft": {k: dr[k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
                                                        "metrics", "times", "train")},
-                          "stages_s": {**built["stage_s"], "decode": None}, "settings": vars(a) | {"out": str(a.out)}}}
+                          "stages_s": {**built["stage_s"], "decode": round(time.time() - t_dec, 1)},
+                          "settings": vars(a) | {"out": str(a.out)}}}
     result["details"]["stages_s"]["total"] = round(time.time() - t_all, 1)
     (a.out / "demo.json").write_text(json.dumps(result, indent=1, default=str))
     log(f"[demo] {a.out / 'demo.json'}; artifacts {a.out / 'tlm'}, {a.out / 'dlm'}, {a.out / 'tlm-base'} "
-        f"(target-only baseline), exports in {a.out / 'export'}")
+        f"(target-only baseline), exports in {a.out / 'export'} ({result['details']['stages_s']['total']:.0f} s)")
     for b in (tlm, dlm, base):
         b.close()
     return 0 if identical else 1

@@ -85,13 +85,16 @@ def test_lean_teacher_matches_transformers_greedy():
     lean = teacher.LeanLlama(model)
     g = torch.Generator().manual_seed(1)
     ps = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (5, 9, 7)]   # left padding differs
-    rows, tops = teacher.greedy_batch(lean, ps, 12, eos={2}, topk=3)
-    for p, r, (ti, tp) in zip(ps, rows, tops):
+    rows, tops, hidden = teacher.greedy_batch(lean, ps, 12, eos={2}, topk=3)
+    for p, r, (ti, tp), hid in zip(ps, rows, tops, hidden):
         with torch.inference_mode():
             out = model(input_ids=torch.tensor([p + r[:-1]])).logits[0, len(p) - 1:]
         assert out.argmax(-1).tolist() == r
         assert ti[:, 0].tolist() == r and ti.shape == (len(r), 3)
         assert np.allclose(tp[:, 0].float().numpy(), torch.softmax(out, -1).max(-1).values.numpy(), atol=2e-3)
+        # the kept hidden state carries the whole distribution: logits = hidden @ head.T
+        assert hid.shape == (len(r), 64)
+        assert np.allclose(lean.logits(hid.float()).numpy(), out.numpy(), atol=0.05)
 
 
 @pytest.mark.slow
@@ -157,3 +160,84 @@ def test_frequent_head_ids():
     assert distill.head_ids(data, cfg, 20, [2]) == [2, 3, 7, 9]      # EOS, then by count, ties by id
     cfg["draft"]["head"] = "first"
     assert distill.head_ids(data, cfg, 20, [2]) == [0, 1, 2, 3]
+
+
+def _tiny_pair(fixture_path, tmp_path, k_list="0,1,2,3,4"):
+    import subprocess
+    src = fixture_path("llama_gqa")
+    outs = {}
+    for role, args in (("tlm", ["--role", "tlm", "--k", "4", "--k-list", k_list]), ("dlm", ["--role", "dlm"])):
+        out = tmp_path / role
+        res = subprocess.run([sys.executable, "-m", "specdec_compile.cli", str(src), *args, "--target", "ort",
+                              "--ctx-len", "96", "-o", str(out)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-800:]
+        outs[role] = out
+    return outs
+
+
+@pytest.mark.slow
+def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_path, monkeypatch):
+    """The demo's decode phase on a tiny compiled pair: the distilled (DLM) draft and the runtime's
+    n-gram draft, both run, both identical to target-only greedy output, summaries per draft."""
+    pytest.importorskip("rich")
+    import real_demo
+    from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
+    outs = _tiny_pair(fixture_path, tmp_path)
+    tlm, dlm = OrtBackend(outs["tlm"], intra_op_threads=1), OrtBackend(outs["dlm"], intra_op_threads=1)
+    base = OrtBackend(outs["dlm"], intra_op_threads=1)        # the same export at seq_len 1: a target-only baseline
+    ng = real_demo.runtime_ngram_decoder(tlm, None)
+    assert ng is not None                                    # the runtime has n-gram drafts
+    drafts = {"distilled": SpecDecoder(tlm, dlm), "ngram": ng}
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return " ".join(map(str, ids))
+
+    class NoStream:
+        def start(self, *a, **k): ...
+        def __call__(self, *a): ...
+        def end(self): ...
+
+    monkeypatch.setattr(real_demo.smollm2, "chat_ids", lambda tok, text: [5, 9, 11, 5, 9, 11, 5, 9][: len(text) % 5 + 4])
+    rows = real_demo.decode_all(drafts, TargetOnlyDecoder(base), Tok(), ["ab", "abcd"], max_new_tokens=12,
+                                repeats=1, stream=NoStream(), streamed="ngram")
+    assert [r["new_tokens"] for r in rows] == [12, 12]
+    for r in rows:
+        assert r["identical"] and set(r["drafts"]) == {"distilled", "ngram"}
+        assert all(d["identical"] and d["speedup"] > 0 for d in r["drafts"].values())
+    for name in drafts:
+        s = real_demo.summarize(rows, name)
+        assert s["identical"] and s["speedup"] > 0
+    # the n-gram replay (a prediction) runs on the same answers with the measured call costs
+    costs = real_demo.width_costs(tlm, dlm, base, rounds=2, start=20)
+    assert set(costs["verify_s"]) >= {1, 2, 5}
+    ngp = real_demo.ngram_prediction([(r["prompt_ids"], r["answer_ids"]) for r in rows], costs)
+    assert ngp["best_k"] in range(1, 5) and ngp["predicted_speedup"] > 0
+
+
+REAL = ROOT / "build" / "demo"
+
+
+@pytest.mark.skipif(not all((REAL / d / "manifest.json").exists() for d in ("tlm", "dlm", "tlm-base")),
+                    reason="the real model is not built here (make demo builds build/demo; tests never download it)")
+def test_real_model_greedy_speculative_equals_target_only():
+    """SmolLM2-135M-Instruct, when `make demo` has built it: one instruction through the chat template,
+    speculative greedy (distilled draft and n-gram) token for token equal to target-only."""
+    import real_demo
+    import smollm2
+    from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
+    tok, tlm, dlm, base = real_demo.open_backends(REAL, 1)
+    eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
+    ids = smollm2.chat_ids(tok, prompts.DEMO_PROMPTS[0])
+    assert tok.decode(ids).startswith("<|im_start|>")
+    want = TargetOnlyDecoder(base, eos_token_id=eos).generate(ids, max_new_tokens=24).generated_ids
+    assert len(want) > 0
+    for dec in (SpecDecoder(tlm, dlm, eos_token_id=eos), real_demo.runtime_ngram_decoder(tlm, eos)):
+        assert dec.generate(ids, max_new_tokens=24).generated_ids == want
+    js = REAL / "demo.json"
+    if js.exists():
+        import json
+        d = json.loads(js.read_text())
+        assert {"model", "draft", "prompts", "speedup", "identical"} <= set(d)
+        for p in d["prompts"]:
+            assert {"prompt", "new_tokens", "speedup", "identical"} <= set(p)
