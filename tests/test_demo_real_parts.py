@@ -241,3 +241,32 @@ def test_real_model_greedy_speculative_equals_target_only():
         assert {"model", "draft", "prompts", "speedup", "identical"} <= set(d)
         for p in d["prompts"]:
             assert {"prompt", "new_tokens", "speedup", "identical"} <= set(p)
+
+
+def test_bench_real_model_row_arithmetic():
+    """bench/real_model.py's row: rates over the decode phase, alpha by definition, c from the draft's
+    step over the target's, predicted = decode tokens x target step / the run's decode model time."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    pytest.importorskip("rich")
+    import real_model
+
+    def m(new, total, ttft, tlm, dlm, pre, hist, acc, drafted, verify, tpc, widths):
+        return {"new_tokens": new, "total_time_s": total, "ttft_s": ttft, "callback_time_s": 0.0,
+                "tlm_time_s": tlm, "dlm_time_s": dlm, "prefill_time_s": {"tlm": pre, "dlm": 0.0},
+                "acceptance_histogram": hist, "accepted_tokens": acc, "drafted_tokens": drafted,
+                "tlm_verify_calls": verify, "mean_tokens_per_tlm_call": tpc, "host_time_s": 0.1,
+                "call_time_by_width": widths, "verify_drafts_histogram": {"2": verify}}
+    # target-only: 11 tokens, 10 decode steps of 0.1 s after a 0.5 s prefill
+    tm = m(11, 1.5, 0.5, 1.5, 0.0, 0.5, [], 0, 0, 0, None, {"tlm": {"64": [1, 0.5], "1": [10, 1.0]}})
+    # speculative, k=2: 5 rounds (3 full, 2 with one accepted) -> 3*3 + 2*2 = 13 tokens ... 11 kept
+    sm = m(11, 1.0, 0.5, 0.5 + 0.5, 0.1, 0.5, [0, 2, 3], 8, 10, 5, 2.6,
+           {"tlm": {"64": [1, 0.5], "3": [5, 0.5]}, "dlm": {"1": [10, 0.1]}})
+    r = real_model._row("distilled", "greedy", 2, [sm], [tm])
+    assert r["target_tokens_per_s"] == pytest.approx(10.0) and r["spec_tokens_per_s"] == pytest.approx(20.0)
+    assert r["speedup"] == pytest.approx(2.0)
+    assert r["alpha"] == pytest.approx(8 / (8 + 2)) and r["alpha_def"].startswith("accepted/(")
+    assert r["c"] == pytest.approx(0.1)                       # 10 ms draft step / 100 ms target step
+    assert r["predicted_speedup"] == pytest.approx(10 * 0.1 / 0.6, rel=1e-3)
+    auto = real_model._row("ngram", "sampling", "auto", [sm], [tm])
+    assert auto["alpha"] == pytest.approx(0.8) and auto["alpha_def"] == "accepted/drafted"
+    assert any("| distilled | greedy | 2 |" in line for line in real_model.markdown([r], {}))
