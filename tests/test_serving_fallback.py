@@ -111,3 +111,18 @@ def test_the_loops_host_work_counts_in_the_choice():
     gen_dec.generate(PROMPT, max_new_tokens=20)
     host = gen_dec._cost["host"]
     assert sum(n for n, _ in host.values()) >= 1 and all(s >= 0 for _, s in host.values())
+
+
+def test_plain_decoding_is_timed_before_it_is_judged():
+    """An untried width-1 call would be priced like the nearest wider call (1.2-1.9 target
+    steps on a CPU) and never win; the choice times it once first."""
+    t, d, _ = pair(0)
+    dec = SpecDecoder(t, d)
+    dec._cost = {"dlm": [10, 10 * 0.3], "tlm": {2: [10, 11.0], 4: [10, 12.0], 5: [10, 13.0]}}
+    assert dec.choose_drafts(0.9) == 0                       # not yet timed: measure it
+    assert dec.choose_drafts(0.9, drafting=True) > 0         # a probe still drafts
+    dec._cost["tlm"][1] = [10, 10.0]
+    assert dec.choose_drafts(0.9) == 4 and dec.choose_drafts(0.05) == 0
+    nf = SpecDecoder(t, d, fallback=False)
+    nf._cost = {"dlm": [10, 3.0], "tlm": {2: [10, 11.0]}}
+    assert nf.choose_drafts(0.9) > 0                         # no fallback: nothing to time

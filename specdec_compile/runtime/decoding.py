@@ -229,6 +229,8 @@ class SpecDecoder:
         c_d = dt / dn if dn else 0.0
         seen = {w: t / n for w, (n, t) in self._cost["tlm"].items() if n}
         mean_t = (sum(seen.values()) / len(seen)) if seen else 1.0
+        if not drafting and 0 in self.choices and self.width_for(1) not in seen:
+            return 0  # time plain decoding once: priced like the nearest wider call it would never be chosen
         h0, h1 = self._host_per_round()
         best, best_score = None, -1.0
         for j in self.choices:
