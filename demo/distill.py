@@ -253,19 +253,7 @@ def train(body, head, ex: Examples, t_head, cfg: dict, rep) -> dict:
 
 # --------------------------------------------------------------------------- evaluation
 
-def tokens_per_call(match_rows: list[list[bool]], k: int) -> float:
-    """Greedy speculative decoding replayed on per-position agreement: tokens per TLM call."""
-    calls = produced = 0
-    for row in match_rows:
-        i = 0
-        while i < len(row):
-            a = 0
-            while a < k and i + a < len(row) and row[i + a]:
-                a += 1
-            produced += a + 1
-            calls += 1
-            i += a + 1
-    return produced / calls if calls else 0.0
+tokens_per_call = train_pair.tokens_per_call
 
 
 def _tempered_top_p(logits, temperature: float, top_p: float):

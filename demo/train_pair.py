@@ -468,6 +468,21 @@ def label_batches(data: dict, mcfg: dict, seed: int):
     return get
 
 
+def tokens_per_call(match_rows: list[list[bool]], k: int) -> float:
+    """Greedy speculative decoding replayed on per-position agreement: tokens per TLM call."""
+    calls = produced = 0
+    for row in match_rows:
+        i = 0
+        while i < len(row):
+            a = 0
+            while a < k and i + a < len(row) and row[i + a]:
+                a += 1
+            produced += a + 1
+            calls += 1
+            i += a + 1
+    return produced / calls if calls else 0.0
+
+
 def evaluate(tlm, dlm, tok, held_stream, cfg: dict) -> dict:
     import numpy as np
     import torch
@@ -508,17 +523,7 @@ def evaluate(tlm, dlm, tok, held_stream, cfg: dict) -> dict:
         # Greedy speculative decoding replayed on these continuations: per k, tokens per TLM call.
         per_k = {}
         for k in range(1, ec["k_max"] + 1):
-            calls, produced = 0, 0
-            for row in match:
-                i = 0
-                while i < len(row):
-                    a = 0
-                    while a < k and i + a < len(row) and row[i + a]:
-                        a += 1
-                    produced += a + 1
-                    calls += 1
-                    i += a + 1
-            per_k[str(k)] = round(produced / calls, 3)
+            per_k[str(k)] = round(tokens_per_call(match, k), 3)
         res["tokens_per_tlm_call"] = per_k
         res["sample"] = tok.decode(toks[min(1, len(toks) - 1)].tolist())
     return res
