@@ -367,6 +367,18 @@ def _chi2_crit(df, z=3.09):   # Wilson-Hilferty, upper 0.001 quantile
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+def sample_counts(dec, prompt, n: int, params, rng, N: int) -> tuple[dict, list]:
+    """N sampled continuations of ``prompt``: how often each came out, and each run's
+    acceptance rate (None for target-only decoding)."""
+    counts: dict = {}
+    acc = []
+    for _ in range(N):
+        r = dec.generate(prompt, max_new_tokens=n, sampling=params, rng=rng)
+        counts[tuple(r.generated_ids)] = counts.get(tuple(r.generated_ids), 0) + 1
+        acc.append(r.metrics.get("acceptance_rate"))
+    return counts, acc
+
+
 def _chi2(counts: dict, expect: dict, N: int):
     """Chi-square statistic, pooling cells whose expected count is < 5."""
     stat, pool_o, pool_e, cells = 0.0, 0.0, 0.0, 0
@@ -411,13 +423,7 @@ def test_speculative_sampling_draws_from_the_target_distribution(params, N):
     expect = _sequence_dist(tlm_lm, prompt, n, params)
     dec = SpecDecoder(tlm, dlm)
     rng = np.random.default_rng(1234)
-    counts: dict = {}
-    acc = []
-    for _ in range(N):
-        r = dec.generate(prompt, max_new_tokens=n, sampling=params, rng=rng)
-        key = tuple(r.generated_ids)
-        counts[key] = counts.get(key, 0) + 1
-        acc.append(r.metrics["acceptance_rate"])
+    counts, acc = sample_counts(dec, prompt, n, params, rng, N)
     stat, df = _chi2(counts, expect, N)
     assert stat < _chi2_crit(df), (stat, df)
     assert 0.1 < np.mean(acc) < 0.9     # the rule was really exercised (accepts and rejects)
@@ -438,10 +444,7 @@ def test_target_only_sampling_distribution():
     dec = TargetOnlyDecoder(tlm)
     rng = np.random.default_rng(7)
     N = 3000
-    counts: dict = {}
-    for _ in range(N):
-        key = tuple(dec.generate([1, 2, 3], max_new_tokens=2, sampling=params, rng=rng).generated_ids)
-        counts[key] = counts.get(key, 0) + 1
+    counts, _ = sample_counts(dec, [1, 2, 3], 2, params, rng, N)
     stat, df = _chi2(counts, expect, N)
     assert stat < _chi2_crit(df)
 

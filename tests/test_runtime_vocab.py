@@ -14,7 +14,7 @@ from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import SamplingParams, SpecDecoder, TargetOnlyDecoder, check_pair
 from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, fake_pair
 from specdec_compile.runtime.vocab import PairVocab
-from test_runtime_loop import PROMPT, _chi2, _chi2_crit, _sequence_dist, reference_greedy
+from test_runtime_loop import PROMPT, _chi2, _chi2_crit, _sequence_dist, reference_greedy, sample_counts
 
 VT, VD = 29, 23          # target and draft logits widths
 
@@ -113,13 +113,7 @@ def test_speculative_sampling_with_a_smaller_draft_is_exact(draft, params, N):
     assert sum(p for s, p in expect.items() if max(s) >= v) > 0.05      # the rows the draft lacks matter
     dec = SpecDecoder(tlm, dlm)
     rng = np.random.default_rng(4321)
-    counts: dict = {}
-    acc = []
-    for _ in range(N):
-        r = dec.generate(prompt, max_new_tokens=n, sampling=params, rng=rng)
-        key = tuple(r.generated_ids)
-        counts[key] = counts.get(key, 0) + 1
-        acc.append(r.metrics["acceptance_rate"])
+    counts, acc = sample_counts(dec, prompt, n, params, rng, N)
     stat, df = _chi2(counts, expect, N)
     print(f"chi2 {draft}: stat {stat:.1f}, df {df}, p {chi2_p(stat, df):.3f}")
     assert stat < _chi2_crit(df), (stat, df)

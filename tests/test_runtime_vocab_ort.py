@@ -30,7 +30,7 @@ from specdec_compile.runtime import OrtBackend, SamplingParams, SpecDecoder, Tar
 from specdec_compile.runtime import cli as run_cli
 from specdec_compile.runtime.sampling import probs
 from test_runtime_cli import make_tokenizer, one_line_error
-from test_runtime_loop import _chi2, _chi2_crit
+from test_runtime_loop import _chi2, _chi2_crit, sample_counts
 from test_runtime_vocab import chi2_p
 
 PL, CL = 8, 48
@@ -221,12 +221,7 @@ def test_sampling_with_a_prefix_draft_draws_from_the_target(art, target):
     assert extra > 0.2
     dec = SpecDecoder(tlm, dlm)
     rng = np.random.default_rng(2024 if target == "ort" else 2025)   # two independent samples
-    counts: dict = {}
-    acc = []
-    for _ in range(N):
-        r = dec.generate(prompt, max_new_tokens=n, sampling=params, rng=rng)
-        counts[tuple(r.generated_ids)] = counts.get(tuple(r.generated_ids), 0) + 1
-        acc.append(r.metrics["acceptance_rate"])
+    counts, acc = sample_counts(dec, prompt, n, params, rng, N)
     stat, df = _chi2(counts, expect, N)
     print(f"chi2 real {target}: prompt {prompt}, mass on ids >= {VD}: {extra:.3f}, stat {stat:.1f}, df {df}, "
           f"p {chi2_p(stat, df):.3f}, acceptance {np.mean(acc):.3f}")
