@@ -9,8 +9,13 @@ of its row with position -1. Rows waiting on the other model, and empty rows,
 are all padding in that call: the contract makes such a row a no-op.
 
 More prompts than rows: when a row's generation ends, the next waiting prompt
-is prefilled into that row (in calls of its own, the other rows idle), and
-decoding goes on. Nothing is reset between prompts:
+is prefilled into that row and decoding goes on. Its prompt rides in the calls
+the other rows make on that model: the call's width is chosen (schedule.py) to
+lose the least row-time per prompt token, from the call times measured so far,
+so it is usually the decoding width (the prompt fills slots that would be
+padding) and a PL-wide call only when few rows decode. While every row is still
+prefilling (the start), the TLM's prefill calls go first, so all rows reach
+decoding together. Nothing is reset between prompts:
 a new prompt's prefill rewrites positions 0..n-1 of its row and every later
 position is written before it is attended to. No batch_index input is needed.
 """
@@ -19,8 +24,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import numpy as np
+
 from .generation import _check_prompt, rows_of
 from .sampling import SamplingParams
+from .schedule import CallCosts, choose_width
 
 
 class BatchEngine:
@@ -31,6 +39,7 @@ class BatchEngine:
         self.B = decoder.tlm.batch_size
         self.wall_s = 0.0           # wall time of the last stream(), prefill included
         self.calls = 0
+        self.costs: dict[int, CallCosts] = {}   # per backend: mean call time per width (schedule.py)
 
     def check_prompts(self, prompts, max_new_tokens: int) -> list[list[int]]:
         """Every prompt, checked before anything runs; a bad one is named by its number."""
@@ -50,6 +59,9 @@ class BatchEngine:
         sampling = sampling or SamplingParams()
         rng = rng if rng is not None else sampling.rng()
         waiting = deque(enumerate(self.check_prompts(prompts, max_new_tokens)))
+        # one random stream per prompt, drawn from ``rng`` up front: which row runs when
+        # depends on measured call times, so a shared stream would not be reproducible
+        seeds = rng.integers(0, 2 ** 63, size=len(waiting)) if not sampling.greedy else [0] * len(waiting)
         for b in self.dec.backends():
             b.reset()
         t0 = time.perf_counter()
@@ -60,7 +72,7 @@ class BatchEngine:
             while slots[row] is None and waiting:
                 i, p = waiting.popleft()
                 cb = (lambda ids, src, i=i: on_tokens(i, ids, src)) if on_tokens else None
-                co = self.dec.coroutine(p, max_new_tokens, sampling, rng, cb)
+                co = self.dec.coroutine(p, max_new_tokens, sampling, np.random.default_rng(int(seeds[i])), cb)
                 try:
                     slots[row] = [i, co, next(co)]
                 except StopIteration as e:         # nothing to run (max_new_tokens 0)
@@ -81,19 +93,40 @@ class BatchEngine:
         while done:
             yield done.pop(0)
 
+    def _group(self, slots) -> list:
+        """The rows of the next call: while every active row is still prefilling, the
+        TLM's prefill rows (so a batch's prompts go through both models in step);
+        else every row waiting on the DLM when any row drafts, else the TLM's rows."""
+        pending = [(r, s[2]) for r, s in enumerate(slots) if s is not None]
+        if all(c.prefill for _, c in pending):
+            return [(r, c) for r, c in pending if c.runner.role == "tlm"] or pending
+        return [(r, c) for r, c in pending if c.runner.role == "dlm"] or pending
+
+    def _shape(self, group) -> tuple[int, list]:
+        """The call's width (schedule.py) and each row's call, prefill chunks cut to it."""
+        backend = group[0][1].runner.b
+        dec = [c.width for _, c in group if not c.prefill]
+        pre = [len(c.tokens) for _, c in group if c.prefill]
+        costs = self.costs.setdefault(id(backend), CallCosts())
+        width = choose_width(backend.seq_lens, dec, pre, costs)
+        rows = []
+        for r, c in group:
+            if c.prefill:
+                c = c._replace(tokens=c.tokens[:width])
+                c.runner.taken = len(c.tokens)
+            rows.append((r, c))
+        return width, rows
+
     def _step(self, slots, done) -> list[int]:
         """One call for the rows waiting on one model; returns the rows that finished."""
-        pending = [(r, s[2]) for r, s in enumerate(slots) if s is not None]
-        group = [(r, c) for r, c in pending if c.runner.role == "dlm"] or pending
-        # a prompt's prefill chunk runs with the other rows idle: riding in a PL-wide call
-        # would make every decoding row pay for PL positions
-        group = [(r, c) for r, c in group if c.prefill] or group
+        group = self._group(slots)
         backend = group[0][1].runner.b
-        width = max(c.width for _, c in group)
+        width, group = self._shape(group)
         ids, pos = rows_of(group, self.B, width)
         t = time.perf_counter()
         out = backend.run(ids, pos, check=False)
         dt = time.perf_counter() - t
+        self.costs[id(backend)].add(width, dt)
         self.calls += 1
         freed = []
         for r, c in group:

@@ -182,6 +182,7 @@ class SpecDecoder:
         self.adaptive = (len(self.k_list) > 1 and k is None) if adaptive is None else bool(adaptive)
         # running means, kept across prompts: call times, and the loop's own host work per round
         self._cost = {"dlm": [0, 0.0], "tlm": {}, "host": {}}
+        self.live: set = set()      # generations decoding now (several in a batch): their acceptance is pooled
 
     def width_for(self, n_tokens: int) -> int:
         """The smallest compiled TLM width that holds ``n_tokens``."""

@@ -45,6 +45,7 @@ class _Runner:
         self.last_only = backend.role == "dlm"  # logits of the last valid token only
         self.meter = meter
         self.cost = cost
+        self.taken = 0                          # tokens of the current prefill chunk the driver ran
 
     def book(self, width: int, dt: float, prefill: bool) -> None:
         self.meter.add_call(self.role, width, dt, prefill)
@@ -62,13 +63,19 @@ class _Runner:
         return out
 
     def prefill(self, tokens, start: int = 0):
-        """(generator) Run ``tokens`` in PL-sized chunks; returns the logits of the last token [V]."""
+        """(generator) Run ``tokens`` in chunks of up to PL; returns the logits of the last token [V].
+
+        The driver may run fewer tokens of a chunk than offered (a batch puts a
+        prompt in the slots a narrower call has free, schedule.py): it sets
+        ``taken`` to the number it ran, and the rest comes in the next chunk."""
         PL = self.b.prefill_len
-        out = None
-        for c in range(0, len(tokens), PL):
-            chunk = tokens[c:c + PL]
-            out = yield from self.call(chunk, start + c, PL, prefill=True)
-            last = len(chunk) - 1
+        out, done, last = None, 0, 0
+        while done < len(tokens):
+            chunk = tokens[done:done + PL]
+            self.taken = len(chunk)
+            out = yield from self.call(chunk, start + done, PL, prefill=True)
+            last = self.taken - 1
+            done += self.taken
         return out[0] if self.last_only else out[last]
 
 
@@ -200,6 +207,18 @@ class _Generation:
     def alpha(self) -> float:
         return (self.alpha_acc + 0.5) / (self.alpha_chk + 1.0)
 
+    def batch_alpha(self) -> float:
+        """The acceptance estimate the width choice uses: this generation's own, or
+        with other rows decoding beside it (batch.py), all rows' counts pooled. In a
+        batch the rows share the DLM calls and the TLM call's width, so a row
+        drafting less than the others saves nothing: they all draft alike."""
+        live = self.dec.live
+        if len(live) <= 1:
+            return self.alpha()
+        acc = sum(g.alpha_acc for g in live)
+        chk = sum(g.alpha_chk for g in live)
+        return (acc + 0.5) / (chk + 1.0)
+
     def note_acceptance(self, accepted: int, drafted: int) -> None:
         lam = self.dec.DECAY
         self.alpha_acc = lam * self.alpha_acc + accepted
@@ -237,9 +256,13 @@ class _Generation:
         """(generator) The whole generation; returns its GenerationResult."""
         if self.max_new == 0:
             return self.result("max_new_tokens")
-        stop = yield from self.start()
-        while stop is None:
-            stop = yield from self.round()
+        self.dec.live.add(self)
+        try:
+            stop = yield from self.start()
+            while stop is None:
+                stop = yield from self.round()
+        finally:
+            self.dec.live.discard(self)
         if self.first_accepted and self.meter.verify_calls == 0:
             self.meter.add_round(1, 1)        # generation ended with the accepted d1
         return self.result(stop)
@@ -264,7 +287,7 @@ class _Generation:
         """This round's draft count: the adaptive choice, with a probe now and then
         when it has settled on drafting nothing."""
         dec = self.dec
-        j = dec.choose_drafts(self.alpha())
+        j = dec.choose_drafts(self.batch_alpha())
         if j != 0 or not dec.adaptive:
             self.zero_rounds, self.probe_every = 0, dec.PROBE_FIRST
             return j
@@ -273,7 +296,7 @@ class _Generation:
             return 0
         self.zero_rounds = 0
         self.probe_every = min(2 * self.probe_every, dec.PROBE_MAX)
-        return dec.choose_drafts(self.alpha(), drafting=True)
+        return dec.choose_drafts(self.batch_alpha(), drafting=True)
 
     def round(self):
         """(generator) One round: draft, verify [t, d1..dn] at q-1.. padded to a compiled width, accept."""
