@@ -24,10 +24,11 @@ class CallCosts:
     def __init__(self):
         self._t: dict[int, list] = {}
 
-    def add(self, width: int, dt: float) -> None:
+    def add(self, width: int, dt: float, n: int = 1) -> None:
+        """``n`` calls of ``width`` that took ``dt`` seconds each."""
         c = self._t.setdefault(width, [0, 0.0])
-        c[0] += 1
-        c[1] += dt
+        c[0] += n
+        c[1] += dt * n
 
     def known(self) -> dict[int, float]:
         return {w: t / n for w, (n, t) in sorted(self._t.items()) if n}
