@@ -8,6 +8,7 @@ import pytest
 
 from specdec_compile import cli as compile_cli
 from specdec_compile.runtime import cli as run_cli
+from test_runtime_cli import one_line_error, run
 
 PL, CL = 8, 64
 IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55, 1, 5, 9, 33, 7]
@@ -33,21 +34,6 @@ def arts(fixture_path, tmp_path_factory):
         return made[key]
 
     return get
-
-
-def run(argv, capsys):
-    capsys.readouterr()
-    code = run_cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(code, err, *needles):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specdec-run: error: "), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def ids_of(out):

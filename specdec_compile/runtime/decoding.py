@@ -70,35 +70,37 @@ def eos_set(eos) -> frozenset:
     return frozenset(int(e) for e in eos)
 
 
-def _generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-              rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None) -> GenerationResult:
-    """One generation (row 0 of each call; a batch > 1 artifact's other rows are padding)."""
-    sampling = sampling or SamplingParams()
-    rng = rng if rng is not None else sampling.rng()
-    prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
-    for b in self.backends():
-        b.reset()
-    return run_one(self.coroutine(prompt, max_new_tokens, sampling, rng, on_tokens))
+class _Decoder:
+    """What both decoders share: one prompt, or many through the rows of a batch.
+    A subclass gives ``backends()`` and ``coroutine(...)``."""
+
+    def generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+                 rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None) -> GenerationResult:
+        """One generation (row 0 of each call; a batch > 1 artifact's other rows are padding)."""
+        sampling = sampling or SamplingParams()
+        rng = rng if rng is not None else sampling.rng()
+        prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
+        for b in self.backends():
+            b.reset()
+        return run_one(self.coroutine(prompt, max_new_tokens, sampling, rng, on_tokens))
+
+    def stream(self, prompts, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+               rng: np.random.Generator | None = None, on_tokens=None):
+        """Several prompts through every row of the batch (continuous batching, batch.py):
+        yields (index, GenerationResult) as each finishes. Every prompt is checked first."""
+        from .batch import BatchEngine
+        return BatchEngine(self).stream(prompts, max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
+                                        on_tokens=on_tokens)
+
+    def generate_many(self, prompts, **kw) -> list[GenerationResult]:
+        """Several prompts through every row of the batch; the results in input order."""
+        out = [None] * len(prompts)
+        for i, r in self.stream(prompts, **kw):
+            out[i] = r
+        return out
 
 
-def _stream(self, prompts, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-            rng: np.random.Generator | None = None, on_tokens=None):
-    """Several prompts through every row of the batch (continuous batching, batch.py):
-    yields (index, GenerationResult) as each finishes. Every prompt is checked first."""
-    from .batch import BatchEngine
-    return BatchEngine(self).stream(prompts, max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
-                                    on_tokens=on_tokens)
-
-
-def _generate_many(self, prompts, **kw) -> list[GenerationResult]:
-    """Several prompts through every row of the batch; the results in input order."""
-    out = [None] * len(prompts)
-    for i, r in self.stream(prompts, **kw):
-        out[i] = r
-    return out
-
-
-class TargetOnlyDecoder:
+class TargetOnlyDecoder(_Decoder):
     """The TLM alone: the baseline, through the same backend and artifact.
 
     With a TLM artifact each step is a call of its smallest compiled width (one
@@ -122,12 +124,8 @@ class TargetOnlyDecoder:
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
         return _TargetGeneration(self, prompt, max_new_tokens, sampling, rng, on_tokens).run()
 
-    generate = _generate
-    generate_many = _generate_many
-    stream = _stream
 
-
-class SpecDecoder:
+class SpecDecoder(_Decoder):
     """Speculative decoding: a TLM backend verifies drafts from a draft source (see the module doc).
 
     The draft source: ``dlm`` (a DLM backend), or no DLM and ``draft="ngram"``
@@ -257,10 +255,6 @@ class SpecDecoder:
                   on_tokens: OnTokens | None = None):
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
         return _Generation(self, prompt, max_new_tokens, sampling, rng, on_tokens).run()
-
-    generate = _generate
-    generate_many = _generate_many
-    stream = _stream
 
 
 def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> PairVocab | None:
