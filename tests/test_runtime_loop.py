@@ -14,8 +14,9 @@ import pytest
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import SamplingParams, SpecDecoder, TargetOnlyDecoder, aggregate_metrics
-from specdec_compile.runtime.sampling import accept_or_resample, probs, residual, sample, verify
-from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, fake_pair
+from specdec_compile.runtime.policy import WidthPolicy
+from specdec_compile.runtime.sampling import Noise, choose, choose_from, probs, verify
+from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, fake_pair, known_costs, nominal_costs
 
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1]   # 11 tokens: two prefill chunks of 8
 
@@ -201,25 +202,22 @@ def test_reset_between_prompts():
 def test_choose_drafts_cost_model():
     tlm, d, _ = fake_pair(k=3, k_list=[1, 3, 6])
     dec = SpecDecoder(tlm, d)
-    dec._cost = {"dlm": [10, 0.01], "tlm": {4: [10, 0.1]}}     # DLM call 1 ms, TLM call 10 ms
-    assert dec.choose_drafts(0.95) == 6
-    assert dec.choose_drafts(0.02) == 1
-    dec._cost = {"dlm": [10, 0.1], "tlm": {4: [10, 0.1]}}      # a DLM as slow as the TLM
-    assert dec.choose_drafts(0.6) in (1, 2)
+    dec.policy.costs = known_costs(dlm=(10, 0.001), tlm={4: (10, 0.01)})     # DLM call 1 ms, TLM call 10 ms
+    assert dec.policy.choose_drafts(0.95) == 6
+    assert dec.policy.choose_drafts(0.02) == 1
+    dec.policy.costs = known_costs(dlm=(10, 0.01), tlm={4: (10, 0.01)})      # a DLM as slow as the TLM
+    assert dec.policy.choose_drafts(0.6) in (1, 2)
     fixed = SpecDecoder(tlm, d, k=3)
-    assert not fixed.adaptive and fixed.choose_drafts(0.02) == 3
+    assert not fixed.policy.adaptive and fixed.policy.choose_drafts(0.02) == 3
 
 
-def test_adaptive_width_same_output_and_sensible_choice(monkeypatch):
-    # nominal call times instead of measured ones (a shared CPU makes timings noisy):
+def test_adaptive_width_same_output_and_sensible_choice():
     # a TLM call costs about 10 DLM calls
-    note = SpecDecoder._note_cost
-    monkeypatch.setattr(SpecDecoder, "_note_cost", lambda self, role, width, dt: note(
-        self, role, width, 2e-3 * (1 + 0.05 * width) if role == "tlm" else 2e-4))
     for dlm, expect in (("same", "wide"), ("independent", "narrow")):
         tlm, d, lm = fake_pair(k=3, k_list=[1, 3, 6], dlm=dlm)
-        dec = SpecDecoder(tlm, d)
-        assert dec.adaptive
+        dec = SpecDecoder(tlm, d, policy=WidthPolicy(costs=nominal_costs(
+            lambda role, w: 2e-3 * (1 + 0.05 * w) if role == "tlm" else 2e-4)))
+        assert dec.policy.adaptive
         res = dec.generate(PROMPT, max_new_tokens=45)
         assert res.generated_ids == reference_greedy(lm, PROMPT, 45, 64)
         widths = {int(j): c for j, c in res.metrics["verify_drafts_histogram"].items()}
@@ -256,9 +254,9 @@ def test_fixed_k_minus_one_and_every_round():
 def test_expected_tokens_formula():
     tlm, d, _ = fake_pair(k=3, k_list=[1, 3, 6])
     dec = SpecDecoder(tlm, d)
-    assert dec.expected_tokens(0.0, 5) == 1.0
-    assert dec.expected_tokens(1.0, 5) == 6.0
-    assert math.isclose(dec.expected_tokens(0.5, 2), 1 + 0.5 + 0.25)
+    assert dec.policy.expected_tokens(0.0, 5) == 1.0
+    assert dec.policy.expected_tokens(1.0, 5) == 6.0
+    assert math.isclose(dec.policy.expected_tokens(0.5, 2), 1 + 0.5 + 0.25)
 
 
 def test_metrics_keys_and_aggregate():
@@ -307,60 +305,75 @@ def _random_dist(rng, V, zeros):
     return x / x.sum()
 
 
-def test_acceptance_rule_output_is_exactly_p_analytically():
-    """P(out=x) = q(x) min(1, p/q)(x) + P(reject) * residual(x) equals p(x), for many random p, q."""
-    rng = np.random.default_rng(0)
-    for trial in range(300):
-        V = int(rng.integers(2, 12))
-        p = _random_dist(rng, V, int(rng.integers(0, V)))
-        q = _random_dist(rng, V, int(rng.integers(0, V)))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            acc = np.where(q > 0, np.minimum(1.0, p / q), 0.0)
-        reject = 1.0 - float((q * acc).sum())
-        out = q * acc + reject * residual(p, q)
-        assert np.allclose(out, p, atol=1e-12), (p, q)
-
-
-def test_acceptance_rule_properties():
-    rng = np.random.default_rng(1)
-    for trial in range(200):
-        V = int(rng.integers(2, 9))
-        p = _random_dist(rng, V, int(rng.integers(0, V)))
-        q = _random_dist(rng, V, int(rng.integers(0, V)))
-        d = sample(q, rng)
-        assert q[d] > 0
-        ok, tok = accept_or_resample(p, q, d, rng)
-        assert p[tok] > 0                       # never a token the target excludes
-        if p[d] >= q[d]:
-            assert ok and tok == d              # p >= q: always accepted
-        if p[d] == 0:
-            assert not ok                       # the target excludes d: always rejected
-        ok2, tok2 = accept_or_resample(q, q, d, rng)
-        assert ok2 and tok2 == d                # p == q: always accepted
-        r = residual(p, q)
-        assert math.isclose(r.sum(), 1.0) and np.all(r[p <= q] == 0) if np.any(p > q) else True
-
-
-def test_acceptance_rule_empirical():
+def test_position_keyed_draw_is_exactly_p():
+    """argmax(log p + g_pos) over positions is a draw from p: never a token p excludes,
+    frequencies pass a chi-square test; a fixed (seed, index, position) gives one token."""
     rng = np.random.default_rng(2)
-    p = np.array([0.5, 0.3, 0.2, 0.0])
-    q = np.array([0.1, 0.1, 0.4, 0.4])
-    N = 40000
-    counts = np.zeros(4)
-    for _ in range(N):
-        counts[accept_or_resample(p, q, sample(q, rng), rng)[1]] += 1
-    assert counts[3] == 0
-    chi2 = (((counts[:3] - N * p[:3]) ** 2) / (N * p[:3])).sum()
-    assert chi2 < 13.8   # df 2, p = 0.001
+    for trial in range(3):
+        p = _random_dist(rng, 6, 2)
+        noise = Noise(int(rng.integers(1 << 30)), trial)
+        N = 20000
+        draws = np.array([choose_from(p, noise, pos) for pos in range(N)])
+        counts = np.bincount(draws, minlength=6)
+        assert counts[p == 0].sum() == 0
+        nz = p > 0
+        chi2 = (((counts[nz] - N * p[nz]) ** 2) / (N * p[nz])).sum()
+        assert chi2 < _chi2_crit(int(nz.sum()) - 1), (chi2, p, counts)
+        assert all(choose_from(p, Noise(noise.seed, trial), pos) == draws[pos] for pos in (5, 0, 17, 5))
+
+
+def test_noise_depends_on_seed_index_and_position_only():
+    a, b = Noise(7, 0), Noise(7, 0)
+    g = [a.gumbel(pos, 50) for pos in (3, 1, 2)]
+    h = [b.gumbel(pos, 50) for pos in (1, 2, 3)]     # another order
+    assert np.array_equal(g[0], h[2]) and np.array_equal(g[1], h[0]) and np.array_equal(g[2], h[1])
+    assert not np.array_equal(Noise(7, 1).gumbel(3, 50), g[0])     # another prompt index
+    assert not np.array_equal(Noise(8, 0).gumbel(3, 50), g[0])     # another seed
+    for _ in range(Noise.KEEP + 5):                                # the cache forgets, the numbers stay
+        a.gumbel(int(np.random.default_rng().integers(1000, 10 ** 6)), 50)
+    assert np.array_equal(a.gumbel(3, 50), g[0])
+
+
+def test_sampled_verify_accepts_exactly_the_targets_tokens():
+    rng = np.random.default_rng(3)
+    params = SamplingParams(0.9, top_k=5)
+    noise = Noise(11, 0)
+    for trial in range(50):
+        L = rng.standard_normal((4, 9)) * 2
+        want = [choose(L[i], params, noise, 20 + i) for i in range(4)]
+        assert verify(want[:3], L, 20, params, noise) == (3, want[3])          # all accepted, then the bonus
+        wrong = (want[1] + 1) % 9
+        assert verify([want[0], wrong, want[2]], L, 20, params, noise) == (1, want[1])
+        assert verify(want[:1], L[:1], 20, params, noise, bonus=False) == (1, None)
+
+
+def test_tiny_temperatures_are_greedy_and_quiet():
+    L = np.array([1.0, 3.0, 2.9, -5.0])
+    for t in (1e-310, 1e-320, 1e-6):
+        sp = SamplingParams(t)
+        assert sp.greedy
+        with np.errstate(all="raise"):
+            assert choose(L, sp, sp.noise(0), 0) == 1
+    assert not SamplingParams(1e-4).greedy
+    with np.errstate(over="raise", divide="raise", invalid="raise"):
+        p = probs(L * 1000, SamplingParams(1e-4))
+    assert p[1] == 1.0
+
+
+def test_seed_must_be_a_non_negative_integer():
+    for bad in (-1, 2 ** 64, 1.5, True):
+        with pytest.raises(SpecdecError, match="seed"):
+            SamplingParams(0.5, seed=bad)
+    assert SamplingParams(0.5, seed=0).seed == 0
 
 
 def test_greedy_verify_prefix():
     L = np.eye(5)[[1, 2, 3, 4]] * 5.0     # argmax rows: 1, 2, 3, 4
     g = SamplingParams()
-    assert verify([1, 2, 3], [None] * 3, L, g, None) == (3, 4)
-    assert verify([1, 0, 3], [None] * 3, L, g, None) == (1, 2)
-    assert verify([0, 2, 3], [None] * 3, L, g, None) == (0, 1)
-    assert verify([], [], L[:1], g, None) == (0, 1)
+    assert verify([1, 2, 3], L, 0, g, None) == (3, 4)
+    assert verify([1, 0, 3], L, 0, g, None) == (1, 2)
+    assert verify([0, 2, 3], L, 0, g, None) == (0, 1)
+    assert verify([], L[:1], 0, g, None) == (0, 1)
 
 
 def _chi2_crit(df, z=3.09):   # Wilson-Hilferty, upper 0.001 quantile

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_compile.runtime import NgramDraft, SpecDecoder, TargetOnlyDecoder
-from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact
+from specdec_compile.runtime import NgramDraft, SpecDecoder, TargetOnlyDecoder, WidthPolicy
+from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, known_costs, nominal_costs
 
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1]
 
@@ -35,12 +35,11 @@ def reference_greedy(lm, prompt, max_new):
     return out
 
 
-class Nominal(SpecDecoder):
+def Nominal(tlm, dlm):
     """The width choice fed nominal call times (TLM 1 + 0.05 per token, DLM 0.3)
     instead of measured ones, so the test does not depend on a shared machine's timer."""
-
-    def _note_cost(self, role, width, dt):
-        super()._note_cost(role, width, 0.3 if role == "dlm" else 1.0 + 0.05 * width)
+    costs = nominal_costs(lambda role, width: 0.3 if role == "dlm" else 1.0 + 0.05 * width)
+    return SpecDecoder(tlm, dlm, policy=WidthPolicy(costs=costs))
 
 
 def pair(until, k_list=(0, 1, 4), log=None, ctx=160):
@@ -52,15 +51,14 @@ def pair(until, k_list=(0, 1, 4), log=None, ctx=160):
 
 def test_choice_with_known_costs():
     t, d, _ = pair(0)
-    dec = SpecDecoder(t, d)
+    dec = SpecDecoder(t, d).policy
     assert dec.adaptive and dec.choices == [0, 1, 3, 4]
-    dec._cost = {"dlm": [10, 10 * 0.3], "tlm": {1: [10, 10.0], 2: [10, 11.0], 4: [10, 12.0], 5: [10, 13.0]}}
+    dec.costs = known_costs(dlm=(10, 0.3), tlm={1: (10, 1.0), 2: (10, 1.1), 4: (10, 1.2), 5: (10, 1.3)})
     assert dec.choose_drafts(0.05) == 0              # drafts rarely accepted: plain decoding
     assert dec.choose_drafts(0.9) == 4               # drafts pay
     assert dec.choose_drafts(0.05, drafting=True) == 1   # the probe: the best j > 0
-    dec.fallback = False
-    nf = SpecDecoder(t, d, fallback=False)
-    nf._cost = dec._cost
+    nf = SpecDecoder(t, d, fallback=False).policy
+    nf.costs = dec.costs
     assert 0 not in nf.choices and nf.choose_drafts(0.05) == 1
 
 
@@ -101,15 +99,15 @@ def test_ngram_with_the_fallback_equals_target_only():
 
 def test_the_loops_host_work_counts_in_the_choice():
     t, d, _ = pair(0)
-    dec = SpecDecoder(t, d)
-    calls = {"dlm": [10, 10 * 0.3], "tlm": {1: [10, 10.0], 2: [10, 11.0], 4: [10, 12.0], 5: [10, 13.0]}}
-    dec._cost = dict(calls, host={False: [10, 0.0], True: [10, 0.0]})
+    dec = SpecDecoder(t, d).policy
+    calls = dict(dlm=(10, 0.3), tlm={1: (10, 1.0), 2: (10, 1.1), 4: (10, 1.2), 5: (10, 1.3)})
+    dec.costs = known_costs(**calls, host={False: (10, 0.0), True: (10, 0.0)})
     assert dec.choose_drafts(0.7) > 0
-    dec._cost = dict(calls, host={False: [10, 0.0], True: [10, 50.0]})   # drafting rounds cost 5 s of host work
+    dec.costs = known_costs(**calls, host={False: (10, 0.0), True: (10, 5.0)})   # drafting rounds cost 5 s of host work
     assert dec.choose_drafts(0.7) == 0
     gen_dec = SpecDecoder(t, d)
     gen_dec.generate(PROMPT, max_new_tokens=20)
-    host = gen_dec._cost["host"]
+    host = gen_dec.costs._host
     assert sum(n for n, _ in host.values()) >= 1 and all(s >= 0 for _, s in host.values())
 
 
@@ -117,12 +115,12 @@ def test_plain_decoding_is_timed_before_it_is_judged():
     """An untried width-1 call would be priced like the nearest wider call (1.2-1.9 target
     steps on a CPU) and never win; the choice times it once first."""
     t, d, _ = pair(0)
-    dec = SpecDecoder(t, d)
-    dec._cost = {"dlm": [10, 10 * 0.3], "tlm": {2: [10, 11.0], 4: [10, 12.0], 5: [10, 13.0]}}
+    dec = SpecDecoder(t, d).policy
+    dec.costs = known_costs(dlm=(10, 0.3), tlm={2: (10, 1.1), 4: (10, 1.2), 5: (10, 1.3)})
     assert dec.choose_drafts(0.9) == 0                       # not yet timed: measure it
     assert dec.choose_drafts(0.9, drafting=True) > 0         # a probe still drafts
-    dec._cost["tlm"][1] = [10, 10.0]
+    dec.costs.calls("tlm").add(1, 1.0, n=10)
     assert dec.choose_drafts(0.9) == 4 and dec.choose_drafts(0.05) == 0
-    nf = SpecDecoder(t, d, fallback=False)
-    nf._cost = {"dlm": [10, 3.0], "tlm": {2: [10, 11.0]}}
+    nf = SpecDecoder(t, d, fallback=False).policy
+    nf.costs = known_costs(dlm=(10, 0.3), tlm={2: (10, 1.1)})
     assert nf.choose_drafts(0.9) > 0                         # no fallback: nothing to time

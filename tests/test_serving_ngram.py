@@ -10,8 +10,8 @@ import pytest
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import NgramDraft, SamplingParams, SpecDecoder, TargetOnlyDecoder
-from specdec_compile.runtime.drafts import NgramIndex
-from specdec_compile.runtime.sampling import accept_or_resample
+from specdec_compile.runtime.drafts.ngram import NgramIndex
+from specdec_compile.runtime.sampling import Noise, SamplingParams, verify
 from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact
 
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 11, 12, 3, 4]
@@ -47,14 +47,14 @@ def tlm_of(lm, **kw):
 
 
 def test_index_finds_the_longest_latest_match():
-    ix = NgramDraft(3).drafter(None, True)
+    ix = NgramIndex(3, 1, None)
     seq = [1, 2, 3, 9, 9, 2, 3, 7, 8, 1, 2, 3]
     # "1 2 3" occurred at 0 -> followed by 9 9 2; the 2-gram "2 3" occurred later (at 5)
     assert ix.propose(seq, 3) == [9, 9, 2]
     assert ix.propose(seq + [4], 2) == []          # "3 4", "4": never seen
-    fresh = NgramDraft(3).drafter(None, True)   # an index follows one growing sequence
+    fresh = NgramIndex(3, 1, None)   # an index follows one growing sequence
     assert fresh.propose([1, 2, 3, 9, 9, 2, 3, 7, 8, 5, 2, 3], 2) == [7, 8]   # latest "2 3" wins
-    assert NgramDraft(1).drafter(None, True).propose([5, 6, 5], 4) == [6, 5]
+    assert NgramIndex(1, 1, None).propose([5, 6, 5], 4) == [6, 5]
     with pytest.raises(SpecdecError):
         NgramDraft(0)
 
@@ -91,8 +91,13 @@ def test_one_hot_draft_keeps_the_target_distribution():
     q = np.zeros(6)
     q[2] = 1.0
     n = 40000
-    counts = np.bincount([accept_or_resample(p, q, 2, rng)[1] for _ in range(n)], minlength=6)
+    noise, sp = Noise(3), SamplingParams(1.0)
+    logits = np.log(p)
+    out = [verify([2], logits[None].repeat(2, 0), pos, sp, noise) for pos in range(n)]
+    toks = [2 if a == 1 else t for a, t in out]          # accepted: the draft; else the target's token
+    counts = np.bincount(toks, minlength=6)
     assert np.abs(counts / n - p).max() < 0.012
+    assert abs(np.mean([a for a, _ in out]) - p[2]) < 0.012   # accepted exactly when the target drew it
 
 
 def test_sampling_with_ngram_drafts_matches_target_only_in_distribution():

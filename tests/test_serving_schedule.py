@@ -8,8 +8,8 @@ import pytest
 
 from specdec_compile.runtime import SamplingParams, SpecDecoder, TargetOnlyDecoder
 from specdec_compile.runtime.batch import BatchEngine
-from specdec_compile.runtime.generation import _Generation
-from specdec_compile.runtime.schedule import CallCosts, choose_width
+from specdec_compile.runtime.costs import CallCosts
+from specdec_compile.runtime.schedule import choose_width
 from specdec_compile.runtime.testing import fake_pair
 
 WIDTHS = [1, 2, 3, 5, 32]
@@ -29,7 +29,8 @@ def test_estimate_interpolates_and_extrapolates():
     assert c.estimate(2) == 2.0
     assert c.estimate(4) == pytest.approx(3.0)      # between: linear
     assert c.estimate(1) == 2.0                     # below: the narrowest measured
-    assert c.estimate(12) == pytest.approx(8.0)     # above: proportional
+    assert c.estimate(12) == pytest.approx(7.0)     # above: the line through the two widest
+    assert costs({4: 2.0}, n=1).estimate(9) == 2.0  # one width measured: its time
     assert CallCosts().estimate(3) is None
     c.add(2, 4.0)                                    # running mean
     assert c.estimate(2) == pytest.approx(3.0)
@@ -78,8 +79,10 @@ class Recorder(BatchEngine):
     def __init__(self, dec, preset=None):
         super().__init__(dec)
         self.log = []
-        for backend, table in (preset or {}).items():
-            self.costs[id(backend)] = costs(table)
+        for backend, table in (preset or {}).items():    # the decoder's cost model, preset
+            tracker = dec.costs.calls("tlm" if backend is dec.tlm else "dlm")
+            for w, t in table.items():
+                tracker.add(w, t, 10 ** 6)
 
     def _shape(self, group):
         w, rows = super()._shape(group)
@@ -153,15 +156,14 @@ def test_a_batch_prefills_in_step(target_only):
 def test_acceptance_is_pooled_across_live_rows():
     tlm, d, _ = fake_pair(k=3, dlm="close")
     dec = SpecDecoder(tlm, d)
-    sp = SamplingParams()
-    a = _Generation(dec, [1, 2], 8, sp, sp.rng(), None)
-    b = _Generation(dec, [3], 8, sp, sp.rng(), None)
-    a.alpha_acc, a.alpha_chk = 9.0, 10.0
-    b.alpha_acc, b.alpha_chk = 0.0, 4.0
-    assert a.batch_alpha() == a.alpha()                             # alone: its own
-    dec.live.update([a, b])
-    assert a.batch_alpha() == b.batch_alpha() == pytest.approx(9.5 / 15.0)
-    dec.live.clear()
+    policy = dec.policy
+    a, b = policy.row(), policy.row()
+    a.acc, a.chk = 9.0, 10.0
+    b.acc, b.chk = 0.0, 4.0
+    assert policy.pooled_alpha(a) == a.alpha()                       # alone: its own
+    policy.live.update([a, b])
+    assert policy.pooled_alpha(a) == policy.pooled_alpha(b) == pytest.approx(9.5 / 15.0)
+    policy.live.clear()
 
 
 def test_generations_leave_the_pool_when_they_end():
@@ -169,7 +171,7 @@ def test_generations_leave_the_pool_when_they_end():
     dec = SpecDecoder(tlm, d)
     eng = Recorder(dec)
     list(eng.stream(PROMPTS, max_new_tokens=16))
-    assert not dec.live                                              # every generation left the pool
+    assert not dec.policy.live                                       # every generation left the pool
 
 
 def test_seeded_sampling_does_not_depend_on_the_schedule():

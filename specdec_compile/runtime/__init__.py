@@ -4,18 +4,22 @@
     tlm = OrtBackend("OUT_TLM"); dlm = OrtBackend("OUT_DLM")
     res = SpecDecoder(tlm, dlm, eos_token_id=2).generate([1, 5, 7], max_new_tokens=32)
     res.generated_ids, res.metrics
-    SpecDecoder(tlm, None, draft="ngram").generate_many(prompts)   # n-gram drafts, every row
+    SpecDecoder(tlm, draft=NgramDraft()).generate_many(prompts)    # n-gram drafts, every row
 
 See docs/runtime.md and docs/serving.md.
 """
 from .artifact import Artifact, check_pair, load_artifact
 from .backends import Backend, OrtBackend, QaicBackend, open_backend
 from .decoding import SpecDecoder, TargetOnlyDecoder, generate
-from .drafts import NgramDraft
+from .drafts import DraftContext, TargetStep
+from .drafts.dlm import DlmDraft
+from .drafts.ngram import NgramDraft
 from .metrics import GenerationResult, aggregate_metrics
+from .policy import WidthPolicy
 from .sampling import SamplingParams
 from .vocab import PairVocab
 
-__all__ = ["Artifact", "Backend", "GenerationResult", "NgramDraft", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
+__all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "GenerationResult", "NgramDraft", "TargetStep",
+           "WidthPolicy", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
            "SpecDecoder", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
            "load_artifact", "open_backend"]

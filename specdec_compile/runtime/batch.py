@@ -24,11 +24,10 @@ from __future__ import annotations
 import time
 from collections import deque
 
-import numpy as np
-
-from .generation import _check_prompt, rows_of
-from .sampling import SamplingParams
-from .schedule import CallCosts, choose_width
+from .calls import rows_of
+from .generation import _check_prompt
+from .sampling import Noise, SamplingParams
+from .schedule import choose_width
 
 
 class BatchEngine:
@@ -39,7 +38,6 @@ class BatchEngine:
         self.B = decoder.tlm.batch_size
         self.wall_s = 0.0           # wall time of the last stream(), prefill included
         self.calls = 0
-        self.costs: dict[int, CallCosts] = {}   # per backend: mean call time per width (schedule.py)
 
     def check_prompts(self, prompts, max_new_tokens: int) -> list[list[int]]:
         """Every prompt, checked before anything runs; a bad one is named by its number."""
@@ -57,11 +55,10 @@ class BatchEngine:
         """Yields (index, GenerationResult) as generations end. ``on_tokens(index, ids,
         sources)`` streams each row's tokens as they are accepted."""
         sampling = sampling or SamplingParams()
-        rng = rng if rng is not None else sampling.rng()
         waiting = deque(enumerate(self.check_prompts(prompts, max_new_tokens)))
-        # one random stream per prompt, drawn from ``rng`` up front: which row runs when
-        # depends on measured call times, so a shared stream would not be reproducible
-        seeds = rng.integers(0, 2 ** 63, size=len(waiting)) if not sampling.greedy else [0] * len(waiting)
+        # prompt i draws from the noise keyed by (seed, i, position): the same text
+        # whatever row it runs in, whenever, and beside whichever others
+        seed = None if sampling.greedy else sampling.run_seed(rng)
         for b in self.dec.backends():
             b.reset()
         t0 = time.perf_counter()
@@ -72,7 +69,7 @@ class BatchEngine:
             while slots[row] is None and waiting:
                 i, p = waiting.popleft()
                 cb = (lambda ids, src, i=i: on_tokens(i, ids, src)) if on_tokens else None
-                co = self.dec.coroutine(p, max_new_tokens, sampling, np.random.default_rng(int(seeds[i])), cb)
+                co = self.dec.coroutine(p, max_new_tokens, sampling, None if seed is None else Noise(seed, i), cb)
                 try:
                     slots[row] = [i, co, next(co)]
                 except StopIteration as e:         # nothing to run (max_new_tokens 0)
@@ -107,8 +104,7 @@ class BatchEngine:
         backend = group[0][1].runner.b
         dec = [c.width for _, c in group if not c.prefill]
         pre = [len(c.tokens) for _, c in group if c.prefill]
-        costs = self.costs.setdefault(id(backend), CallCosts())
-        width = choose_width(backend.seq_lens, dec, pre, costs)
+        width = choose_width(backend.seq_lens, dec, pre, group[0][1].runner.costs)
         rows = []
         for r, c in group:
             if c.prefill:
@@ -126,7 +122,7 @@ class BatchEngine:
         t = time.perf_counter()
         out = backend.run(ids, pos, check=False)
         dt = time.perf_counter() - t
-        self.costs[id(backend)].add(width, dt)
+        group[0][1].runner.costs.add(width, dt)
         self.calls += 1
         freed = []
         for r, c in group:

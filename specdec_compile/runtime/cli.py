@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where drafts come from: the DLM (default when --dlm is given) or n-gram "
                         "prompt lookup (no draft model)")
     p.add_argument("--ngram-max", type=int, default=None, metavar="N",
-                   help="--draft ngram: the longest n-gram matched (default 3)")
+                   help="--draft ngram: the longest n-gram matched (default 3; at most 32 and the context length)")
     p.add_argument("--no-fallback", action="store_true",
                    help="never choose to draft nothing (with 0 in the TLM's k_list the adaptive "
                         "choice may otherwise fall back to plain decoding when drafts do not pay)")
@@ -44,12 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", metavar="TEXT")
     g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
     g.add_argument("--prompt-ids", metavar="IDS", action="append",
-                   help="token ids, comma separated: 1,2,3 (repeat for several prompts)")
+                   help="token ids separated by commas or spaces: 1,2,3 or \"1 2 3\" (repeat for several prompts)")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 = greedy (default); below 1e-5 behaves as greedy")
     p.add_argument("--top-k", type=int, default=0, metavar="K")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    p.add_argument("--seed", type=int, default=None, metavar="S")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="fixes the sampled text: the same prompts, seed, settings and models give the same "
+                        "text whatever the batch size or schedule (an integer >= 0)")
     p.add_argument("--k", type=int, default=None, metavar="K",
                    help="drafts per round (one of the TLM's compiled widths; default: its k, "
                         "adaptive when several are compiled)")
@@ -65,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline); --tlm may then also be the target "
                         "compiled with --role dlm, for seq_len-1 steps")
     p.add_argument("--eos-id", type=int, default=None, metavar="ID",
-                   help="end-of-sequence id (default: the tokenizer's; -1 = none)")
+                   help="end-of-sequence id (default: every EOS id of the TLM's manifest and of the "
+                        "tokenizer; -1 = none)")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip running each specialization once before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
@@ -74,11 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ids(text: str, what: str) -> list[int]:
+    """Integers separated by commas and/or whitespace: "1,2,3", "1 2 3", "1, 2 3"."""
+    import re
+    parts = [x for x in re.split(r"[\s,]+", text.strip()) if x]
+    if re.search(r",\s*,", text):
+        raise SpecdecError(f"{what}: an empty item between commas in {text!r}")
     try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+        return [int(x) for x in parts]
     except ValueError:
-        raise SpecdecError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    return ids
+        raise SpecdecError(f"{what}: expected comma-separated (or space-separated) integers, got {text!r}") from None
 
 
 def _prompts(args, tok) -> list[list[int]]:
@@ -208,8 +216,10 @@ def _check_args(args) -> None:
         raise SpecdecError("--draft ngram has no meaning with --target-only")
     if args.ngram_max is not None and args.draft != "ngram":
         raise SpecdecError("--ngram-max is for --draft ngram")
-    if args.ngram_max is not None and args.ngram_max < 1:
-        raise SpecdecError(f"--ngram-max must be >= 1 (got {args.ngram_max})")
+    if args.ngram_max is not None:
+        from .drafts.ngram import NgramDraft
+        if not 1 <= args.ngram_max <= NgramDraft.MAX_N:
+            raise SpecdecError(f"--ngram-max must be in [1, {NgramDraft.MAX_N}] (got {args.ngram_max})")
     if not args.target_only and args.draft == "dlm" and not args.dlm:
         raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
@@ -277,13 +287,18 @@ def _open(args):
 
 
 def _eos(args, tok, tlm):
-    """--eos-id; else the tokenizer's EOS plus every id of its generation_config.json; else the manifest's."""
+    """--eos-id (-1: none); else the union of the TLM manifest's EOS ids (from the export's
+    generation_config.json) and the tokenizer's (its EOS and a generation_config.json beside it)."""
     from .tokenizer import eos_ids
     if args.eos_id is not None:
         return None if args.eos_id < 0 else args.eos_id
+    art = tlm.artifact
+    ids = set(art.manifest.get("eos_token_ids") or [])
+    if art.eos_token_id is not None:
+        ids.add(art.eos_token_id)
     if tok is not None:
-        return eos_ids(tok, args.tokenizer) or None
-    return tlm.artifact.manifest.get("eos_token_ids") or tlm.artifact.eos_token_id
+        ids.update(eos_ids(tok, args.tokenizer))
+    return sorted(int(i) for i in ids) or None
 
 
 def run(argv: list[str]) -> int:
@@ -309,10 +324,10 @@ def run(argv: list[str]) -> int:
     printer = None if args.json else _Printer(tok, color)
     results, wall = _decode_all(dec, prompts, args, sampling, printer, tok)
     summary = aggregate_metrics(results)
-    summary["batch_size"] = tlm.batch_size
-    summary["tokens_per_s"] = summary["new_tokens"] / wall if wall > 0 else None
+    summary.batch_size = tlm.batch_size
+    summary.tokens_per_s = summary.new_tokens / wall if wall > 0 else None
     if args.json:
-        print(json.dumps({"results": [r.to_json() for r in results], "metrics": summary}))
+        print(json.dumps({"results": [r.to_json() for r in results], "metrics": summary.to_json()}))
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
     return 0
@@ -322,25 +337,27 @@ def _decode_all(dec, prompts, args, sampling, printer, tok):
     """Every prompt through the decoder: one after another, streaming, with a batch-1
     artifact; through every row at once (continuous batching) with a batch-B one,
     each text printed whole, in input order. Returns (results in input order, wall s)."""
+    import dataclasses
     import time
 
     from .batch import BatchEngine
     engine = BatchEngine(dec)
     engine.check_prompts(prompts, args.max_new_tokens)       # a prompt that does not fit: before anything runs
-    rng = sampling.rng()
+    if not sampling.greedy:   # one seed for the run: prompt i samples as (seed, i), one row or many
+        sampling = dataclasses.replace(sampling, seed=sampling.run_seed())
     results = [None] * len(prompts)
     t0 = time.perf_counter()
     if dec.tlm.batch_size == 1:
         for i, ids in enumerate(prompts):
             if printer:
                 printer.start(ids, i, len(prompts))
-            results[i] = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng,
+            results[i] = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, prompt_index=i,
                                       on_tokens=printer.on_tokens if printer else None)
             if printer:
                 printer.end()
     else:
         shown = 0
-        for i, r in engine.stream(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, rng=rng):
+        for i, r in engine.stream(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling):
             results[i] = r
             while printer and shown < len(prompts) and results[shown] is not None:
                 printer.start(prompts[shown], shown, len(prompts))
@@ -350,7 +367,7 @@ def _decode_all(dec, prompts, args, sampling, printer, tok):
     wall = time.perf_counter() - t0
     for r in results:
         r.text = tok.decode(r.generated_ids, skip_special_tokens=True) if tok is not None else None
-        r.metrics["stop_reason"] = r.stop_reason
+        r.metrics.stop_reason = r.stop_reason
     return results, wall
 
 

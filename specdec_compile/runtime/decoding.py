@@ -3,9 +3,10 @@
 Speculative decoding follows contract section 6. ``generate`` runs one prompt
 in row 0 (other rows padding); ``generate_many`` / ``stream`` run one prompt per
 row with continuous batching (batch.py). The loop itself is in generation.py.
-Drafts come from a DLM or from n-gram lookup (drafts.py); with n-gram drafts
-there is no DLM call and a round with no match verifies nothing (width 1 when
-compiled).
+Drafts come from a draft source (drafts/: a DLM, n-gram lookup, or any object
+with that interface); with n-gram drafts there is no DLM call and a round with
+no match verifies nothing (width 1 when compiled). How many drafts a round
+makes is the width policy's choice (policy.py).
 
 prefill    DLM and TLM each run the prompt in PL-sized chunks, the last one
            right-padded with position -1. n = prompt length. The DLM gives the
@@ -22,19 +23,18 @@ round r    t = the last token, at position m. DLM: seq_len 1 with [t] at m, or
            seq_len 2 with [dk, t] at [m-1, m] when every draft of the previous
            round was accepted; then k-1 calls of seq_len 1. TLM: seq_len k+1
            with [t, d1..dk] at m..m+k.
-accept     the longest prefix of drafts the TLM agrees with, then the TLM's
-           token (correction or bonus). Rejected positions are reused.
+accept     the longest prefix of drafts equal to the TLM's own tokens, then
+           the TLM's token (correction or bonus); sampled tokens are drawn
+           with position-keyed noise (sampling.py), so the text is the
+           target's whatever the drafts. Rejected positions are reused.
 stop       EOS (included in the output), max new tokens, or a full context:
            prompt + output never exceed ctx_len tokens; near the end fewer
            drafts are made and the rest of the fixed-width call is padding (-1).
 
 With several compiled widths (``k_list`` in the TLM manifest) each round picks
-the number of drafts j (a TLM width >= j+1) that maximizes expected tokens per
-unit of time: (1 - a^(j+1)) / (1 - a) over j * t_dlm + t_tlm(j+1) + the loop's
-host work per round, from a decayed acceptance estimate a and measured times.
-With 0 compiled (``--k-list 0,...``) j = 0 is a choice (the fallback), with a
-probe back to drafting after 4, 8, ... 64 rounds. A fixed ``k`` sets every
-round, round 1 included.
+the number of drafts j (policy.py: expected tokens per second from measured
+call times and a pooled acceptance estimate; j = 0, the fallback, when 0 is
+compiled). A fixed ``k`` sets every round, round 1 included.
 
 A draft whose table has another size than the target's (one tokenizer, padded
 differently, or cut to its first rows) drafts only the ids both have, and
@@ -52,13 +52,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SpecdecError
-from .artifact import check_pair
 from .backends import Backend
-from .drafts import NgramDraft, make_draft_source
-from .generation import PAD_ID, OnTokens, _check_prompt, _Generation, _TargetGeneration, run_one  # noqa: F401
-from .metrics import GenerationResult, aggregate_metrics  # noqa: F401  (re-exported)
+from .calls import run_one
+from .costs import CostModel
+from .drafts import make_draft_source
+from .drafts.dlm import DlmDraft
+from .generation import OnTokens, _check_prompt, _Generation, _TargetGeneration
+from .metrics import GenerationResult
+from .policy import WidthPolicy
 from .sampling import SamplingParams
-from .vocab import PairVocab
 
 
 def eos_set(eos) -> frozenset:
@@ -75,19 +77,23 @@ class _Decoder:
     A subclass gives ``backends()`` and ``coroutine(...)``."""
 
     def generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-                 rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None) -> GenerationResult:
-        """One generation (row 0 of each call; a batch > 1 artifact's other rows are padding)."""
+                 rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None,
+                 prompt_index: int = 0) -> GenerationResult:
+        """One generation (row 0 of each call; a batch > 1 artifact's other rows are padding).
+        Sampled text depends on (prompt, ``sampling.seed``, ``prompt_index``) only; without
+        a seed, one is drawn from ``rng`` (or fresh)."""
         sampling = sampling or SamplingParams()
-        rng = rng if rng is not None else sampling.rng()
         prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
         for b in self.backends():
             b.reset()
-        return run_one(self.coroutine(prompt, max_new_tokens, sampling, rng, on_tokens))
+        noise = sampling.noise(prompt_index, rng)
+        return run_one(self.coroutine(prompt, max_new_tokens, sampling, noise, on_tokens))
 
     def stream(self, prompts, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
                rng: np.random.Generator | None = None, on_tokens=None):
         """Several prompts through every row of the batch (continuous batching, batch.py):
-        yields (index, GenerationResult) as each finishes. Every prompt is checked first."""
+        yields (index, GenerationResult) as each finishes. Every prompt is checked first.
+        Prompt i samples as ``generate(prompts[i], prompt_index=i)`` with the same seed."""
         from .batch import BatchEngine
         return BatchEngine(self).stream(prompts, max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
                                         on_tokens=on_tokens)
@@ -115,164 +121,80 @@ class TargetOnlyDecoder(_Decoder):
         self.eos = eos_set(eos_token_id)
         self.record_calls = record_calls
         self.width = min(tlm.seq_lens)
+        self.costs = CostModel()
 
     def backends(self) -> list[Backend]:
         return [self.tlm]
 
-    def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, rng,
+    def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, noise,
                   on_tokens: OnTokens | None = None):
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
-        return _TargetGeneration(self, prompt, max_new_tokens, sampling, rng, on_tokens).run()
+        return _TargetGeneration(self, prompt, max_new_tokens, sampling, noise, on_tokens).run()
 
 
 class SpecDecoder(_Decoder):
     """Speculative decoding: a TLM backend verifies drafts from a draft source (see the module doc).
 
-    The draft source: ``dlm`` (a DLM backend), or no DLM and ``draft="ngram"``
-    (prompt lookup, :class:`~.drafts.NgramDraft`, ``ngram_max`` its longest
-    n-gram), or an ``NgramDraft`` passed in place of ``dlm``.
-    ``k``: drafts per round. Default: the TLM's compiled k; with several
-    compiled widths (k_list) the default is adaptive. Giving ``k`` (one of
-    k_list, or the compiled k - 1) fixes every round, round 1 included.
-    ``adaptive``: force adaptive width choice on or off. ``fallback``: the
-    adaptive choice may draft nothing (TLM width 1, plain decoding) when that
-    pays; it needs 0 in the TLM's k_list. ``tokenizer`` (and
-    ``dlm_tokenizer`` when the DLM came with its own): the pair must agree on
-    them (else on the manifests' special token ids), and the draft proposes
-    only ids the tokenizers have. TLM and DLM tables may differ in size (see
-    vocab.py).
+    The draft source, ``draft=``: a source object (drafts/: :class:`~.drafts.ngram.NgramDraft`,
+    :class:`~.drafts.dlm.DlmDraft`, or your own), or "ngram" (``ngram_max`` its
+    longest n-gram). ``dlm=`` (the older spelling, also the second positional
+    argument): a DLM backend, or a source object.
+    ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own): the
+    pair must agree on them (else on the manifests' special token ids), and the
+    draft proposes only ids the tokenizers have. TLM and DLM tables may differ
+    in size (see vocab.py).
+    ``policy``: the width policy (policy.py); or build one from ``k`` (drafts per
+    round, fixed: one of k_list or the compiled k - 1; default the TLM's k,
+    adaptive when several widths are compiled), ``adaptive`` and ``fallback``
+    (drafting nothing may be chosen; needs 0 in the TLM's k_list).
     """
-
-    PROBE_FIRST, PROBE_MAX, DECAY = 4, 64, 0.8
 
     def __init__(self, tlm: Backend, dlm=None, *, draft=None, ngram_max: int | None = None,
                  eos_token_id=None, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
-                 record_calls: bool = False, tokenizer=None, dlm_tokenizer=None):
-        self.source = dlm if isinstance(dlm, NgramDraft) else make_draft_source(draft, ngram_max)
-        self.dlm = None if isinstance(dlm, NgramDraft) else dlm
-        if self.source is not None and self.dlm is not None:
-            raise SpecdecError("give either a DLM or draft='ngram', not both")
-        if self.source is None and self.dlm is None:
-            raise SpecdecError("speculative decoding needs a DLM backend or draft='ngram'")
-        self.vocab = None
-        if self.dlm is not None:
-            check_pair(tlm.artifact, self.dlm.artifact, tokenizers=(tokenizer, dlm_tokenizer))
-            toks = [len(t) for t in (tokenizer, dlm_tokenizer) if t is not None]
-            self.vocab = pair_vocab(tlm, self.dlm, min(toks) if toks else None)
+                 policy: WidthPolicy | None = None, record_calls: bool = False, tokenizer=None,
+                 dlm_tokenizer=None):
+        self.source = _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer)
+        self.source.bind(tlm)
+        self.dlm = self.source.backend if isinstance(self.source, DlmDraft) else None
+        self.vocab = getattr(self.source, "vocab", None) if self.dlm is not None else None
         self.tlm = tlm
         self.eos_token_id = eos_token_id
         self.eos = eos_set(eos_token_id)
         self.record_calls = record_calls
+        if policy is not None and (k is not None or adaptive is not None or not fallback):
+            raise SpecdecError("give either a policy or k/adaptive/fallback, not both")
         art = tlm.artifact
-        self.k0 = art.k                              # the compiled k: round 1 is width k
-        self.k_list = tuple(art.k_list) or (art.k,)
-        self.widths = sorted(tlm.seq_lens)
-        # draft counts a round may use: j drafts need a TLM width >= j+1
-        all_j = set(self.k_list) | ({self.k0 - 1} if self.k0 >= 1 else set())
-        self.compiled_choices = sorted(j for j in all_j if j >= 0 and j + 1 in self.widths)
-        if k is not None and k not in self.compiled_choices:
-            raise SpecdecError(f"k={k} is not compiled into the TLM (k_list {list(self.k_list)}; "
-                               f"the drafts a round can verify: {self.compiled_choices})")
-        self.fixed_k = k
-        self.k = k if k is not None else self.k0
-        self.fallback = bool(fallback)
-        self.choices = [j for j in self.compiled_choices if j > 0 or self.fallback]
-        self.adaptive = (len(self.k_list) > 1 and k is None) if adaptive is None else bool(adaptive)
-        # running means, kept across prompts: call times, and the loop's own host work per round
-        self._cost = {"dlm": [0, 0.0], "tlm": {}, "host": {}}
-        self.live: set = set()      # generations decoding now (several in a batch): their acceptance is pooled
+        self.policy = (policy or WidthPolicy(k, adaptive, fallback)).bind(art.k, art.k_list, tlm.seq_lens)
+        self.costs = self.policy.costs
 
-    def width_for(self, n_tokens: int) -> int:
-        """The smallest compiled TLM width that holds ``n_tokens``."""
-        for w in self.widths:
-            if w >= n_tokens:
-                return w
-        raise AssertionError(f"no TLM width holds {n_tokens} tokens (widths {self.widths})")
-
-    # -- width choice ---------------------------------------------------
-    def _note_cost(self, role, width, dt):
-        if role == "dlm":
-            if width <= 2:
-                self._cost["dlm"][0] += 1
-                self._cost["dlm"][1] += dt
-        else:
-            c = self._cost["tlm"].setdefault(width, [0, 0.0])
-            c[0] += 1
-            c[1] += dt
-
-    def _note_host(self, drafting: bool, dt: float) -> None:
-        c = self._cost.setdefault("host", {}).setdefault(bool(drafting), [0, 0.0])
-        c[0] += 1
-        c[1] += dt
-
-    def _host_per_round(self) -> tuple[float, float]:
-        """Mean host seconds of a round without drafts and of one with drafts (an
-        unmeasured kind costs what the other does)."""
-        h = {k: t / n for k, (n, t) in self._cost.get("host", {}).items() if n}
-        h0, h1 = h.get(False), h.get(True)
-        h0 = h1 if h0 is None else h0
-        h1 = h0 if h1 is None else h1
-        return h0 or 0.0, h1 or 0.0
-
-    def expected_tokens(self, alpha: float, j: int) -> float:
-        if alpha >= 1.0:
-            return j + 1.0
-        return (1.0 - alpha ** (j + 1)) / (1.0 - alpha)
-
-    def choose_drafts(self, alpha: float, drafting: bool = False) -> int:
-        """The number of drafts j (from the compiled widths) with the most expected
-        tokens per second; ``drafting``: the best j > 0 (a probe)."""
-        if not self.adaptive:
-            return self.k
-        dn, dt = self._cost["dlm"]
-        c_d = dt / dn if dn else 0.0
-        seen = {w: t / n for w, (n, t) in self._cost["tlm"].items() if n}
-        mean_t = (sum(seen.values()) / len(seen)) if seen else 1.0
-        if not drafting and 0 in self.choices and self.width_for(1) not in seen:
-            return 0  # time plain decoding once: priced like the nearest wider call it would never be chosen
-        h0, h1 = self._host_per_round()
-        best, best_score = None, -1.0
-        for j in self.choices:
-            if drafting and j == 0:
-                continue
-            w = self.width_for(j + 1)
-            if w in seen:
-                c_t = seen[w]
-            elif seen:  # an untried width costs what the nearest tried width costs
-                c_t = seen[min(seen, key=lambda s: (abs(s - w), s))]
-            else:
-                c_t = mean_t
-            score = self.expected_tokens(alpha, j) / (j * c_d + c_t + (h1 if j else h0))
-            if score > best_score + 1e-12:
-                best, best_score = j, score
-        return self.k if best is None else best
-
-    # -- generation -----------------------------------------------------
     def backends(self) -> list[Backend]:
-        return [self.tlm] + ([self.dlm] if self.dlm is not None else [])
+        return [self.tlm] + list(self.source.backends())
 
-    def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, rng,
+    def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, noise,
                   on_tokens: OnTokens | None = None):
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
-        return _Generation(self, prompt, max_new_tokens, sampling, rng, on_tokens).run()
+        return _Generation(self, prompt, max_new_tokens, sampling, noise, on_tokens).run()
 
 
-def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> PairVocab | None:
-    """How the pair shares its vocabulary; None when nothing needs mapping (or the
-    sizes are not known)."""
-    vt, vd = tlm.vocab_size, dlm.vocab_size
-    if not vt or not vd:
-        return None
-    reads = dlm.input_vocab if vd < vt else vd   # a smaller draft may still read more ids than it emits
-    v = PairVocab.of(vt, vd, tokenizer_len=tokenizer_len, draft_reads=reads)
-    return None if v.same else v
+def _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer):
+    """The draft source from SpecDecoder's arguments."""
+    if dlm is not None and draft is not None and draft != "dlm":
+        raise SpecdecError("give either a DLM or another draft source, not both")
+    if dlm is None and (draft is None or draft == "dlm"):
+        raise SpecdecError("speculative decoding needs a DLM backend or draft='ngram' (or another "
+                           "draft source object)")
+    if dlm is not None:
+        if isinstance(dlm, Backend) or hasattr(dlm, "run"):
+            return DlmDraft(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
+        return make_draft_source(dlm)
+    return make_draft_source(draft, ngram_max=ngram_max)
 
 
 def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
              eos_token_id=None, k: int | None = None, tokenizer=None, draft=None,
              on_tokens: OnTokens | None = None) -> GenerationResult:
-    """One generation: speculative when ``dlm`` (or ``draft="ngram"``) is given, target-only otherwise."""
+    """One generation: speculative when ``dlm`` (or ``draft``) is given, target-only otherwise."""
     sp = SamplingParams(temperature, top_k, top_p, seed)
     if dlm is None and draft is None:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos_token_id)

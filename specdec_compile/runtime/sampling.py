@@ -1,16 +1,23 @@
-"""Token choice: greedy, sampling (temperature, top-k, top-p) and the
-speculative acceptance rule of Leviathan et al. 2023 / Chen et al. 2023.
+"""Token choice: greedy, sampling (temperature, top-k, top-p), and how a
+draft is checked against the target.
 
-The rule, for a draft token d drawn from the draft distribution q while the
-target distribution is p: accept d with probability min(1, p(d) / q(d));
-on rejection draw from norm(max(0, p - q)). The token that comes out is
-distributed exactly as p. After k accepted drafts the target's next
-distribution gives a bonus token. Both p and q are the *processed*
-distributions (temperature, top-k, top-p applied to each model's logits), so
-the output is distributed as the target model sampled with those settings.
+Sampling is *position-keyed*: the token at position i of prompt j is
+argmax(log p_i + g_i), p_i the processed target distribution (temperature,
+top-k, top-p) and g_i Gumbel noise drawn from a stream keyed by
+(seed, j, i) (:class:`Noise`). That is an exact draw from p_i (the Gumbel-max
+trick), and it depends on nothing but the prompt, the seed, the settings and
+the models: not on how many drafts a round made, the batch size, or which API
+ran it. A draft for position i is drawn the same way from the draft's own
+distribution q_i with the *same* g_i, and it is accepted when it equals the
+target's token. The output is therefore exactly what sampling the target alone
+with that seed gives, token for token; the draft only decides how many tokens
+one target call yields. (A draft is accepted with probability
+P(argmax(log q + g) = argmax(log p + g)), a little below the 1 - TV(p, q) of the
+rejection rule of Leviathan et al. 2023, which cannot keep a seeded text
+independent of the schedule: whether a position was drafted changes its draw.)
 
-Temperature 0 means greedy: drafts are the draft model's argmax, accepted
-while they equal the target's argmax.
+Temperature 0 (and anything below :data:`GREEDY_BELOW`) means greedy: g = 0,
+drafts are the draft model's argmax, accepted while they equal the target's.
 """
 from __future__ import annotations
 
@@ -20,13 +27,16 @@ import numpy as np
 
 from ..errors import SpecdecError
 
+#: temperatures below this behave as greedy (dividing logits by less overflows float64)
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0   # 0: greedy
+    temperature: float = 0.0   # 0 (or < GREEDY_BELOW): greedy
     top_k: int = 0             # 0: off
     top_p: float = 1.0         # 1: off
-    seed: int | None = None
+    seed: int | None = None    # None: a fresh seed per run
 
     def __post_init__(self):
         if not np.isfinite(self.temperature) or self.temperature < 0:
@@ -35,13 +45,46 @@ class SamplingParams:
             raise SpecdecError(f"top-k must be a non-negative integer (got {self.top_k})")
         if not (0.0 < self.top_p <= 1.0):
             raise SpecdecError(f"top-p must be in (0, 1] (got {self.top_p})")
+        if self.seed is not None and (isinstance(self.seed, bool) or int(self.seed) != self.seed
+                                      or not 0 <= self.seed < 2 ** 64):
+            raise SpecdecError(f"seed must be an integer in [0, 2**64) (got {self.seed})")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
-    def rng(self) -> np.random.Generator:
-        return np.random.default_rng(self.seed)
+    def run_seed(self, rng: np.random.Generator | None = None) -> int:
+        """The seed of one run: ``seed``; else one draw from ``rng``; else fresh entropy."""
+        if self.seed is not None:
+            return int(self.seed)
+        if rng is not None:
+            return int(rng.integers(0, 2 ** 63))
+        return int(np.random.SeedSequence().entropy)
+
+    def noise(self, index: int = 0, rng: np.random.Generator | None = None) -> "Noise | None":
+        """The randomness of prompt ``index`` of a run (None when greedy)."""
+        return None if self.greedy else Noise(self.run_seed(rng), index)
+
+
+class Noise:
+    """Gumbel noise for each position of one generation, from a random stream keyed
+    by (seed, prompt index, position): the same numbers whatever order positions are
+    asked in, and however often. Kept for the few positions a round looks at."""
+
+    KEEP = 64
+
+    def __init__(self, seed: int, index: int = 0):
+        self.seed, self.index = int(seed), int(index)
+        self._g: dict[int, np.ndarray] = {}
+
+    def gumbel(self, pos: int, size: int) -> np.ndarray:
+        g = self._g.get(pos)
+        if g is None or len(g) != size:
+            g = np.random.default_rng([self.seed, self.index, int(pos)]).gumbel(size=size)
+            if len(self._g) >= self.KEEP:
+                self._g.pop(min(self._g))
+            self._g[pos] = g
+        return g
 
 
 def probs(logits, params: SamplingParams) -> np.ndarray:
@@ -95,62 +138,40 @@ def _top_p_keep(p: np.ndarray, top_p: float) -> np.ndarray:
     return keep
 
 
-def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from distribution ``p`` [V]."""
-    c = np.cumsum(p)
-    i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
-    i = min(i, len(p) - 1)
-    while p[i] <= 0 and i > 0:   # never land on a zero-probability token by rounding
-        i -= 1
-    return i
+def choose(logits, params: SamplingParams, noise: Noise | None, pos: int) -> int:
+    """The token at position ``pos``: the argmax when greedy, else the Gumbel-max draw
+    argmax(log p + g_pos) from the processed distribution p of ``logits`` [V]."""
+    if params.greedy or noise is None:
+        return int(np.argmax(logits))
+    return choose_from(probs(logits, params), noise, pos)
 
 
-def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """norm(max(0, p - q)); ``p`` itself when that is all zeros (p == q up to rounding)."""
-    r = np.maximum(p - q, 0.0)
-    s = r.sum()
-    return r / s if s > 1e-12 else p
+def choose_from(p: np.ndarray, noise: Noise, pos: int) -> int:
+    """The Gumbel-max draw from distribution ``p`` [V] at position ``pos``."""
+    with np.errstate(divide="ignore"):
+        return int(np.argmax(np.log(p) + noise.gumbel(pos, len(p))))
 
 
-def accept_or_resample(p: np.ndarray, q: np.ndarray, d: int, rng: np.random.Generator) -> tuple[bool, int]:
-    """The Leviathan/Chen rule for one draft ``d ~ q``: (accepted, token)."""
-    qd = q[d]
-    if qd > 0 and rng.random() * qd < p[d]:   # u < p(d)/q(d), without dividing
-        return True, d
-    return False, sample(residual(p, q), rng)
-
-
-def verify(drafts, draft_dists, target_logits, params: SamplingParams, rng,
+def verify(drafts, target_logits, start: int, params: SamplingParams, noise: Noise | None,
            bonus: bool = True) -> tuple[int, int | None]:
-    """Check ``drafts`` against the target.
+    """Check ``drafts`` (for positions start..) against the target.
 
-    ``target_logits`` has len(drafts)+1 rows (len(drafts) with
-    ``bonus=False``): row i is the target's logits for the position of
-    draft i, the last row gives the bonus token. ``draft_dists`` are the
-    draft distributions the drafts were drawn from (unused when greedy).
-    Returns (number accepted, the next token: the target's correction at the
-    first rejection, or the bonus token; None after a full accept without
-    ``bonus``).
+    ``target_logits`` has len(drafts)+1 rows (len(drafts) with ``bonus=False``):
+    row i is the target's logits for position start+i. The target's token at
+    each position is :func:`choose`'s; a draft is accepted while it equals it.
+    Returns (number accepted, the next token: the target's at the first
+    mismatch, or the bonus token; None after a full accept without ``bonus``).
     """
     n = len(drafts)
     rows = n + 1 if bonus else n
-    if params.greedy:
+    if params.greedy or noise is None:
         want = np.argmax(target_logits[:rows], axis=-1)
         a = 0
         while a < n and int(drafts[a]) == int(want[a]):
             a += 1
         return a, (int(want[a]) if a < rows else None)
-    # row by row: after an early rejection the later rows' distributions are never needed
-    for i in range(n):
-        ok, tok = accept_or_resample(probs(target_logits[i], params), draft_dists[i], int(drafts[i]), rng)
-        if not ok:
-            return i, tok
-    return n, (sample(probs(target_logits[n], params), rng) if bonus else None)
-
-
-def pick(logits, params: SamplingParams, rng) -> tuple[int, np.ndarray | None]:
-    """A token from one logits vector, and the distribution it was drawn from (None if greedy)."""
-    if params.greedy:
-        return int(np.argmax(logits)), None
-    p = probs(logits, params)
-    return sample(p, rng), p
+    for i in range(rows):        # after a mismatch the later rows are never needed
+        t = choose(target_logits[i], params, noise, start + i)
+        if i == n or int(drafts[i]) != t:
+            return i, t
+    return n, None

@@ -17,38 +17,7 @@ width itself (the prompt rides in slots that would be padding).
 """
 from __future__ import annotations
 
-
-class CallCosts:
-    """Running mean call time per width of one backend (seconds)."""
-
-    def __init__(self):
-        self._t: dict[int, list] = {}
-
-    def add(self, width: int, dt: float, n: int = 1) -> None:
-        """``n`` calls of ``width`` that took ``dt`` seconds each."""
-        c = self._t.setdefault(width, [0, 0.0])
-        c[0] += n
-        c[1] += dt * n
-
-    def known(self) -> dict[int, float]:
-        return {w: t / n for w, (n, t) in sorted(self._t.items()) if n}
-
-    def estimate(self, width: int) -> float | None:
-        """The mean time of ``width``; unmeasured: linear between the measured widths
-        around it, the narrowest measured one's below them, proportional above them."""
-        k = self.known()
-        if not k:
-            return None
-        if width in k:
-            return k[width]
-        lo = [w for w in k if w < width]
-        hi = [w for w in k if w > width]
-        if lo and hi:
-            a, b = max(lo), min(hi)
-            return k[a] + (k[b] - k[a]) * (width - a) / (b - a)
-        if hi:
-            return k[min(hi)]
-        return k[max(lo)] * width / max(lo)
+from .costs import CallCosts
 
 
 def choose_width(widths, decode_widths, prefill_left, costs: CallCosts | None) -> int:

@@ -141,3 +141,39 @@ def fake_pair(*, vocab=23, ctx_len=64, prefill_len=8, k=4, k_list=None, batch_si
     d = FakeBackend(fake_artifact("dlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len,
                                   vocab=dv, embedding_rows=dlm_reads), dlm_lm, call_log)
     return t, d, tlm_lm
+
+
+def known_costs(dlm=None, tlm=None, host=None):
+    """A CostModel (costs.py) holding these measurements, for tests of the width
+    policy: ``dlm`` (calls, seconds each) of width 1, ``tlm`` {width: (calls,
+    seconds each)}, ``host`` {drafting: (rounds, seconds each)}."""
+    from .costs import CostModel
+    cm = CostModel()
+    if dlm is not None:
+        cm.calls("dlm").add(1, dlm[1], n=dlm[0])
+    for w, (n, t) in (tlm or {}).items():
+        cm.calls("tlm").add(w, t, n=n)
+    for drafting, (n, t) in (host or {}).items():
+        cm.note_host(drafting, t, n=n)
+    return cm
+
+
+def nominal_costs(call_time):
+    """A CostModel that books ``call_time(role, width)`` seconds for every call instead
+    of the measured time, so a test of the width choice does not depend on a shared
+    machine's timer: ``SpecDecoder(..., policy=WidthPolicy(costs=nominal_costs(f)))``."""
+    from .costs import CallCosts, CostModel
+
+    class _Calls(CallCosts):
+        def __init__(self, role):
+            super().__init__()
+            self.role = role
+
+        def add(self, width, dt, n=1):
+            super().add(width, call_time(self.role, width), n)
+
+    class _Costs(CostModel):
+        def calls(self, role):
+            return self._calls.setdefault(role, _Calls(role))
+
+    return _Costs()

@@ -1,0 +1,89 @@
+"""Draft sources: where a speculative round's drafts come from.
+
+The loop (generation.py) sees two small protocols. A **draft source** is made
+once per decoder and shared by its generations:
+
+    kind                       a short name ("dlm", "ngram", ...)
+    bind(tlm)                  check it fits the target (raise SpecdecError); called once
+    backends()                 the models it calls (reset and warmed up with the TLM)
+    drafter(ctx)               a Drafter for one generation (ctx: DraftContext)
+
+A **drafter** holds one sequence's drafting state:
+
+    first(prompt)   -> d1 or None         the first draft, right after the TLM's prefill
+    draft(seq, q, n) -> [d, ...]          up to n drafts for positions q.. (seq[:q] is the text)
+    verified(step)                        what the target returned for tokens it keeps
+    rollback(valid)                       the sequence is only seq[:valid] now
+
+``first`` and ``draft`` may return a value or be generators that yield
+:class:`~..calls.Call`\\ s (a draft model's calls, made through
+``ctx.runner(...)``) and return the value. A drafter may return fewer drafts
+than asked (an n-gram source with no match returns none): the round then
+verifies what it has. ``verified`` gets a :class:`TargetStep` after each TLM
+prefill chunk and after each verification (the tokens the target keeps: the
+round's input token and its accepted drafts), so a source can read the
+target's own outputs for them.
+
+Drafts are tokens, not distributions: with sampling, a drafter draws the token
+for position i with ``ctx.choose(logits, i)`` (or ``choose_from``), the same
+position-keyed noise the target's token is drawn with (sampling.py), which is
+what makes the output exactly the target's.
+
+Sources here: :class:`~.dlm.DlmDraft` (a draft model with its own retained
+state) and :class:`~.ngram.NgramDraft` (prompt lookup: no model). A new source
+is one module in this package with its tests; ``SpecDecoder(tlm, draft=...)``
+takes any object with this interface.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...errors import SpecdecError
+from ..sampling import Noise, SamplingParams, choose, choose_from
+
+
+@dataclass(frozen=True)
+class TargetStep:
+    """Tokens the target ran at positions start.. and keeps, with its output rows
+    for them (``logits`` [len(tokens), V]; ``outputs``: other named outputs)."""
+    start: int
+    tokens: list
+    logits: np.ndarray
+    outputs: dict = field(default_factory=dict)
+
+
+@dataclass
+class DraftContext:
+    """What a drafter of one generation may use."""
+    sampling: SamplingParams
+    noise: Noise | None
+    target_vocab: int | None
+    runner: Callable          # runner(backend, role, ids_map=None) -> calls.Runner for a draft model's calls
+
+    def choose(self, logits, pos: int) -> int:
+        """The draft for position ``pos`` from a draft model's logits over the target's ids."""
+        return choose(logits, self.sampling, self.noise, pos)
+
+    def choose_from(self, p: np.ndarray, pos: int) -> int:
+        """The draft for position ``pos`` from a distribution over the target's ids."""
+        if self.sampling.greedy or self.noise is None:
+            return int(np.argmax(p))
+        return choose_from(p, self.noise, pos)
+
+
+def make_draft_source(draft, *, ngram_max: int | None = None):
+    """A draft source from a name ("ngram") or a source object; None for "dlm"/None
+    (a DLM backend is given)."""
+    from .ngram import NgramDraft
+    if draft is None or draft == "dlm":
+        return None
+    if isinstance(draft, str):
+        if draft == "ngram":
+            return NgramDraft(3 if ngram_max is None else ngram_max)
+        raise SpecdecError(f"unknown draft source {draft!r} (expected 'dlm' or 'ngram')")
+    if not all(hasattr(draft, a) for a in ("drafter", "bind", "backends")):
+        raise SpecdecError(f"{type(draft).__name__} is not a draft source (needs drafter, bind and backends)")
+    return draft
