@@ -33,13 +33,9 @@ from .errors import SpecdecError
 from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
                        LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE, TARGETS)
 from .io import save_model, sha256_file
+from .options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
 from .qaic_ops import op_set
 from .resources import templates_dir
-
-DTYPES = ("float16", "float32")
-PRECISIONS = ("fp16", "mx6")
-HW_VERSIONS = ("ai100", "2.0")
-MAX_CORES = 16
 
 COMPILERS = ("qaic-compile", "qaic-exec")
 SDK_EXEC_DIR = Path("/opt/qti-aic/exec")
@@ -47,88 +43,6 @@ DEFAULT_HW_VERSION = {"qaic-compile": "ai100", "qaic-exec": "2.0"}
 
 _ONNX_DTYPES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
 _ONNX_DTYPES.update({onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"})
-
-
-@dataclass(frozen=True)
-class Options:
-    """Everything besides the model that decides the artifact's contents."""
-
-    role: str
-    k: int | None = None
-    k_list: tuple[int, ...] = ()
-    prefill_len: int = 32
-    ctx_len: int = 256
-    batch_size: int = 1
-    target: str = "qaic"
-    kv_dtype: str = "float16"
-    logits_dtype: str | None = None
-    precision: str = "fp16"
-    num_cores: int = MAX_CORES
-    num_devices: int = 1
-    hw_version: str | None = None  # None: chosen by compile.sh from the compiler it finds
-
-    def validate(self) -> None:
-        """Raise SpecdecError (one line) for options no artifact can satisfy."""
-        if self.role not in ROLES:
-            raise SpecdecError(f"unknown role {self.role!r} (choose from {', '.join(ROLES)})")
-        if self.target not in TARGETS:
-            raise SpecdecError(f"unknown target {self.target!r} (choose from {', '.join(TARGETS)})")
-        for name, value, allowed in (("--kv-dtype", self.kv_dtype, DTYPES),
-                                     ("--precision", self.precision, PRECISIONS)):
-            if value not in allowed:
-                raise SpecdecError(f"{name} {value!r} is not one of {', '.join(allowed)}")
-        if self.logits_dtype is not None and self.logits_dtype not in DTYPES:
-            raise SpecdecError(f"--logits-dtype {self.logits_dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.hw_version is not None and self.hw_version not in HW_VERSIONS:
-            raise SpecdecError(f"--hw-version {self.hw_version!r} is not one of {', '.join(HW_VERSIONS)}")
-        if self.batch_size < 1:
-            raise SpecdecError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.ctx_len < 1:
-            raise SpecdecError(f"--ctx-len must be at least 1, got {self.ctx_len}")
-        if self.prefill_len < 1:
-            raise SpecdecError(f"--prefill-len must be at least 1, got {self.prefill_len}")
-        if self.prefill_len > self.ctx_len:
-            raise SpecdecError(f"--prefill-len {self.prefill_len} is larger than --ctx-len {self.ctx_len}")
-        if not 1 <= self.num_cores <= MAX_CORES:
-            raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores}")
-        if self.num_devices < 1:
-            raise SpecdecError(f"--num-devices must be at least 1, got {self.num_devices}")
-        if self.role == "dlm":
-            if self.k is not None:
-                raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
-                                   "specializations prefill/2/1; give --k to the TLM")
-            if self.k_list:
-                raise SpecdecError("--k-list is for the target model only (--role tlm)")
-            if self.ctx_len < 2:
-                raise SpecdecError(f"--ctx-len {self.ctx_len} is too small for a DLM (needs seq_len 2)")
-            return
-        if self.k is None:
-            raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
-        if self.k < 1:
-            raise SpecdecError(f"k must be at least 1, got {self.k}")
-        for j in (self.k, *self.k_list):
-            if j < 0:   # k_list may hold 0: a width-1 TLM call (no drafts, the fallback)
-                raise SpecdecError(f"--k-list entries must be at least 0, got {j}")
-            if j + 1 > self.ctx_len:
-                raise SpecdecError(f"k={j} needs seq_len {j + 1}, larger than --ctx-len {self.ctx_len}")
-
-    def seq_lens(self) -> list[int]:
-        """seq_len of each specialization, in file order (contract section 3)."""
-        if self.role == "dlm":
-            wanted = [self.prefill_len, 2, 1]
-        else:
-            wanted = [self.prefill_len, self.k, self.k + 1] + [j + 1 for j in sorted(set(self.k_list))]
-        seen: list[int] = []
-        for s in wanted:  # a width equal to an earlier one is the same specialization
-            if s not in seen:
-                seen.append(s)
-        return seen
-
-    def widths(self) -> list[int] | None:
-        """Every verification width k this TLM artifact serves (None for a DLM)."""
-        if self.role == "dlm":
-            return None
-        return sorted({self.k, *self.k_list})
 
 
 @dataclass

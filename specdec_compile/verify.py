@@ -29,6 +29,7 @@ import numpy as np
 from .contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, MANIFEST_FILE, POSITION_IDS, past_name, retained_name
 from .errors import SpecdecError
 from .io import load_model
+from .options import check_options
 
 @dataclass
 class ShapeCheck:
@@ -196,12 +197,7 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
 
 def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_len: int = 32,
            ctx_len: int = 256, batch_size: int = 1, seed: int = 0, tol: float = 1e-4) -> VerifyReport:
-    if k < 1:
-        raise SpecdecError(f"k must be >= 1, got {k}")
-    if prefill_len < 1 or prefill_len > ctx_len:
-        raise SpecdecError(f"prefill length {prefill_len} must be in 1..ctx_len ({ctx_len})")
-    if k + 1 > ctx_len:
-        raise SpecdecError(f"k+1 = {k + 1} exceeds ctx_len {ctx_len}")
+    check_options(k=k, prefill_len=prefill_len, ctx_len=ctx_len, batch_size=batch_size, optional=True)
     need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size
     if ctx_len < need:
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
