@@ -32,7 +32,9 @@ from . import __version__
 from .errors import SpecdecError
 from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
                        LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE, TARGETS)
+from .graph_facts import check_graph_agrees
 from .io import save_model, sha256_file
+from .manifest import Manifest
 from .options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
 from .qaic_ops import op_set
 from .resources import templates_dir
@@ -48,13 +50,19 @@ _ONNX_DTYPES.update({onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE:
 @dataclass
 class WrittenArtifact:
     """What ``write_artifact`` wrote, for the summary and --json (the runtime reads
-    an artifact directory with ``runtime.artifact.load_artifact`` instead)."""
+    an artifact directory with ``runtime.artifact.load_artifact`` instead).
+
+    ``record`` is the ``Manifest`` written to ``manifest.json``; ``manifest`` its JSON."""
 
     out: Path
-    files: list[str]
-    manifest: dict
+    files: list[str]                 # in the order they were written
+    record: Manifest
     io_changes: list[dict] = field(default_factory=list)
     compile_flags: list[str] = field(default_factory=list)
+
+    @property
+    def manifest(self) -> dict:
+        return self.record.to_json()
 
 
 # --------------------------------------------------------------------------- templates
@@ -273,42 +281,29 @@ def _token_ids(source_dir) -> dict:
     return ids
 
 
-def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> dict:
-    info = _info(result)
+def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> Manifest:
+    """The manifest record of the artifact ``_fill`` writes."""
     source = getattr(result, "source", None)
-    m = {
-        "role": options.role,
-        "k": options.k,
-        "k_list": options.widths(),
-        "prefill_len": options.prefill_len,
-        "ctx_len": options.ctx_len,
-        "batch_size": options.batch_size,
-        **info,
-        "target": options.target,
-        "kv_dtype": options.kv_dtype,
-        "logits_dtype": options.logits_dtype,
-        "precision": options.precision,
-        "num_cores": options.num_cores,
-        "num_devices": options.num_devices,
-        "hw_version": options.hw_version,
-        "specializations": values["seq_lens"],
-        **_token_ids(getattr(result, "source_dir", None)),
-        "source": {"file": Path(source).name if source else None, "sha256": source_sha},
-        "passes": list(getattr(result, "passes", []) or []),
-        "ops": op_set(result.model),
-        "tool_version": __version__,
-        "interface": io_signature(result.model),
-        "files": sorted(files),
-    }
-    return m
+    return Manifest(
+        role=options.role, k=options.k, k_list=_tuple(options.widths()), prefill_len=options.prefill_len,
+        ctx_len=options.ctx_len, batch_size=options.batch_size, **_info(result),
+        target=options.target, kv_dtype=options.kv_dtype, logits_dtype=options.logits_dtype,
+        precision=options.precision, num_cores=options.num_cores, num_devices=options.num_devices,
+        hw_version=options.hw_version, specializations=tuple(values["seq_lens"]),
+        **{k: _tuple(v) for k, v in _token_ids(getattr(result, "source_dir", None)).items()},
+        source_file=Path(source).name if source else None, source_sha256=source_sha,
+        passes=tuple(getattr(result, "passes", []) or []), ops=op_set(result.model),
+        tool_version=__version__, interface=io_signature(result.model), files=tuple(sorted(files)),
+    )
 
 
-def _dump_json(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+def _tuple(v):
+    return tuple(v) if isinstance(v, list) else v
 
 
-def _fill(tmp: Path, result, options: Options, values: dict, source_sha: str | None) -> list[str]:
-    """Write every file of the artifact into ``tmp``; return their names."""
+def _fill(tmp: Path, result, options: Options, values: dict,
+          source_sha: str | None) -> tuple[list[str], Manifest]:
+    """Write every file of the artifact into ``tmp``; return their names (in writing order) and the manifest."""
     source_dir = getattr(result, "source_dir", None)
     data = save_model(result.model, tmp / MODEL_FILE, source_dir)
     files = [MODEL_FILE] + [str(p.relative_to(tmp)) for p in data]
@@ -327,8 +322,8 @@ def _fill(tmp: Path, result, options: Options, values: dict, source_sha: str | N
     files += list(texts)
     files.append(MANIFEST_FILE)
     manifest = build_manifest(result, options, values, files, source_sha)
-    (tmp / MANIFEST_FILE).write_text(_dump_json(manifest), encoding="utf-8", newline="\n")
-    return files
+    (tmp / MANIFEST_FILE).write_text(manifest.dumps(), encoding="utf-8", newline="\n")
+    return files, manifest
 
 
 def write_artifact(result, options: Options, out: str | os.PathLike, *, force: bool = False,
@@ -339,10 +334,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     to report which inputs and outputs changed.
     """
     options.validate()
-    rewritten_for = getattr(result, "ctx_len", None)
-    if rewritten_for is not None and rewritten_for != options.ctx_len:
-        raise SpecdecError(f"the graph was rewritten for ctx_len {rewritten_for} (its tables hold that many "
-                           f"positions), the artifact asks for --ctx-len {options.ctx_len}")
+    check_graph_agrees(result, options)
     shown = Path(out)
     source = getattr(result, "source", None)
     check_out(shown, force, source)
@@ -362,7 +354,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         parent = out.parent
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
         os.chmod(tmp, 0o755)
-        files = _fill(tmp, result, options, values, source_sha)
+        files, record = _fill(tmp, result, options, values, source_sha)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
             os.rename(out, old / "prev")  # aside, so the new one can take its name
@@ -390,11 +382,9 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     before = io_signature(original) if original is not None else None
-    return WrittenArtifact(out=shown, files=files, manifest=manifest,
-                    io_changes=io_changes(before, manifest["interface"]),
-                    compile_flags=compile_flags(values) if options.target == "qaic" else [])
+    return WrittenArtifact(out=shown, files=files, record=record, io_changes=io_changes(before, record.interface),
+                           compile_flags=compile_flags(values) if options.target == "qaic" else [])
 
 
 # --------------------------------------------------------------------------- the compiler
