@@ -276,6 +276,20 @@ def test_console_script_error_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
+def test_python_m_specdec_compile_is_the_command(tmp_path, capsys):
+    """``python -m specdec_compile`` runs the same main as ``specdec-compile`` (same help, same errors)."""
+    root = Path(__file__).resolve().parents[1]
+    m = subprocess.run([sys.executable, "-m", "specdec_compile", "--help"], capture_output=True, text=True, cwd=root)
+    assert m.returncode == 0 and m.stdout.startswith("usage: specdec-compile ")
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert capsys.readouterr().out == m.stdout
+    bad = subprocess.run([sys.executable, "-m", "specdec_compile", str(tmp_path / "missing.onnx"), "--role", "tlm",
+                          "--k", "7", "-o", str(tmp_path / "o")], capture_output=True, text=True, cwd=root)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("specdec-compile: error:") and bad.stderr.count("\n") == 1
+
+
 # --------------------------------------------------------------------------- end to end, real exports
 
 needs_pipeline = pytest.mark.skipif(not callable(getattr(pipeline, "rewrite", None)),
