@@ -14,7 +14,8 @@ wraps around the cache. After each call it compares
   no slot anywhere holds NaN or Inf.
 
 The verdict fails when any logits or cache difference exceeds ``tol``
-(1e-4 by default, float32).
+(1e-4 by default, float32). The command line (defaults from the manifest, the
+table) is ``specdec_compile.cli.verify``.
 """
 from __future__ import annotations
 
