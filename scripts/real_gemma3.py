@@ -58,8 +58,8 @@ def noise_floor(source: Path, n: int, chunk: int) -> dict:
     (the same math in another summation order), the max over all positions, as verify takes it."""
     import numpy as np
 
-    from specdec_compile.verify import _Original
-    orig = _Original(source)
+    from specdec_compile.verify import OriginalModel
+    orig = OriginalModel(source)
     tokens = np.random.default_rng(0).integers(0, orig.det.info.vocab_size, size=n)
     whole, _ = orig.run(tokens, 0, orig.empty())
     past, diff = orig.empty(), 0.0

@@ -32,14 +32,12 @@ from . import __version__
 from .errors import SpecdecError
 from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
                        LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE, TARGETS)
+from .graph_facts import check_graph_agrees
 from .io import save_model, sha256_file
+from .manifest import Manifest
+from .options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
 from .qaic_ops import op_set
 from .resources import templates_dir
-
-DTYPES = ("float16", "float32")
-PRECISIONS = ("fp16", "mx6")
-HW_VERSIONS = ("ai100", "2.0")
-MAX_CORES = 16
 
 COMPILERS = ("qaic-compile", "qaic-exec")
 SDK_EXEC_DIR = Path("/opt/qti-aic/exec")
@@ -49,98 +47,22 @@ _ONNX_DTYPES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
 _ONNX_DTYPES.update({onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"})
 
 
-@dataclass(frozen=True)
-class Options:
-    """Everything besides the model that decides the artifact's contents."""
-
-    role: str
-    k: int | None = None
-    k_list: tuple[int, ...] = ()
-    prefill_len: int = 32
-    ctx_len: int = 256
-    batch_size: int = 1
-    target: str = "qaic"
-    kv_dtype: str = "float16"
-    logits_dtype: str | None = None
-    precision: str = "fp16"
-    num_cores: int = MAX_CORES
-    num_devices: int = 1
-    hw_version: str | None = None  # None: chosen by compile.sh from the compiler it finds
-
-    def validate(self) -> None:
-        """Raise SpecdecError (one line) for options no artifact can satisfy."""
-        if self.role not in ROLES:
-            raise SpecdecError(f"unknown role {self.role!r} (choose from {', '.join(ROLES)})")
-        if self.target not in TARGETS:
-            raise SpecdecError(f"unknown target {self.target!r} (choose from {', '.join(TARGETS)})")
-        for name, value, allowed in (("--kv-dtype", self.kv_dtype, DTYPES),
-                                     ("--precision", self.precision, PRECISIONS)):
-            if value not in allowed:
-                raise SpecdecError(f"{name} {value!r} is not one of {', '.join(allowed)}")
-        if self.logits_dtype is not None and self.logits_dtype not in DTYPES:
-            raise SpecdecError(f"--logits-dtype {self.logits_dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.hw_version is not None and self.hw_version not in HW_VERSIONS:
-            raise SpecdecError(f"--hw-version {self.hw_version!r} is not one of {', '.join(HW_VERSIONS)}")
-        if self.batch_size < 1:
-            raise SpecdecError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.ctx_len < 1:
-            raise SpecdecError(f"--ctx-len must be at least 1, got {self.ctx_len}")
-        if self.prefill_len < 1:
-            raise SpecdecError(f"--prefill-len must be at least 1, got {self.prefill_len}")
-        if self.prefill_len > self.ctx_len:
-            raise SpecdecError(f"--prefill-len {self.prefill_len} is larger than --ctx-len {self.ctx_len}")
-        if not 1 <= self.num_cores <= MAX_CORES:
-            raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores}")
-        if self.num_devices < 1:
-            raise SpecdecError(f"--num-devices must be at least 1, got {self.num_devices}")
-        if self.role == "dlm":
-            if self.k is not None:
-                raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
-                                   "specializations prefill/2/1; give --k to the TLM")
-            if self.k_list:
-                raise SpecdecError("--k-list is for the target model only (--role tlm)")
-            if self.ctx_len < 2:
-                raise SpecdecError(f"--ctx-len {self.ctx_len} is too small for a DLM (needs seq_len 2)")
-            return
-        if self.k is None:
-            raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
-        if self.k < 1:
-            raise SpecdecError(f"k must be at least 1, got {self.k}")
-        for j in (self.k, *self.k_list):
-            if j < 0:   # k_list may hold 0: a width-1 TLM call (no drafts, the fallback)
-                raise SpecdecError(f"--k-list entries must be at least 0, got {j}")
-            if j + 1 > self.ctx_len:
-                raise SpecdecError(f"k={j} needs seq_len {j + 1}, larger than --ctx-len {self.ctx_len}")
-
-    def seq_lens(self) -> list[int]:
-        """seq_len of each specialization, in file order (contract section 3)."""
-        if self.role == "dlm":
-            wanted = [self.prefill_len, 2, 1]
-        else:
-            wanted = [self.prefill_len, self.k, self.k + 1] + [j + 1 for j in sorted(set(self.k_list))]
-        seen: list[int] = []
-        for s in wanted:  # a width equal to an earlier one is the same specialization
-            if s not in seen:
-                seen.append(s)
-        return seen
-
-    def widths(self) -> list[int] | None:
-        """Every verification width k this TLM artifact serves (None for a DLM)."""
-        if self.role == "dlm":
-            return None
-        return sorted({self.k, *self.k_list})
-
-
 @dataclass
 class WrittenArtifact:
     """What ``write_artifact`` wrote, for the summary and --json (the runtime reads
-    an artifact directory with ``runtime.artifact.load_artifact`` instead)."""
+    an artifact directory with ``runtime.artifact.load_artifact`` instead).
+
+    ``record`` is the ``Manifest`` written to ``manifest.json``; ``manifest`` its JSON."""
 
     out: Path
-    files: list[str]
-    manifest: dict
+    files: list[str]                 # in the order they were written
+    record: Manifest
     io_changes: list[dict] = field(default_factory=list)
     compile_flags: list[str] = field(default_factory=list)
+
+    @property
+    def manifest(self) -> dict:
+        return self.record.to_json()
 
 
 # --------------------------------------------------------------------------- templates
@@ -359,42 +281,29 @@ def _token_ids(source_dir) -> dict:
     return ids
 
 
-def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> dict:
-    info = _info(result)
+def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> Manifest:
+    """The manifest record of the artifact ``_fill`` writes."""
     source = getattr(result, "source", None)
-    m = {
-        "role": options.role,
-        "k": options.k,
-        "k_list": options.widths(),
-        "prefill_len": options.prefill_len,
-        "ctx_len": options.ctx_len,
-        "batch_size": options.batch_size,
-        **info,
-        "target": options.target,
-        "kv_dtype": options.kv_dtype,
-        "logits_dtype": options.logits_dtype,
-        "precision": options.precision,
-        "num_cores": options.num_cores,
-        "num_devices": options.num_devices,
-        "hw_version": options.hw_version,
-        "specializations": values["seq_lens"],
-        **_token_ids(getattr(result, "source_dir", None)),
-        "source": {"file": Path(source).name if source else None, "sha256": source_sha},
-        "passes": list(getattr(result, "passes", []) or []),
-        "ops": op_set(result.model),
-        "tool_version": __version__,
-        "interface": io_signature(result.model),
-        "files": sorted(files),
-    }
-    return m
+    return Manifest(
+        role=options.role, k=options.k, k_list=_tuple(options.widths()), prefill_len=options.prefill_len,
+        ctx_len=options.ctx_len, batch_size=options.batch_size, **_info(result),
+        target=options.target, kv_dtype=options.kv_dtype, logits_dtype=options.logits_dtype,
+        precision=options.precision, num_cores=options.num_cores, num_devices=options.num_devices,
+        hw_version=options.hw_version, specializations=tuple(values["seq_lens"]),
+        **{k: _tuple(v) for k, v in _token_ids(getattr(result, "source_dir", None)).items()},
+        source_file=Path(source).name if source else None, source_sha256=source_sha,
+        passes=tuple(getattr(result, "passes", []) or []), ops=op_set(result.model),
+        tool_version=__version__, interface=io_signature(result.model), files=tuple(sorted(files)),
+    )
 
 
-def _dump_json(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+def _tuple(v):
+    return tuple(v) if isinstance(v, list) else v
 
 
-def _fill(tmp: Path, result, options: Options, values: dict, source_sha: str | None) -> list[str]:
-    """Write every file of the artifact into ``tmp``; return their names."""
+def _fill(tmp: Path, result, options: Options, values: dict,
+          source_sha: str | None) -> tuple[list[str], Manifest]:
+    """Write every file of the artifact into ``tmp``; return their names (in writing order) and the manifest."""
     source_dir = getattr(result, "source_dir", None)
     data = save_model(result.model, tmp / MODEL_FILE, source_dir)
     files = [MODEL_FILE] + [str(p.relative_to(tmp)) for p in data]
@@ -413,8 +322,8 @@ def _fill(tmp: Path, result, options: Options, values: dict, source_sha: str | N
     files += list(texts)
     files.append(MANIFEST_FILE)
     manifest = build_manifest(result, options, values, files, source_sha)
-    (tmp / MANIFEST_FILE).write_text(_dump_json(manifest), encoding="utf-8", newline="\n")
-    return files
+    (tmp / MANIFEST_FILE).write_text(manifest.dumps(), encoding="utf-8", newline="\n")
+    return files, manifest
 
 
 def write_artifact(result, options: Options, out: str | os.PathLike, *, force: bool = False,
@@ -425,10 +334,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     to report which inputs and outputs changed.
     """
     options.validate()
-    rewritten_for = getattr(result, "ctx_len", None)
-    if rewritten_for is not None and rewritten_for != options.ctx_len:
-        raise SpecdecError(f"the graph was rewritten for ctx_len {rewritten_for} (its tables hold that many "
-                           f"positions), the artifact asks for --ctx-len {options.ctx_len}")
+    check_graph_agrees(result, options)
     shown = Path(out)
     source = getattr(result, "source", None)
     check_out(shown, force, source)
@@ -448,7 +354,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         parent = out.parent
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
         os.chmod(tmp, 0o755)
-        files = _fill(tmp, result, options, values, source_sha)
+        files, record = _fill(tmp, result, options, values, source_sha)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
             os.rename(out, old / "prev")  # aside, so the new one can take its name
@@ -476,11 +382,9 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     before = io_signature(original) if original is not None else None
-    return WrittenArtifact(out=shown, files=files, manifest=manifest,
-                    io_changes=io_changes(before, manifest["interface"]),
-                    compile_flags=compile_flags(values) if options.target == "qaic" else [])
+    return WrittenArtifact(out=shown, files=files, record=record, io_changes=io_changes(before, record.interface),
+                           compile_flags=compile_flags(values) if options.target == "qaic" else [])
 
 
 # --------------------------------------------------------------------------- the compiler

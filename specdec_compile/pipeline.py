@@ -6,7 +6,7 @@ order, derived from it.
 
 Public API (stable; the CLI, artifact writer, diff --explain and runtime use it):
 
-    rewrite(model_or_path, *, role, target="qaic", k=None, record=False, ctx_len=256) -> CompileResult
+    rewrite(model_or_path, *, role, target="qaic", k=None, record=False, ctx_len=256, source=None) -> CompileResult
     compile_model(model_or_path, *, role, target="qaic", k=None, ctx_len=256) -> onnx.ModelProto
 
 CompileResult fields:
@@ -19,7 +19,7 @@ CompileResult fields:
     passes       names of the passes applied, in order (``passes.select(role, target)``)
     ctx_len      the context length the graph is for (qaic rotary tables hold this many
                  rows; an artifact must not be written for a longer context)
-    source       Path of the source .onnx (None when given a ModelProto)
+    source       Path of the source .onnx (None when given a ModelProto without ``source``)
     source_dir   directory external data locations are relative to (or None)
     snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
 """
@@ -91,14 +91,18 @@ DEFAULT_CTX_LEN = 256
 
 
 def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
-            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN) -> CompileResult:
+            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None) -> CompileResult:
     """Rewrite a stock decoder-LM export into the contract's retained-state graph.
 
     ``ctx_len``: the context length the graph is compiled for (the qaic rotary
-    tables hold exactly this many rows)."""
+    tables hold exactly this many rows). ``source``: the file a ModelProto given
+    as ``model_or_path`` was read from (its directory holds the external data and
+    config.json), so a caller that already loaded the model does not parse it again."""
     validate_options(role, target, k)
     if isinstance(model_or_path, onnx.ModelProto):
-        original, source, source_dir = model_or_path, None, None
+        original = model_or_path
+        source = Path(source) if source is not None else None
+        source_dir = source.resolve().parent if source is not None else None
     else:
         source = Path(model_or_path)
         original = load_model(source)

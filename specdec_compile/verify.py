@@ -14,21 +14,20 @@ wraps around the cache. After each call it compares
   no slot anywhere holds NaN or Inf.
 
 The verdict fails when any logits or cache difference exceeds ``tol``
-(1e-4 by default, float32).
+(1e-4 by default, float32). The command line (defaults from the manifest, the
+table) is ``specdec_compile.cli.verify``.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, MANIFEST_FILE, POSITION_IDS, past_name, retained_name
+from .contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
 from .errors import SpecdecError
 from .io import load_model
+from .options import check_options
 
 @dataclass
 class ShapeCheck:
@@ -91,7 +90,7 @@ def _session(path: Path):
     return create_session(path, providers=[CPU], intra_op_threads=1)
 
 
-class _Original:
+class OriginalModel:
     """The stock export, run one row at a time with a concatenating cache."""
 
     def __init__(self, path: Path):
@@ -196,16 +195,11 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
 
 def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_len: int = 32,
            ctx_len: int = 256, batch_size: int = 1, seed: int = 0, tol: float = 1e-4) -> VerifyReport:
-    if k < 1:
-        raise SpecdecError(f"k must be >= 1, got {k}")
-    if prefill_len < 1 or prefill_len > ctx_len:
-        raise SpecdecError(f"prefill length {prefill_len} must be in 1..ctx_len ({ctx_len})")
-    if k + 1 > ctx_len:
-        raise SpecdecError(f"k+1 = {k + 1} exceeds ctx_len {ctx_len}")
+    check_options(k=k, prefill_len=prefill_len, ctx_len=ctx_len, batch_size=batch_size, optional=True)
     need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size
     if ctx_len < need:
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
-    orig = _Original(Path(original))
+    orig = OriginalModel(Path(original))
     new = _Rewritten(Path(rewritten), ctx_len, batch_size)
     if new.max_ctx_len is not None and ctx_len > new.max_ctx_len:
         raise SpecdecError(f"{rewritten} was compiled for ctx_len {new.max_ctx_len} (a qaic graph: fixed context, "
@@ -258,20 +252,6 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
     return report
 
 
-def _defaults_from_manifest(rewritten: Path) -> dict:
-    m = rewritten.parent / MANIFEST_FILE
-    if not m.is_file():
-        return {}
-    try:
-        data = json.loads(m.read_text())
-    except ValueError:
-        return {}
-    out = {key: data[key] for key in ("prefill_len", "ctx_len") if isinstance(data.get(key), int)}
-    if isinstance(data.get("k"), int):
-        out["k"] = data["k"]
-    return out
-
-
 def compiled_ctx_len(rewritten: str | Path) -> int | None:
     """The context length a qaic graph was compiled for (its metadata), None for any."""
     import onnx
@@ -294,52 +274,3 @@ def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int, l
     windows = [layer.window for layer in detect(graph).layers if layer.window]
     history = max(ctx_len, max(windows) + 2 * prefill_len) if windows else ctx_len
     return min(history, limit) if limit else history
-
-
-def render(report: VerifyReport, file=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    console = Console(file=file or sys.stdout, highlight=False)
-    t = Table(box=None, title=f"verify {report.role.upper()}: k={report.k} PL={report.prefill_len} "
-                    f"CL={report.ctx_len} B={report.batch_size}")
-    for col in ("shape", "seq_len", "calls", "|Δ logits|", "|Δ cache|", "history", "finite"):
-        t.add_column(col, justify="right" if col not in ("shape",) else "left", no_wrap=True)
-    for r in report.per_shape():
-        t.add_row(r["shape"], str(r["seq_len"]), str(r["calls"]), f"{r['logits_max_abs_diff']:.2e}",
-                  f"{r['cache_max_abs_diff']:.2e}", "CHANGED" if r["history_changed"] else "kept",
-                  "NO" if r["non_finite"] else "yes")
-    console.print(t)
-    verdict = "PASS" if report.ok else "FAIL"
-    console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
-                  f"{report.max_cache_diff:.3e} (tolerance {report.tol:g})")
-
-
-def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] + ".",
-                                epilog="Defaults for k, prefill length and context length come from "
-                                       "manifest.json beside REWRITTEN when there is one; the default "
-                                       "context is lengthened past the longest sliding window of the "
-                                       "model. Exit: 0 pass, 1 numerical mismatch, 2 bad input.")
-    p.add_argument("original", type=Path, help="the stock export (concatenating KV cache)")
-    p.add_argument("rewritten", type=Path, help="the rewrite (OUT/model.onnx)")
-    p.add_argument("--k", type=int, default=None, help="speculation length (default: manifest, else 7)")
-    p.add_argument("--prefill-len", type=int, default=None, help="prefill chunk (default: manifest, else 32)")
-    p.add_argument("--ctx-len", type=int, default=None, help="context length (default: manifest, else 256)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=float, default=1e-4)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = p.parse_args(argv)
-    for f in (args.original, args.rewritten):
-        load_model(f)  # one-line errors for missing/truncated files before ORT sees them
-    d = _defaults_from_manifest(args.rewritten)
-    prefill_len = args.prefill_len or d.get("prefill_len", 32)
-    ctx_len = args.ctx_len or history_past_windows(args.original, d.get("ctx_len", 256), prefill_len,
-                                                   limit=compiled_ctx_len(args.rewritten))
-    report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7), prefill_len=prefill_len,
-                    ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
-    else:
-        render(report)
-    return 0 if report.ok else 1

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 
 from specdec_compile import __version__, artifacts
 from specdec_compile.artifacts import Options, write_artifact
+from specdec_compile.contract import TARGET_OPSET
 from specdec_compile.errors import SpecdecError
 from specdec_compile.io import sha256_file
 
@@ -55,7 +56,7 @@ def original_model(layers=2, kv_heads=2, head_dim=16, vocab=211) -> onnx.ModelPr
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def rewritten_model(layers=2, kv_heads=2, head_dim=16, vocab=211, role="tlm") -> onnx.ModelProto:
+def rewritten_model(layers=2, kv_heads=2, head_dim=16, vocab=211, role="tlm", target="qaic") -> onnx.ModelProto:
     """The contract interface (section 2), plus one initializer with external data."""
     ins = [_vi("input_ids", TensorProto.INT64, ["batch_size", "seq_len"]),
            _vi("position_ids", TensorProto.INT64, ["batch_size", "seq_len"])]
@@ -74,10 +75,10 @@ def rewritten_model(layers=2, kv_heads=2, head_dim=16, vocab=211, role="tlm") ->
         e = w.external_data.add()
         e.key, e.value = k, v
     g = helper.make_graph(nodes, "rewritten", ins, outs, initializer=[w])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", TARGET_OPSET[target])])
 
 
-def fake_result(tmp_path: Path, role="tlm", layers=2):
+def fake_result(tmp_path: Path, role="tlm", layers=2, target="qaic"):
     """A CompileResult-like object whose source lives in ``tmp_path/src``."""
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
@@ -86,7 +87,7 @@ def fake_result(tmp_path: Path, role="tlm", layers=2):
         (src / "weights.bin").write_bytes(bytes(range(16)))
     info = SimpleNamespace(num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=211,
                            dtype="float32", family="llama", exporter="optimum")
-    return SimpleNamespace(model=rewritten_model(layers, role=role), info=info, role=role, target="qaic",
+    return SimpleNamespace(model=rewritten_model(layers, role=role, target=target), info=info, role=role, target=target,
                            passes=["detect", "retain_kv", "position_mask", "role_logits"],
                            source=src / "model.onnx", source_dir=src, snapshots=[])
 
@@ -218,7 +219,7 @@ def test_compile_sh_without_compiler_says_so(tmp_path):
 
 
 def test_ort_target_has_no_compile_script(tmp_path):
-    a = write_artifact(fake_result(tmp_path), tlm(target="ort"), tmp_path / "o")
+    a = write_artifact(fake_result(tmp_path, target="ort"), tlm(target="ort"), tmp_path / "o")
     assert not (a.out / "compile.sh").exists() and a.compile_flags == []
     assert sorted(a.files) == ["custom_io.yaml", "manifest.json", "model.onnx", "specializations.json",
                                "weights.bin"]
@@ -251,7 +252,7 @@ def test_token_ids_from_export_config_and_runtime_reads_artifact(tmp_path):
     (res.source_dir / "config.json").write_text(json.dumps({"eos_token_id": 2, "bos_token_id": 1}))
     (res.source_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
     t = write_artifact(res, tlm(k_list=(3,)), tmp_path / "t")
-    d = write_artifact(res, dlm(), tmp_path / "d")
+    d = write_artifact(fake_result(tmp_path, "dlm"), dlm(), tmp_path / "d")
     assert t.manifest["eos_token_id"] == 2 and t.manifest["eos_token_ids"] == [2, 9] and t.manifest["bos_token_id"] == 1
     assert t.manifest["pad_token_id"] is None
     try:
@@ -311,7 +312,7 @@ def test_failure_leaves_no_output(tmp_path, monkeypatch, template):
 
 def test_failure_keeps_existing_output(tmp_path, monkeypatch):
     out = tmp_path / "o"
-    write_artifact(fake_result(tmp_path), dlm(), out)
+    write_artifact(fake_result(tmp_path, "dlm"), dlm(), out)
     before = listing(out)
     _boom_on(monkeypatch, "custom_io.yaml.j2")
     with pytest.raises(RuntimeError, match="injected"):
@@ -321,7 +322,7 @@ def test_failure_keeps_existing_output(tmp_path, monkeypatch):
 
 def test_failure_in_final_rename_restores_previous(tmp_path, monkeypatch):
     out = tmp_path / "o"
-    write_artifact(fake_result(tmp_path), dlm(), out)
+    write_artifact(fake_result(tmp_path, "dlm"), dlm(), out)
     before = listing(out)
     real = os.rename
 
@@ -338,7 +339,7 @@ def test_failure_in_final_rename_restores_previous(tmp_path, monkeypatch):
 
 def test_force_replaces_previous_artifact(tmp_path):
     out = tmp_path / "o"
-    write_artifact(fake_result(tmp_path), dlm(), out)
+    write_artifact(fake_result(tmp_path, "dlm"), dlm(), out)
     with pytest.raises(SpecdecError, match="--force"):
         write_artifact(fake_result(tmp_path), tlm(), out)
     a = write_artifact(fake_result(tmp_path), tlm(), out, force=True)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_compile import artifacts, cli, cli_common, pipeline
+from specdec_compile import artifacts, cli, pipeline
+from specdec_compile.cli import common as cli_common
 from specdec_compile.errors import SpecdecError
 from test_artifacts import GOLDEN, SDK_DLM, SDK_TLM7, _fake_compiler, fake_result, listing
 
@@ -25,11 +26,9 @@ def fake(tmp_path, monkeypatch):
     """A stand-in ``pipeline.rewrite`` returning a small contract-shaped result."""
     calls = []
 
-    def rewrite(path, *, role, target="qaic", k=None, record=False, ctx_len=None):
-        calls.append(dict(path=Path(path), role=role, target=target, k=k, record=record, ctx_len=ctx_len))
-        r = fake_result(tmp_path, role)
-        r.target = target
-        return r
+    def rewrite(model, *, role, target="qaic", k=None, record=False, ctx_len=None, source=None):
+        calls.append(dict(path=Path(source or model), role=role, target=target, k=k, record=record, ctx_len=ctx_len))
+        return fake_result(tmp_path, role, target=target)
 
     fake_result(tmp_path)  # creates src/model.onnx
     monkeypatch.setattr(pipeline, "rewrite", rewrite, raising=False)
@@ -151,7 +150,7 @@ def test_help_has_worked_example(capsys):
 def test_explain_prints_what_each_pass_changed(fake, capsys, monkeypatch):
     from test_artifacts import original_model, rewritten_model
 
-    def rewrite(path, *, role, target="qaic", k=None, record=False, ctx_len=None):
+    def rewrite(path, *, role, target="qaic", k=None, record=False, ctx_len=None, source=None):
         r = fake_result(fake.tmp, role)
         r.snapshots = [("original", original_model()), ("retain_kv", rewritten_model())] if record else []
         return r
@@ -182,7 +181,7 @@ def test_shared_parser_errors_are_one_line_specdec_errors():
     with pytest.raises(SpecdecError) as e:
         p.parse_args(["--n", "x"])
     assert str(e.value).endswith("(see tool --help)") and "invalid int value" in str(e.value)
-    plain = cli_common._Parser(prog="tool")  # the name and default behaviour runtime/cli.py relies on
+    plain = cli_common._Parser(prog="tool")  # the older name and its default behaviour
     with pytest.raises(SpecdecError) as e:
         plain.parse_args(["--bogus"])
     assert str(e.value) == "unrecognized arguments: --bogus"
@@ -211,7 +210,7 @@ def test_run_cli_passes_through_and_is_reexported_by_cli(capsys):
         raise BrokenPipeError
 
     assert cli_common.run_cli(broken, [], "tool") == 0
-    assert cli.run_cli is cli_common.run_cli  # runtime/cli.py imports it from specdec_compile.cli
+    assert cli.run_cli is cli_common.run_cli  # specdec_compile.cli re-exports it
 
 
 # --------------------------------------------------------------------------- --compile
@@ -275,6 +274,20 @@ def test_console_script_error_is_one_line(tmp_path):
     r = subprocess.run([str(exe), str(tmp_path / "m.onnx"), "--role", "dlm", "--k", "3", "-o", str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_python_m_specdec_compile_is_the_command(tmp_path, capsys):
+    """``python -m specdec_compile`` runs the same main as ``specdec-compile`` (same help, same errors)."""
+    root = Path(__file__).resolve().parents[1]
+    m = subprocess.run([sys.executable, "-m", "specdec_compile", "--help"], capture_output=True, text=True, cwd=root)
+    assert m.returncode == 0 and m.stdout.startswith("usage: specdec-compile ")
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert capsys.readouterr().out == m.stdout
+    bad = subprocess.run([sys.executable, "-m", "specdec_compile", str(tmp_path / "missing.onnx"), "--role", "tlm",
+                          "--k", "7", "-o", str(tmp_path / "o")], capture_output=True, text=True, cwd=root)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("specdec-compile: error:") and bad.stderr.count("\n") == 1
 
 
 # --------------------------------------------------------------------------- end to end, real exports

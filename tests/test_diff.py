@@ -1,5 +1,5 @@
 """Tests of ``specdec-compile diff`` (issue 5): the graph-aware diff (``specdec_compile.diff``),
-its command line (``specdec_compile.diff.cli``) and ``explain`` (``specdec_compile.explain``).
+its command line (``specdec_compile.cli.diff``) and ``explain`` (``specdec_compile.explain``).
 
 Golden files live in tests/golden/diff/; regenerate them with
 ``SPECDEC_UPDATE_GOLDEN=1 python -m pytest -q tests/test_diff.py``.
@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specdec_compile import cli, explain, pipeline
 from specdec_compile import diff as D
-from specdec_compile.diff import cli as diff_cli
+from specdec_compile.cli import diff as diff_cli
 from specdec_compile.diff.sections import is_empty
 from specdec_compile.errors import SpecdecError
 
@@ -554,8 +554,8 @@ def test_library_never_loads_the_cli_or_the_pipeline():
     code = ("import sys, specdec_compile.diff as d\n"
             "d.diff_models, d.diff_files, d.diff_snapshots, d.render_text, d.render_json, d.print_report\n"
             "assert d.explain is d.diff_snapshots\n"
-            "bad = [m for m in ('specdec_compile.diff.cli', 'specdec_compile.explain', 'specdec_compile.pipeline',\n"
-            "                   'specdec_compile.cli', 'specdec_compile.cli_common') if m in sys.modules]\n"
+            "bad = [m for m in ('specdec_compile.cli.diff', 'specdec_compile.explain', 'specdec_compile.pipeline',\n"
+            "                   'specdec_compile.cli', 'specdec_compile.cli.common') if m in sys.modules]\n"
             "assert not bad, bad\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])

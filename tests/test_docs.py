@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specdec_compile import cli
-from specdec_compile.runtime import cli as run_cli
+from specdec_compile.cli import run as run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

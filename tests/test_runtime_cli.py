@@ -11,7 +11,7 @@ import pytest
 
 import models
 from specdec_compile import cli as compile_cli
-from specdec_compile.runtime import cli as run_cli
+from specdec_compile.cli import run as run_cli
 
 PL, CL = 8, 64
 IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55]
@@ -244,7 +244,7 @@ def test_other_bad_inputs(arts, capsys, tmp_path):
 def test_console_script(arts):
     get, tok, _ = arts
     exe = Path(sys.executable).parent / "specdec-run"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "specdec_compile.runtime.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "specdec_compile.cli.run"]
     ok = subprocess.run(cmd + ["--tlm", str(get("llama_gqa", "tlm", k=4)), "--dlm", str(get("gpt2", "dlm")),
                                "--tokenizer", str(tok), "--prompt", "w5 w9 w33", "--max-new-tokens", "5"],
                         capture_output=True, text=True)

@@ -15,7 +15,7 @@ import models
 from specdec_compile import cli as compile_cli
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import SamplingParams, SpecDecoder, TargetOnlyDecoder, WidthPolicy
-from specdec_compile.runtime import cli as run_cli
+from specdec_compile.cli import run as run_cli
 from specdec_compile.runtime.drafts.ngram import NgramDraft
 from specdec_compile.runtime.testing import fake_pair, nominal_costs
 from test_runtime_cli import make_tokenizer, one_line_error, run

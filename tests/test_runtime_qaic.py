@@ -23,7 +23,7 @@ import pytest
 from specdec_compile import cli as compile_cli
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import OrtBackend, QaicBackend, SpecDecoder, TargetOnlyDecoder, load_artifact
-from specdec_compile.runtime import cli as run_cli
+from specdec_compile.cli import run as run_cli
 
 PL, CL = 8, 64
 IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55]

@@ -27,7 +27,7 @@ import pytest
 import models
 from specdec_compile import cli as compile_cli
 from specdec_compile.runtime import OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder
-from specdec_compile.runtime import cli as run_cli
+from specdec_compile.cli import run as run_cli
 from specdec_compile.runtime.sampling import probs
 from test_runtime_cli import make_tokenizer, one_line_error
 from test_runtime_loop import _chi2, _chi2_crit, sample_counts

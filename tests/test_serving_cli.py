@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdec_compile import cli as compile_cli
-from specdec_compile.runtime import cli as run_cli
+from specdec_compile.cli import run as run_cli
 from test_runtime_cli import one_line_error, run
 
 PL, CL = 8, 64

@@ -28,8 +28,8 @@ Library API:
 
 Modules: ``hashing`` (tensor content hashes), ``index`` (the graph index),
 ``matching`` (nodes and interface names A -> B), ``sections`` (the report
-sections), ``compare`` (the diffs), ``render`` (text, JSON, colours), and
-``cli`` (the command line; the library never imports it). Running the compile
+sections), ``compare`` (the diffs), ``render`` (text, JSON, colours). The
+command line is ``specdec_compile.cli.diff`` (the library never imports it). Running the compile
 pipeline to explain its passes is ``specdec_compile.explain``.
 """
 from __future__ import annotations

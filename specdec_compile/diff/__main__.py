@@ -1,7 +1,7 @@
 """``python -m specdec_compile.diff A.onnx B.onnx``: the same as ``specdec-compile diff``."""
 import sys
 
-from .cli import main
+from ..cli.diff import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,15 +1,16 @@
 """The diff of two models or files, and of a sequence of snapshots."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 import onnx
 
+from ..contract import MANIFEST_FILE
 from ..errors import SpecdecError
 from ..io import load_model
+from ..manifest import Manifest
 from .hashing import TensorHasher
 from .index import GraphIndex, type_desc
 from .matching import heuristic_renames, match_nodes, match_nodes_by_name, topology_io_renames
@@ -91,15 +92,14 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
 
 def _artifact_notes(pa: Path, pb: Path, identical: bool) -> list[str]:
     notes = []
-    ma, mb = pa.parent / "manifest.json", pb.parent / "manifest.json"
-    if ma.is_file() and mb.is_file():
+    if (pa.parent / MANIFEST_FILE).is_file() and (pb.parent / MANIFEST_FILE).is_file():
         try:
-            ja, jb = json.loads(ma.read_text()), json.loads(mb.read_text())
-        except (OSError, ValueError):
+            ja, jb = Manifest.read(pa.parent), Manifest.read(pb.parent)
+        except SpecdecError:      # not two artifacts this tool wrote: no notes
             return notes
-        if isinstance(ja, dict) and isinstance(jb, dict) and ja.get("k") != jb.get("k"):
+        if ja.k != jb.k:
             what = "graphs are identical" if identical else "graphs differ as shown"
-            notes.append(f"k differs ({ja.get('k')} vs {jb.get('k')}); {what}: k lives in "
+            notes.append(f"k differs ({ja.k} vs {jb.k}); {what}: k lives in "
                          f"specializations.json (seq_len = k, k+1), not in the graph")
     return notes
 

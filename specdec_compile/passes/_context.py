@@ -3,20 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..contract import MASK_VALUE, ROLES, TARGETS
+from ..contract import MASK_VALUE
 from ..detect import Detection
 from ..errors import SpecdecError
-
-
-def check_options(role: str | None, target: str | None, k: int | None, *, optional: bool = False) -> None:
-    """Refuse an unknown role or target and a k that is not an integer >= 1
-    (with ``optional``, None is accepted for role and target)."""
-    if not (optional and role is None) and role not in ROLES:
-        raise SpecdecError(f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
-    if not (optional and target is None) and target not in TARGETS:
-        raise SpecdecError(f"unknown target {target!r} (expected one of {', '.join(TARGETS)})")
-    if k is not None and (not isinstance(k, int) or k < 1):
-        raise SpecdecError(f"k must be an integer >= 1, got {k!r}")
+from ..options import check_options
 
 
 @dataclass(frozen=True)

@@ -8,48 +8,18 @@ prefill length, context length, the compiled seq_lens) and, for a TLM, the
 speculation length(s). Everything is checked here, once, so that a bad
 artifact fails with one line before any model is loaded.
 
-The manifest is read leniently (a few spellings of each key) and checked
-against ``specializations.json``, which is the source of truth for shapes:
-it is what ``qaic-exec`` compiles and what the device enforces.
+The manifest is read strictly (``specdec_compile.manifest.Manifest.read``) and
+checked against ``specializations.json``, which is the source of truth for
+shapes: it is what ``qaic-exec`` compiles and what the device enforces.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import INPUT_IDS, MANIFEST_FILE, MODEL_FILE, ROLES, SPECIALIZATIONS_FILE, TARGETS
+from ..contract import INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
-
-
-# manifest key -> accepted spellings, first wins
-_ALIASES = {
-    "role": ("role",),
-    "target": ("target", "lowering", "lowering_target"),
-    "k": ("k", "spec_len", "speculation_length", "num_speculative_tokens"),
-    "k_list": ("k_list", "ks", "widths", "verification_widths"),
-    "prefill_len": ("prefill_len", "PL", "prefill_seq_len", "prefill_length", "pl"),
-    "ctx_len": ("ctx_len", "CL", "context_len", "context_length", "cl"),
-    "batch_size": ("batch_size", "B", "batch", "bs"),
-    "vocab_size": ("vocab_size", "vocab"),
-    "num_layers": ("num_layers", "layers", "n_layers", "num_hidden_layers"),
-    "num_kv_heads": ("num_kv_heads", "kv_heads", "n_kv_heads", "num_key_value_heads"),
-    "head_dim": ("head_dim",),
-    "eos_token_id": ("eos_token_id", "eos"),
-}
-
-
-def _get(manifest: dict, key: str):
-    for name in _ALIASES[key]:
-        if name in manifest and manifest[name] is not None:
-            return manifest[name]
-    # one level of nesting ("model": {...}, "shapes": {...}) is common
-    for v in manifest.values():
-        if isinstance(v, dict):
-            for name in _ALIASES[key]:
-                if name in v and v[name] is not None:
-                    return v[name]
-    return None
+from ..manifest import Manifest, read_json
 
 
 def _as_int(value, what: str, where: Path) -> int:
@@ -85,7 +55,8 @@ class Artifact:
     head_dim: int | None = None
     eos_token_id: int | None = None
     embedding_rows: int | None = None  # ids the model reads, when known apart from the logits width
-    manifest: dict = field(default_factory=dict, compare=False, repr=False)
+    manifest: dict = field(default_factory=dict, compare=False, repr=False)   # the manifest's JSON
+    record: Manifest | None = field(default=None, compare=False, repr=False)  # None: built by hand (tests)
 
     @property
     def model_path(self) -> Path:
@@ -131,19 +102,8 @@ def embedding_rows(model_path: Path) -> int | None:
     return min(rows) if rows else None
 
 
-def _read_json(path: Path, what: str):
-    if not path.is_file():
-        raise SpecdecError(f"{path}: missing ({what})")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecdecError(f"{path}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise SpecdecError(f"{path}: corrupt JSON ({e.msg} at line {e.lineno})") from None
-
-
 def read_specializations(path: Path) -> list[dict]:
-    data = _read_json(path, "the specialization file")
+    data = read_json(path, "the specialization file")
     specs = data.get("specializations") if isinstance(data, dict) else None
     if not isinstance(specs, list) or not specs:
         raise SpecdecError(f"{path}: expected {{\"specializations\": [...]}} with at least one entry")
@@ -161,32 +121,22 @@ def read_specializations(path: Path) -> list[dict]:
     return out
 
 
-def _read_dir(p: Path) -> tuple[dict, list[dict]]:
+def _read_dir(p: Path) -> tuple[Manifest, list[dict]]:
     """The manifest and the specializations of artifact directory ``p``."""
     if not p.exists():
         raise SpecdecError(f"{p}: no such artifact directory")
     if not p.is_dir():
         raise SpecdecError(f"{p}: not a directory (expected an artifact directory from specdec-compile)")
-    manifest = _read_json(p / MANIFEST_FILE, "the artifact manifest")
-    if not isinstance(manifest, dict):
-        raise SpecdecError(f"{p / MANIFEST_FILE}: expected a JSON object")
-    return manifest, read_specializations(p / SPECIALIZATIONS_FILE)
+    return Manifest.read(p), read_specializations(p / SPECIALIZATIONS_FILE)
 
 
-def _role_and_target(p: Path, manifest: dict, expect_role: str | None) -> tuple[str, str]:
-    role = str(_get(manifest, "role") or "").lower()
-    if role not in ROLES:
-        raise SpecdecError(f"{p / MANIFEST_FILE}: role is {role or 'missing'!r}, expected tlm or dlm")
-    if expect_role and role != expect_role:
-        raise SpecdecError(f"{p}: is a {role.upper()} artifact, expected a {expect_role.upper()} "
+def _check_role(p: Path, m: Manifest, expect_role: str | None) -> None:
+    if expect_role and m.role != expect_role:
+        raise SpecdecError(f"{p}: is a {m.role.upper()} artifact, expected a {expect_role.upper()} "
                            f"(were --tlm and --dlm swapped?)")
-    target = str(_get(manifest, "target") or "qaic").lower()
-    if target not in TARGETS:
-        raise SpecdecError(f"{p / MANIFEST_FILE}: target is {target!r}, expected ort or qaic")
-    return role, target
 
 
-def _shapes(p: Path, manifest: dict, specs: list[dict]) -> tuple[int, int, int, tuple[int, ...]]:
+def _shapes(p: Path, m: Manifest, specs: list[dict]) -> tuple[int, int, int, tuple[int, ...]]:
     """(batch size, context length, prefill length, compiled seq_lens), checked against the manifest."""
     where = p / SPECIALIZATIONS_FILE
     batches = {s["batch_size"] for s in specs}
@@ -198,11 +148,10 @@ def _shapes(p: Path, manifest: dict, specs: list[dict]) -> tuple[int, int, int, 
     B, CL = batches.pop(), ctxs.pop()
     seq_lens = tuple(sorted({s["seq_len"] for s in specs}))
     for key, value in (("batch_size", B), ("ctx_len", CL)):
-        m = _get(manifest, key)
-        if m is not None and _as_int(m, key, p / MANIFEST_FILE) != value:
-            raise SpecdecError(f"{p}: {MANIFEST_FILE} says {key}={m} but {SPECIALIZATIONS_FILE} says {value}")
-    pl = _get(manifest, "prefill_len")
-    PL = _as_int(pl, "prefill_len", p / MANIFEST_FILE) if pl is not None else max(seq_lens)
+        if getattr(m, key) != value:
+            raise SpecdecError(f"{p}: {MANIFEST_FILE} says {key}={getattr(m, key)} but {SPECIALIZATIONS_FILE} "
+                               f"says {value}")
+    PL = m.prefill_len
     if PL not in seq_lens:
         raise SpecdecError(f"{p}: prefill length {PL} is not a compiled seq_len {list(seq_lens)}")
     if PL > CL:
@@ -210,30 +159,10 @@ def _shapes(p: Path, manifest: dict, specs: list[dict]) -> tuple[int, int, int, 
     return B, CL, PL, seq_lens
 
 
-def _tlm_widths(p: Path, manifest: dict, seq_lens: tuple[int, ...], PL: int, CL: int) -> tuple[int, tuple[int, ...]]:
-    """A TLM's speculation length k and every verification width it serves (k_list)."""
-    where, mpath = p / SPECIALIZATIONS_FILE, p / MANIFEST_FILE
-    k = None
-    k_list: tuple[int, ...] = ()
-    mk = _get(manifest, "k")
-    if mk is not None:
-        k = _as_int(mk, "k", mpath)
-    mkl = _get(manifest, "k_list")
-    if mkl is not None:
-        if not isinstance(mkl, (list, tuple)) or not mkl:
-            raise SpecdecError(f"{mpath}: k_list is {mkl!r}, expected a list of integers")
-        k_list = tuple(sorted({_as_int(x, "k_list entry", mpath) for x in mkl}))
-    if k is None:
-        if k_list:
-            k = max(j for j in k_list if j in seq_lens) if any(j in seq_lens for j in k_list) else None
-        else:  # infer: the largest s with s and s+1 compiled, other than the prefill length
-            cands = [s for s in seq_lens if s + 1 in seq_lens and s != PL]
-            k = max(cands) if cands else None
-        if k is None:
-            raise SpecdecError(f"{p}: cannot tell the speculation length k (no k in {MANIFEST_FILE})")
-    if k < 1:
-        raise SpecdecError(f"{mpath}: k={k}, expected k >= 1")
-    k_list = tuple(sorted(set(k_list) | {k}))
+def _tlm_widths(p: Path, m: Manifest, seq_lens: tuple[int, ...], CL: int) -> tuple[int, tuple[int, ...]]:
+    """A TLM's speculation length k and every verification width it serves (k_list), each compiled."""
+    where = p / SPECIALIZATIONS_FILE
+    k, k_list = m.k, tuple(sorted(set(m.k_list) | {m.k}))
     if k not in seq_lens:
         raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
                            f"(has {list(seq_lens)})")
@@ -254,29 +183,23 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
     the Cloud AI 100 backend needs the QPC instead).
     """
     p = Path(path)
-    manifest, specs = _read_dir(p)
-    role, target = _role_and_target(p, manifest, expect_role)
-    B, CL, PL, seq_lens = _shapes(p, manifest, specs)
+    m, specs = _read_dir(p)
+    _check_role(p, m, expect_role)
+    B, CL, PL, seq_lens = _shapes(p, m, specs)
     k, k_list = None, ()
-    if role == "dlm":
+    if m.role == "dlm":
         for s in (1, 2):
             if s not in seq_lens:
                 raise SpecdecError(f"{p / SPECIALIZATIONS_FILE}: a DLM needs a seq_len={s} specialization "
                                    f"(has {list(seq_lens)})")
     else:
-        k, k_list = _tlm_widths(p, manifest, seq_lens, PL, CL)
-
-    def opt_int(key):
-        v = _get(manifest, key)
-        return None if v is None else _as_int(v, key, p / MANIFEST_FILE)
-
+        k, k_list = _tlm_widths(p, m, seq_lens, CL)
     if need_model and not (p / MODEL_FILE).is_file():
         raise SpecdecError(f"{p / MODEL_FILE}: missing (the rewritten graph)")
-    return Artifact(path=p, role=role, target=target, batch_size=B, ctx_len=CL, prefill_len=PL,
-                    seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=opt_int("vocab_size"),
-                    num_layers=opt_int("num_layers"), num_kv_heads=opt_int("num_kv_heads"),
-                    head_dim=opt_int("head_dim"), eos_token_id=opt_int("eos_token_id"),
-                    manifest=manifest)
+    return Artifact(path=p, role=m.role, target=m.target, batch_size=B, ctx_len=CL, prefill_len=PL,
+                    seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=m.vocab_size,
+                    num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                    eos_token_id=m.eos_token_id, manifest=m.to_json(), record=m)
 
 
 #: special token ids a manifest records (from the export's config.json / generation_config.json):

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 
 class Parser(argparse.ArgumentParser):
@@ -29,7 +29,7 @@ class Parser(argparse.ArgumentParser):
         raise SpecdecError(f"{message}{self.help_hint}")
 
 
-_Parser = Parser  # the name runtime/cli.py gives its own copy of this class
+_Parser = Parser  # its older name, kept for callers of the time before cli/ was one package
 
 
 def run_cli(fn, argv, prog: str) -> int:

@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import __version__
-from .artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
+from .. import __version__
+from ..artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
                         Options, check_out, find_compiler, hw_version_for)
-from .cli_common import Parser
-from .errors import SpecdecError
+from ..errors import SpecdecError
+from .common import Parser
 
 EPILOG = """\
 example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
@@ -106,7 +106,7 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     if a.supported_ops is not None:
         if opts.target != "qaic":
             raise SpecdecError("--supported-ops checks against the Cloud AI 100 compiler's list: it needs --target qaic")
-        from .qaic_ops import read_supported_ops
+        from ..qaic_ops import read_supported_ops
 
         supported = read_supported_ops(a.supported_ops)
     model_path = Path(a.model)
@@ -115,13 +115,13 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
                            else f"{model_path}: not a file, expected an .onnx model")
     check_out(Path(a.output), a.force, model_path)
 
-    from . import pipeline
-    from .artifacts import write_artifact
-    from .io import load_model
+    from .. import pipeline
+    from ..artifacts import write_artifact
+    from ..io import load_model
 
-    original = load_model(model_path)
-    res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
-                           ctx_len=opts.ctx_len)
+    original = load_model(model_path)   # parsed once: the rewrite starts from it, the summary compares with it
+    res = pipeline.rewrite(original, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
+                           ctx_len=opts.ctx_len, source=model_path)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)
@@ -134,7 +134,7 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
 
     explanation = None
     if a.explain:
-        from .explain import explain_result
+        from ..explain import explain_result
 
         explanation = explain_result(res)
     if a.json:
@@ -154,7 +154,7 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
 
 def check_supported(model, supported: set[str], list_file: str, prog: str) -> None:
     """One line per op of ``model`` that ``supported`` lacks (naming its node), then refuse."""
-    from .qaic_ops import not_supported
+    from ..qaic_ops import not_supported
 
     missing = not_supported(model, supported)
     if not missing:
@@ -263,7 +263,7 @@ def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, exp
             t.append(text, style=style)
         con.print(t)
     if explanation is not None:
-        from .diff import print_report
+        from ..diff import print_report
 
         sys.stdout.flush()
         print_report(explanation, file=sys.stdout)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_common import Parser, run_cli
+from .common import Parser, run_cli
 from ..errors import SpecdecError
-from .compare import diff_files
-from .render import print_report, render_json
+from ..diff.compare import diff_files
+from ..diff.render import print_report, render_json
 
 
 def _build_parser(prog: str) -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from ..cli_common import Parser, run_cli
+from .common import Parser, run_cli
 from ..errors import SpecdecError
 
 PROG = "specdec-run"
@@ -136,7 +136,7 @@ class _Printer:
         self.stream = None
 
     def start(self, prompt_ids, index: int, total: int):
-        from .tokenizer import StreamDecoder
+        from ..runtime.tokenizer import StreamDecoder
         if total > 1:
             self._write(f"\n[prompt {index + 1}/{total}]\n", "dim")
         if self.tok is not None:
@@ -217,7 +217,7 @@ def _check_args(args) -> None:
     if args.ngram_max is not None and args.draft != "ngram":
         raise SpecdecError("--ngram-max is for --draft ngram")
     if args.ngram_max is not None:
-        from .drafts.ngram import NgramDraft
+        from ..runtime.drafts.ngram import NgramDraft
         if not 1 <= args.ngram_max <= NgramDraft.MAX_N:
             raise SpecdecError(f"--ngram-max must be in [1, {NgramDraft.MAX_N}] (got {args.ngram_max})")
     if not args.target_only and args.draft == "dlm" and not args.dlm:
@@ -253,9 +253,9 @@ def ort_thread_options(threads: int | None, two_models: bool) -> dict:
 def _open(args):
     """(tlm backend, dlm backend or None, (tokenizer, dlm tokenizer), prompts): cheap checks first
     (artifacts, their pairing, tokenizers, prompts), then the models are loaded."""
-    from .artifact import check_pair, load_artifact
-    from .backends import open_backend
-    from .tokenizer import check_tokenizer_fits, load_tokenizer
+    from ..runtime.artifact import check_pair, load_artifact
+    from ..runtime.backends import open_backend
+    from ..runtime.tokenizer import check_tokenizer_fits, load_tokenizer
 
     tlm_dev = _device_ids(args.tlm_device_ids, "--tlm-device-ids")
     dlm_dev = _device_ids(args.dlm_device_ids, "--dlm-device-ids")
@@ -289,7 +289,7 @@ def _open(args):
 def _eos(args, tok, tlm):
     """--eos-id (-1: none); else the union of the TLM manifest's EOS ids (from the export's
     generation_config.json) and the tokenizer's (its EOS and a generation_config.json beside it)."""
-    from .tokenizer import eos_ids
+    from ..runtime.tokenizer import eos_ids
     if args.eos_id is not None:
         return None if args.eos_id < 0 else args.eos_id
     art = tlm.artifact
@@ -302,9 +302,9 @@ def _eos(args, tok, tlm):
 
 
 def run(argv: list[str]) -> int:
-    from .decoding import SpecDecoder, TargetOnlyDecoder
-    from .metrics import aggregate_metrics
-    from .sampling import SamplingParams
+    from ..runtime.decoding import SpecDecoder, TargetOnlyDecoder
+    from ..runtime.metrics import aggregate_metrics
+    from ..runtime.sampling import SamplingParams
 
     args = build_parser().parse_args(argv)
     if args.max_new_tokens < 0:
@@ -340,7 +340,7 @@ def _decode_all(dec, prompts, args, sampling, printer, tok):
     import dataclasses
     import time
 
-    from .batch import BatchEngine
+    from ..runtime.batch import BatchEngine
     engine = BatchEngine(dec)
     engine.check_prompts(prompts, args.max_new_tokens)       # a prompt that does not fit: before anything runs
     if not sampling.greedy:   # one seed for the run: prompt i samples as (seed, i), one row or many

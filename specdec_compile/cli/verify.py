@@ -1,0 +1,76 @@
+"""``specdec-compile verify ORIGINAL REWRITTEN``: numerical equivalence.
+
+The command line over ``specdec_compile.verify``: defaults from the artifact's
+manifest, the report as a table (or JSON), the exit status.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..contract import MANIFEST_FILE
+from ..io import load_model
+from ..manifest import Manifest
+from ..verify import VerifyReport, compiled_ctx_len, history_past_windows, verify
+from .common import Parser
+
+
+def defaults_from_manifest(rewritten: Path) -> dict:
+    """k, prefill_len and ctx_len of the artifact REWRITTEN sits in ({} outside an artifact)."""
+    if not (rewritten.parent / MANIFEST_FILE).is_file():
+        return {}
+    m = Manifest.read(rewritten.parent)
+    out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len}
+    if m.k is not None:
+        out["k"] = m.k
+    return out
+
+
+def render(report: VerifyReport, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    console = Console(file=file or sys.stdout, highlight=False)
+    t = Table(box=None, title=f"verify {report.role.upper()}: k={report.k} PL={report.prefill_len} "
+                    f"CL={report.ctx_len} B={report.batch_size}")
+    for col in ("shape", "seq_len", "calls", "|Δ logits|", "|Δ cache|", "history", "finite"):
+        t.add_column(col, justify="right" if col not in ("shape",) else "left", no_wrap=True)
+    for r in report.per_shape():
+        t.add_row(r["shape"], str(r["seq_len"]), str(r["calls"]), f"{r['logits_max_abs_diff']:.2e}",
+                  f"{r['cache_max_abs_diff']:.2e}", "CHANGED" if r["history_changed"] else "kept",
+                  "NO" if r["non_finite"] else "yes")
+    console.print(t)
+    verdict = "PASS" if report.ok else "FAIL"
+    console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
+                  f"{report.max_cache_diff:.3e} (tolerance {report.tol:g})")
+
+
+def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
+    p = Parser(prog=prog, help_hint=f" (see {prog} --help)", description=__doc__.split("\n\n")[0] + ".",
+               epilog="Defaults for k, prefill length and context length come from "
+                      "manifest.json beside REWRITTEN when there is one; the default "
+                      "context is lengthened past the longest sliding window of the "
+                      "model. Exit: 0 pass, 1 numerical mismatch, 2 bad input.")
+    p.add_argument("original", type=Path, help="the stock export (concatenating KV cache)")
+    p.add_argument("rewritten", type=Path, help="the rewrite (OUT/model.onnx)")
+    p.add_argument("--k", type=int, default=None, help="speculation length (default: manifest, else 7)")
+    p.add_argument("--prefill-len", type=int, default=None, help="prefill chunk (default: manifest, else 32)")
+    p.add_argument("--ctx-len", type=int, default=None, help="context length (default: manifest, else 256)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    for f in (args.original, args.rewritten):
+        load_model(f)  # one-line errors for missing/truncated files before ORT sees them
+    d = defaults_from_manifest(args.rewritten)
+    prefill_len = args.prefill_len or d.get("prefill_len", 32)
+    ctx_len = args.ctx_len or history_past_windows(args.original, d.get("ctx_len", 256), prefill_len,
+                                                   limit=compiled_ctx_len(args.rewritten))
+    report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7), prefill_len=prefill_len,
+                    ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        render(report)
+    return 0 if report.ok else 1

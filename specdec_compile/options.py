@@ -1,0 +1,118 @@
+"""The compile options and their one validator.
+
+``check_options`` is the single place a role, target, speculation length k and
+the shape options (prefill length, context length, batch size) are checked;
+the pass context, the pipeline, the artifact writer (``Options.validate``) and
+``verify`` all call it, so a bad value reads the same wherever it comes in.
+Every failure is one ``SpecdecError`` line naming the command-line flag.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .contract import ROLES, TARGETS
+from .errors import SpecdecError
+
+DTYPES = ("float16", "float32")
+PRECISIONS = ("fp16", "mx6")
+HW_VERSIONS = ("ai100", "2.0")
+MAX_CORES = 16
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _at_least_one(flag: str, value) -> None:
+    if value is not None and (not _is_int(value) or value < 1):
+        raise SpecdecError(f"{flag} must be at least 1, got {value!r}")
+
+
+def check_options(role: str | None = None, target: str | None = None, k: int | None = None, *,
+                  optional: bool = False, prefill_len: int | None = None, ctx_len: int | None = None,
+                  batch_size: int | None = None, k_list: tuple[int, ...] = ()) -> None:
+    """Refuse an unknown role or target (None accepted with ``optional``), a k that is
+    not an integer >= 1, shapes below 1, a prefill length or a width longer than the context."""
+    if not (optional and role is None) and role not in ROLES:
+        raise SpecdecError(f"unknown role {role!r} (choose from {', '.join(ROLES)})")
+    if not (optional and target is None) and target not in TARGETS:
+        raise SpecdecError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+    if k is not None and (not _is_int(k) or k < 1):
+        # two spellings callers have always matched: the rule, and the flag's range
+        raise SpecdecError(f"k must be an integer >= 1, got {k!r} (--k: k must be at least 1)")
+    _at_least_one("--batch-size", batch_size)
+    _at_least_one("--ctx-len", ctx_len)
+    _at_least_one("--prefill-len", prefill_len)
+    if prefill_len is not None and ctx_len is not None and prefill_len > ctx_len:
+        raise SpecdecError(f"--prefill-len {prefill_len} is larger than --ctx-len {ctx_len}")
+    for j in (*([k] if k is not None else []), *k_list):
+        if j < 0:   # k_list may hold 0: a width-1 TLM call (no drafts, the fallback)
+            raise SpecdecError(f"--k-list entries must be at least 0, got {j}")
+        if ctx_len is not None and j + 1 > ctx_len:
+            raise SpecdecError(f"k={j} needs seq_len {j + 1}, larger than --ctx-len {ctx_len}")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything besides the model that decides the artifact's contents."""
+
+    role: str
+    k: int | None = None
+    k_list: tuple[int, ...] = ()
+    prefill_len: int = 32
+    ctx_len: int = 256
+    batch_size: int = 1
+    target: str = "qaic"
+    kv_dtype: str = "float16"
+    logits_dtype: str | None = None
+    precision: str = "fp16"
+    num_cores: int = MAX_CORES
+    num_devices: int = 1
+    hw_version: str | None = None  # None: chosen by compile.sh from the compiler it finds
+
+    def validate(self) -> None:
+        """Raise SpecdecError (one line) for options no artifact can satisfy."""
+        check_options(self.role, self.target, None)
+        for name, value, allowed in (("--kv-dtype", self.kv_dtype, DTYPES),
+                                     ("--precision", self.precision, PRECISIONS)):
+            if value not in allowed:
+                raise SpecdecError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.logits_dtype is not None and self.logits_dtype not in DTYPES:
+            raise SpecdecError(f"--logits-dtype {self.logits_dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.hw_version is not None and self.hw_version not in HW_VERSIONS:
+            raise SpecdecError(f"--hw-version {self.hw_version!r} is not one of {', '.join(HW_VERSIONS)}")
+        check_options(self.role, self.target, None, batch_size=self.batch_size, ctx_len=self.ctx_len,
+                      prefill_len=self.prefill_len)
+        if not 1 <= self.num_cores <= MAX_CORES:
+            raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores}")
+        _at_least_one("--num-devices", self.num_devices)
+        if self.role == "dlm":
+            if self.k is not None:
+                raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
+                                   "specializations prefill/2/1; give --k to the TLM")
+            if self.k_list:
+                raise SpecdecError("--k-list is for the target model only (--role tlm)")
+            if self.ctx_len < 2:
+                raise SpecdecError(f"--ctx-len {self.ctx_len} is too small for a DLM (needs seq_len 2)")
+            return
+        if self.k is None:
+            raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
+        check_options(self.role, self.target, self.k, ctx_len=self.ctx_len, k_list=self.k_list)
+
+    def seq_lens(self) -> list[int]:
+        """seq_len of each specialization, in file order (contract section 3)."""
+        if self.role == "dlm":
+            wanted = [self.prefill_len, 2, 1]
+        else:
+            wanted = [self.prefill_len, self.k, self.k + 1] + [j + 1 for j in sorted(set(self.k_list))]
+        seen: list[int] = []
+        for s in wanted:  # a width equal to an earlier one is the same specialization
+            if s not in seen:
+                seen.append(s)
+        return seen
+
+    def widths(self) -> list[int] | None:
+        """Every verification width k this TLM artifact serves (None for a DLM)."""
+        if self.role == "dlm":
+            return None
+        return sorted({self.k, *self.k_list})
