@@ -56,6 +56,21 @@ def fresh_tmp(final: Path) -> Path:
     return tmp
 
 
+def torch_cached(path: Path, build, *, force: bool = False):
+    """``build()``'s result saved to ``path`` with ``torch.save`` (atomically; older files of
+    the same prefix beside it removed), or loaded from ``path`` when it is there."""
+    import torch
+    if force or not path.exists():
+        data = build()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob(path.name.split("-")[0] + "-*.pt"):
+            old.unlink()
+        torch.save(data, str(path) + ".tmp")
+        os.replace(str(path) + ".tmp", path)
+        return data
+    return torch.load(path)
+
+
 def export_onnx(hf_dir: Path, out: Path) -> tuple[Path, float]:
     t0 = time.time()
     tmp = fresh_tmp(out)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def compile_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "specdec-compile"
     if exe.exists():

@@ -334,22 +334,15 @@ def load_draft(path: Path):
 def _teacher_stage(tmodel, tok, ins: tuple[list[str], list[str]], cfg: dict, out: Path, key: str, force: bool,
                    rep: Reporter, times: dict) -> dict:
     """SmolLM2's answers to the training and evaluation instructions, cached in ``OUT/cache``."""
-    import torch
     train_ins, eval_ins = ins
     t0 = time.time()
-    data_path = out / "cache" / f"teacher-{key}.pt"
-    if force or not data_path.exists():
+
+    def answer() -> dict:
         rep.line(f"[teacher] SmolLM2 answers {len(train_ins)} + {len(eval_ins)} instructions greedily "
                  f"(up to {cfg['data']['gen_len']} tokens, batch {cfg['data']['batch']})")
-        data = {"train": teacher_data(tmodel, tok, train_ins, cfg, rep, "teacher"),
+        return {"train": teacher_data(tmodel, tok, train_ins, cfg, rep, "teacher"),
                 "eval": teacher_data(tmodel, tok, eval_ins, cfg, rep, "teacher eval")}
-        data_path.parent.mkdir(parents=True, exist_ok=True)
-        for old in data_path.parent.glob("teacher-*.pt"):
-            old.unlink()
-        torch.save(data, str(data_path) + ".tmp")
-        os.replace(str(data_path) + ".tmp", data_path)
-    else:
-        data = torch.load(data_path)
+    data = cache.torch_cached(out / "cache" / f"teacher-{key}.pt", answer, force=force)
     times["teacher_s"] = round(time.time() - t0, 1)
     return data
 

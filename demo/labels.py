@@ -8,6 +8,7 @@ import time
 
 from .progress import Reporter
 
+
 def topk_of(logits, k: int):
     """(top-k ids int32, their probabilities float16) of ``logits`` [..., V]."""
     import torch

@@ -1,6 +1,7 @@
 """Progress of the demo's long stages: rich bars on a terminal, plain lines in logs."""
 from __future__ import annotations
 
+
 class Reporter:
     """Progress bars (rich) plus one plain line per finished stage."""
 

@@ -1,6 +1,7 @@
 """The decode rate the demo and the benchmarks compare runs by."""
 from __future__ import annotations
 
+
 def decode_rate(m: dict) -> float | None:
     """Decode tokens/s after the first token, not counting the time spent printing."""
     dec = m["new_tokens"] - 1

@@ -1,6 +1,7 @@
 """Printing a generation as it streams: the prompt dimmed, accepted drafts in green."""
 from __future__ import annotations
 
+
 class Stream:
     def __init__(self, tok, console, enabled: bool):
         from specdec_compile.runtime.tokenizer import StreamDecoder

@@ -48,7 +48,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from .cache import STAMP, export_onnx, fingerprint, fresh_tmp, h, publish, stamp_ok
+from .cache import STAMP, export_onnx, fingerprint, fresh_tmp, h, publish, stamp_ok, torch_cached
 from .labels import build_labels, greedy_generate, label_batches
 from .progress import Reporter
 
@@ -421,18 +421,9 @@ def _tokenizer_stage(cfg: dict, out: Path, key: str, force: bool, files: tuple[l
 def _labels_stage(tlm, train_stream, cfg: dict, seed: int, out: Path, key: str, force: bool, rep: Reporter,
                   times: dict) -> dict:
     """The TLM's labels for the DLM (``labels.build_labels``), cached in ``OUT/cache``."""
-    import torch
     t0 = time.time()
-    lab_path = out / "cache" / f"labels-{key}.pt"
-    if force or not lab_path.exists():
-        data = build_labels(tlm, train_stream, cfg, seed, rep)
-        lab_path.parent.mkdir(parents=True, exist_ok=True)
-        for old in lab_path.parent.glob("labels-*.pt"):
-            old.unlink()
-        torch.save(data, str(lab_path) + ".tmp")
-        os.replace(str(lab_path) + ".tmp", lab_path)
-    else:
-        data = torch.load(lab_path)
+    data = torch_cached(out / "cache" / f"labels-{key}.pt",
+                        lambda: build_labels(tlm, train_stream, cfg, seed, rep), force=force)
     times["labels_s"] = round(time.time() - t0, 1)
     rep.line(f"[labels] {data['stats']} ({times['labels_s']} s)")
     return data
