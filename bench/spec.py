@@ -11,6 +11,7 @@ from demo.toy_demo import held_out_prompts
 
 KS = list(range(1, 9))
 
+
 def alpha_from(m: dict, k: int) -> float | None:
     """Per-draft acceptance: accepted / (accepted + rejections); a round with fewer than
     k accepted drafts ended in one rejection."""
