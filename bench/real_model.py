@@ -1,6 +1,6 @@
 """Benchmark section ``real_model``: SmolLM2-135M-Instruct with its drafts, greedy and sampled.
 
-Called by ``bench/run_bench.py`` (``--only real``); needs ``make demo``'s
+Called by ``python -m bench.run_bench`` (``--only real``); needs ``make demo``'s
 build (``build/demo``; built here when missing, which takes the demo's time).
 
 Drafts: ``distilled`` (the demo's distilled draft model) and ``ngram`` (the
@@ -29,6 +29,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from demo import real_demo, smollm2
+from demo import prompts as prompt_sets
+
+from .spec import alpha_from, merge_width_times
+
 KS = [2, 4, "auto"]
 SAMPLING = {"temperature": 0.7, "top_p": 0.95}
 
@@ -45,13 +50,12 @@ def _decode_model_time(m: dict) -> float:
 
 
 def _row(draft: str, mode: str, k, ms: list[dict], tms: list[dict]) -> dict:
-    import run_bench
     s_tok, s_t = _rate(ms)
     t_tok, t_t = _rate(tms)
     rate, trate = s_tok / s_t, t_tok / t_t
-    n1, t1 = run_bench.merge_width_times(tms)["tlm"]["1"]                      # the decode steps
+    n1, t1 = merge_width_times(tms)["tlm"]["1"]                      # the decode steps
     t_step = t1 / n1
-    widths = run_bench.merge_width_times(ms)
+    widths = merge_width_times(ms)
     d_n = sum(widths.get("dlm", {}).get(w, [0, 0])[0] for w in ("1", "2"))
     d_t = sum(widths.get("dlm", {}).get(w, [0, 0.0])[1] for w in ("1", "2"))
     dlm_step = d_t / d_n if d_n else 0.0
@@ -62,7 +66,7 @@ def _row(draft: str, mode: str, k, ms: list[dict], tms: list[dict]) -> dict:
         hl = max(len(m["acceptance_histogram"]) for m in ms)
         hist = [sum(m["acceptance_histogram"][i] if i < len(m["acceptance_histogram"]) else 0 for m in ms)
                 for i in range(hl)]
-        alpha, adef = run_bench.alpha_from({"acceptance_histogram": hist, "accepted_tokens": acc}, k), \
+        alpha, adef = alpha_from({"acceptance_histogram": hist, "accepted_tokens": acc}, k), \
             "accepted/(accepted+rejections)"
     else:
         alpha, adef = (acc / drafted if drafted else None), "accepted/drafted"
@@ -92,7 +96,6 @@ def _merge_hist(hs: list[dict]) -> dict:
 
 def decoders(tlm, dlm, eos) -> dict:
     """(draft, k) -> decoder; the n-gram ones only when the runtime has n-gram drafts."""
-    import real_demo
     from specdec_compile.runtime import SpecDecoder
     out = {}
     for k in KS:
@@ -106,9 +109,6 @@ def decoders(tlm, dlm, eos) -> dict:
 
 def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
     """The ``real_model`` rows and the settings they were measured with."""
-    import prompts as prompt_sets
-    import real_demo
-    import smollm2
     from specdec_compile.runtime import SamplingParams, TargetOnlyDecoder
 
     built = real_demo.build(out, k=4, prefill_len=64, ctx_len=256, threads=2, log=log)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmarks of the compiler and the runtime, in one run (what `make bench` runs).
 
-    python bench/run_bench.py                  # everything; writes bench/results.json and bench/results.md
-    python bench/run_bench.py --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, fallback, real
+    python -m bench.run_bench                  # everything; writes bench/results.json and bench/results.md
+    python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, fallback, real
 
 Sections (keys of bench/results.json):
 
@@ -56,15 +56,13 @@ import sys
 import time
 from pathlib import Path
 
+from demo import train_pair
+from demo.compiling import compile_artifact, compile_cmd
+
+from .spec import bench_spec
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "demo"))
-sys.path.insert(0, str(HERE))
-
-import run_demo  # noqa: E402
-import train_pair  # noqa: E402
-
-KS = list(range(1, 9))
 
 
 def log(msg: str) -> None:
@@ -88,143 +86,6 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "python": sys.version.split()[0],
             "onnxruntime": ort.__version__, "platform": platform.platform(),
             "load_average_at_start": os.getloadavg()}
-
-
-# --------------------------------------------------------------------------- spec vs target
-
-def alpha_from(m: dict, k: int) -> float | None:
-    """Per-draft acceptance: accepted / (accepted + rejections); a round with fewer than
-    k accepted drafts ended in one rejection."""
-    hist = m.get("acceptance_histogram") or []
-    acc = m.get("accepted_tokens") or 0
-    rej = sum(c for a, c in enumerate(hist) if a < k)
-    return acc / (acc + rej) if acc + rej else None
-
-
-def width_time(m: dict, role: str, width: int) -> float | None:
-    c = (m.get("call_time_by_width") or {}).get(role, {}).get(str(width))
-    return c[1] / c[0] if c and c[0] else None
-
-
-def merge_width_times(ms: list[dict]) -> dict:
-    out: dict = {}
-    for m in ms:
-        for role, d in (m.get("call_time_by_width") or {}).items():
-            for w, (n, t) in d.items():
-                c = out.setdefault(role, {}).setdefault(w, [0, 0.0])
-                c[0] += n
-                c[1] += t
-    return out
-
-
-def bench_spec(pair: dict, out: Path, a) -> tuple[list, dict, dict]:
-    from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
-    from specdec_compile.runtime.tokenizer import load_tokenizer
-
-    demo = Path(pair["paths"]["tokenizer"]).parent
-    tlm_onnx, dlm_onnx = Path(pair["paths"]["tlm_onnx"]), Path(pair["paths"]["dlm_onnx"])
-    common = ["--target", "ort", "--prefill-len", "32", "--ctx-len", str(a.ctx_len)]
-    run_demo.compile_artifact(dlm_onnx, out / "dlm", ["--role", "dlm", *common], log=log)
-    run_demo.compile_artifact(tlm_onnx, out / "tlm", ["--role", "tlm", "--k", "1", "--k-list",
-                                                      ",".join(map(str, KS)), *common], log=log)
-    run_demo.compile_artifact(tlm_onnx, out / "tlm-base", ["--role", "dlm", *common], log=log)
-
-    tok = load_tokenizer(demo / "tokenizer")
-    kw = {"intra_op_threads": a.ort_threads}
-    tlm, dlm, base = OrtBackend(out / "tlm", **kw), OrtBackend(out / "dlm", **kw), OrtBackend(out / "tlm-base", **kw)
-    eos = tok.eos_token_id
-    target = TargetOnlyDecoder(base, eos_token_id=eos)
-    decs = {k: SpecDecoder(tlm, dlm, eos_token_id=eos, k=k, adaptive=False) for k in KS}
-    prompts = run_demo.held_out_prompts(a.prompts, a.ctx_len - a.max_new_tokens, tok)
-    ids_list = [tok(t)["input_ids"] for _, t in prompts]
-    log(f"[spec] {len(prompts)} prompts ({', '.join(n for n, _ in prompts)}), {a.max_new_tokens} new tokens, "
-        f"k = {KS[0]}..{KS[-1]}, {a.repeats} repeats, ORT {a.ort_threads} thread(s)")
-
-    # warm-up: every width once
-    for k in KS:
-        decs[k].generate(ids_list[0], max_new_tokens=16)
-    target.generate(ids_list[0], max_new_tokens=8)
-
-    # best (fastest decode) run per (mode, prompt); modes interleaved so that load changes hit all
-    best: dict = {}
-    ref: dict = {}
-    modes = ["target"] + KS
-    for r in range(a.repeats):
-        for pi, ids in enumerate(ids_list):
-            for mode in modes:
-                dec = target if mode == "target" else decs[mode]
-                res = dec.generate(ids, max_new_tokens=a.max_new_tokens)
-                if mode == "target":
-                    ref[pi] = res.generated_ids
-                elif pi in ref and res.generated_ids != ref[pi]:
-                    raise SystemExit(f"k={mode}: speculative output differs from target-only output")
-                rate = run_demo.decode_rate(res.metrics)
-                key = (mode, pi)
-                if key not in best or (rate or 0) > (run_demo.decode_rate(best[key]) or 0):
-                    best[key] = res.metrics
-        log(f"  repeat {r + 1}/{a.repeats} done")
-
-    def agg(mode):
-        ms = [best[(mode, pi)] for pi in range(len(ids_list))]
-        dec_tokens = sum(m["new_tokens"] - 1 for m in ms)
-        dec_time = sum(m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0) for m in ms)
-        return ms, dec_tokens, dec_time
-
-    tms, t_tok, t_time = agg("target")
-    target_rate = t_tok / t_time
-    t_widths = merge_width_times(tms)
-    t_step = t_widths["tlm"]["1"][1] / t_widths["tlm"]["1"][0]
-    rows = []
-    host = {}
-    for k in KS:
-        ms, s_tok, s_time = agg(k)
-        rate = s_tok / s_time
-        widths = merge_width_times(ms)
-        # decode calls only (prefill calls have width PL)
-        d_n = sum(widths["dlm"].get(w, [0, 0])[0] for w in ("1", "2"))
-        d_t = sum(widths["dlm"].get(w, [0, 0.0])[1] for w in ("1", "2"))
-        dlm_step = d_t / d_n if d_n else 0.0
-        vw = str(k + 1)
-        verify = widths["tlm"][vw][1] / widths["tlm"][vw][0] if vw in widths["tlm"] else None
-        vcalls = sum(m["tlm_verify_calls"] for m in ms)
-        produced = sum((m["mean_tokens_per_tlm_call"] or 0) * m["tlm_verify_calls"] for m in ms)
-        tpc = produced / vcalls if vcalls else None
-        draft_calls = d_n / vcalls if vcalls else 0.0
-        acc = sum(m["accepted_tokens"] for m in ms)
-        hist = [sum(m["acceptance_histogram"][i] if i < len(m["acceptance_histogram"]) else 0 for m in ms)
-                for i in range(max(len(m["acceptance_histogram"]) for m in ms))]
-        alpha = alpha_from({"acceptance_histogram": hist, "accepted_tokens": acc}, k)
-        c = dlm_step / t_step
-        lev = ((1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1)) if alpha is not None and alpha < 1
-               else (k + 1) / (k * c + 1))
-        pred = tpc * t_step / (draft_calls * dlm_step + verify) if tpc and verify else None
-        speedup = rate / target_rate
-        host_s = sum(m["host_time_s"] for m in ms)
-        tot_s = sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in ms)
-        host[str(k)] = host_s / tot_s
-        rows.append({"k": k, "target_tokens_per_s": round(target_rate, 2), "spec_tokens_per_s": round(rate, 2),
-                     "speedup": round(speedup, 3), "alpha": round(alpha, 4) if alpha is not None else None,
-                     "tokens_per_tlm_call": round(tpc, 3) if tpc else None, "c": round(c, 4),
-                     "leviathan_speedup": round(lev, 3), "predicted_speedup": round(pred, 3) if pred else None,
-                     "achieved_over_predicted": round(speedup / pred, 3) if pred else None,
-                     "tlm_step_ms": round(t_step * 1e3, 3), "dlm_step_ms": round(dlm_step * 1e3, 3),
-                     "tlm_verify_ms": round(verify * 1e3, 3) if verify else None,
-                     "draft_calls_per_round": round(draft_calls, 3),
-                     "acceptance_rate_runtime": round(acc / max(1, sum(m["drafted_tokens"] for m in ms)), 4)})
-        log(f"  k={k}: {rate:7.1f} tok/s vs {target_rate:7.1f} -> {speedup:.2f}x (predicted {pred:.2f}x, "
-            f"Leviathan {lev:.2f}x); alpha {alpha:.3f}, {tpc:.2f} tok/TLM call, c {c:.3f}, host {host[str(k)]:.1%}")
-    best_row = max(rows, key=lambda r: r["speedup"])
-    host_share = {"best_k": best_row["k"], "share": round(host[str(best_row["k"])], 4),
-                  "by_k": {k: round(v, 4) for k, v in host.items()},
-                  "target_only": round(sum(m["host_time_s"] for m in tms) /
-                                       sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in tms), 4)}
-    info = {"prompts": [n for n, _ in prompts], "max_new_tokens": a.max_new_tokens, "ctx_len": a.ctx_len,
-            "repeats": a.repeats, "ort_threads": a.ort_threads,
-            "new_tokens": [tms[i]["new_tokens"] for i in range(len(tms))],
-            "pair": {"params": pair["params"], "metrics": pair["metrics"]}}
-    for b in (tlm, dlm, base):
-        b.close()
-    return rows, host_share, info
 
 
 # --------------------------------------------------------------------------- KV in place / step latency
@@ -320,7 +181,7 @@ def bench_kv(pair: dict, out: Path, a) -> tuple[list, list]:
     kv_rows, step_rows = [], []
     for ctx in a.kv_ctx:
         art = out / f"tlm-step-{ctx}"
-        run_demo.compile_artifact(tlm_onnx, art, ["--role", "dlm", "--target", "ort", "--prefill-len", "32",
+        compile_artifact(tlm_onnx, art, ["--role", "dlm", "--target", "ort", "--prefill-len", "32",
                                                   "--ctx-len", str(ctx)], log=log)
         kw = {"intra_op_threads": a.ort_threads}
         inp = OrtBackend(art, inplace=True, **kw)
@@ -376,7 +237,7 @@ def bench_kv(pair: dict, out: Path, a) -> tuple[list, list]:
 # --------------------------------------------------------------------------- rewrite at scale
 
 def bench_rewrite(out: Path, a) -> dict:
-    import synthetic
+    from . import synthetic
     cache = out / "synthetic"
     t0 = time.time()
     tpl = synthetic.template(cache, layers=a.big_layers)
@@ -392,7 +253,7 @@ def bench_rewrite(out: Path, a) -> dict:
         runs = []
         for _ in range(a.rewrite_repeats):
             shutil.rmtree(dst, ignore_errors=True)
-            cmd = run_demo.compile_cmd() + [str(model), "--role", "tlm", "--k", "7", "--target", target,
+            cmd = compile_cmd() + [str(model), "--role", "tlm", "--k", "7", "--target", target,
                                             "--prefill-len", "32", "--ctx-len", "2048", "-o", str(dst)]
             # a fresh process per run: RUSAGE_CHILDREN of the wrapper is the compile's alone
             wrapper = ("import json,resource,subprocess,sys,time;t=time.perf_counter();"
@@ -492,7 +353,7 @@ def markdown(res: dict) -> str:
             L.append(f"| {r['ctx_len']} | {r['original_ms']:.3f} | {r['rewritten_ms']:.3f} | {r['original_over_rewritten']:.2f} |")
         L.append("")
     if res.get("real_model"):
-        import real_model
+        from . import real_model
         L.extend(real_model.markdown(res["real_model"], res.get("real_model_settings") or {}))
     rs = res.get("rewrite_scale")
     if rs:
@@ -548,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             res = {}
     res["machine"] = machine()
-    res["command"] = " ".join(["python", "bench/run_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    res["command"] = " ".join(["python", "-m", "bench.run_bench", *(argv if argv is not None else sys.argv[1:])])
     t_all = time.time()
     pair = None
     a.log = log
@@ -557,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         res["pair"] = {"pair_json": str(a.pair) if a.pair else str(a.demo_out / "pair.json"),
                        "tlm": pair.get("config", {}).get("tlm"), "dlm": pair.get("config", {}).get("dlm")}
     if only & {"batch", "ngram", "fallback"}:
-        import serving
+        from . import serving
         res.update(serving.run(pair, a.out, a, only))
     if "spec" in only:
         rows, host, info = bench_spec(pair, a.out, a)
@@ -573,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     if "rewrite" in only:
         res["rewrite_scale"] = bench_rewrite(a.out, a)
     if "real" in only:
-        import real_model
+        from . import real_model
         res["real_model"], res["real_model_settings"] = real_model.run(a.real_out, a, log=log)
     res["wall_s"] = round(time.time() - t_all, 1)
     res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -1,4 +1,4 @@
-"""Serving benchmarks (run_bench.py --only batch,ngram,fallback), on the demo pair:
+"""Serving benchmarks (``python -m bench.run_bench --only batch,ngram,fallback``), on the demo pair:
 
 batch_throughput  B = 1, 2, 4, 8 rows; 16 held-out prompts through continuous
                   batching; target-only (the TLM's width-1 specialization) and
@@ -22,9 +22,11 @@ import re
 import time
 from pathlib import Path
 
-import ood_prompts
-import run_demo
-import train_pair
+from demo import train_pair
+from demo.compiling import compile_artifact
+from demo.rates import decode_rate
+
+from . import ood_prompts
 
 DEF_RE = re.compile(r"^def \w+\(", re.M)
 
@@ -65,7 +67,7 @@ def _art(pair, out, name, role, B, a, k_list=None, k=4):
             "--batch-size", str(B)]
     if role == "tlm":
         args += ["--k", str(k)] + (["--k-list", k_list] if k_list else [])
-    run_demo.compile_artifact(onnx, out / name, args, log=a.log)
+    compile_artifact(onnx, out / name, args, log=a.log)
     return out / name
 
 
@@ -122,8 +124,8 @@ def _pairwise(dec_t, dec_s, ids, a):
             rs = dec_s.generate(p, max_new_tokens=a.serve_new_tokens)
             if rt.generated_ids != rs.generated_ids:
                 raise SystemExit("speculative output differs from target-only output")
-            bt[i] = max(bt[i], run_demo.decode_rate(rt.metrics) or 0.0)
-            bs[i] = max(bs[i], run_demo.decode_rate(rs.metrics) or 0.0)
+            bt[i] = max(bt[i], decode_rate(rt.metrics) or 0.0)
+            bs[i] = max(bs[i], decode_rate(rs.metrics) or 0.0)
             alpha[0] += rs.metrics["accepted_tokens"]
             alpha[1] += rs.metrics["drafted_tokens"]
     n = len(ids)

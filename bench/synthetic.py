@@ -70,36 +70,16 @@ def _block(seed: int = 0):
     return (np.random.default_rng(seed).standard_normal(BLOCK // 4).astype("float32") * 0.02).tobytes()
 
 
-def scale(template_path: Path, out_dir: Path, *, hidden: int = 2048, intermediate: int = 5632,
-          vocab: int = 32000) -> dict:
-    """Write ``out_dir/model.onnx`` + ``model.onnx.data``; returns a description (cached by key)."""
-    import onnx
+def _write_weights(g, data_path: Path, dim_map: dict) -> tuple[int, int]:
+    """Every float initializer with a dimension in ``dim_map`` scaled to the new sizes and
+    streamed to ``data_path`` as external data (filled with one repeated random block).
+    Returns (bytes written, tensors written)."""
     from onnx import TensorProto
-
-    if hidden % HEAD_DIM:
-        raise ValueError("hidden must be a multiple of 64")
-    heads = hidden // HEAD_DIM
-    dim_map = {SMALL["hidden"]: hidden, SMALL["intermediate"]: intermediate, SMALL["vocab"]: vocab}
-    key = hashlib.sha256(json.dumps([hashlib.sha256(template_path.read_bytes()).hexdigest(), hidden, intermediate, vocab,
-                                     "v2"]).encode()).hexdigest()[:12]
-    desc_path = out_dir / "synthetic.json"
-    if desc_path.exists():
-        try:
-            desc = json.loads(desc_path.read_text())
-            if desc.get("key") == key and (out_dir / desc["data_file"]).stat().st_size == desc["weight_bytes"]:
-                return desc
-        except (OSError, ValueError, KeyError):
-            pass
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
-
-    m = onnx.load(str(template_path), load_external_data=True)
-    g = m.graph
-    data_name = "model.onnx.data"
+    data_name = data_path.name
     block = _block()
     offset = 0
     n_big = 0
-    with open(out_dir / data_name, "wb") as f:
+    with open(data_path, "wb") as f:
         for t in g.initializer:
             if t.data_type != TensorProto.FLOAT or len(t.dims) == 0 or not any(d in dim_map for d in t.dims):
                 continue
@@ -128,6 +108,35 @@ def scale(template_path: Path, out_dir: Path, *, hidden: int = 2048, intermediat
                 e.key, e.value = k, v
             offset += nbytes
             n_big += 1
+    return offset, n_big
+
+
+def scale(template_path: Path, out_dir: Path, *, hidden: int = 2048, intermediate: int = 5632,
+          vocab: int = 32000) -> dict:
+    """Write ``out_dir/model.onnx`` + ``model.onnx.data``; returns a description (cached by key)."""
+    import onnx
+
+    if hidden % HEAD_DIM:
+        raise ValueError("hidden must be a multiple of 64")
+    heads = hidden // HEAD_DIM
+    dim_map = {SMALL["hidden"]: hidden, SMALL["intermediate"]: intermediate, SMALL["vocab"]: vocab}
+    key = hashlib.sha256(json.dumps([hashlib.sha256(template_path.read_bytes()).hexdigest(), hidden, intermediate, vocab,
+                                     "v2"]).encode()).hexdigest()[:12]
+    desc_path = out_dir / "synthetic.json"
+    if desc_path.exists():
+        try:
+            desc = json.loads(desc_path.read_text())
+            if desc.get("key") == key and (out_dir / desc["data_file"]).stat().st_size == desc["weight_bytes"]:
+                return desc
+        except (OSError, ValueError, KeyError):
+            pass
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+
+    m = onnx.load(str(template_path), load_external_data=True)
+    g = m.graph
+    data_name = "model.onnx.data"
+    offset, n_big = _write_weights(g, out_dir / data_name, dim_map)
     # interface: KV heads and vocab are the only static dims that change
     for vi in list(g.input) + list(g.output):
         dims = vi.type.tensor_type.shape.dim

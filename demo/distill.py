@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A draft for SmolLM2-135M-Instruct, distilled from SmolLM2's own greedy answers, on CPU.
 
-    python demo/distill.py                     # after demo/smollm2.py; build/demo/{hf,export}/dlm
-    python demo/distill.py --set draft.head_rows=4096 --out build/demo-x
+    python -m demo.distill                     # after demo.smollm2; build/demo/{hf,export}/dlm
+    python -m demo.distill --set draft.head_rows=4096 --out build/demo-x
 
 The draft is a layer-truncated SmolLM2 with a truncated head:
 
@@ -47,15 +47,12 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+from . import cache, draft_head, smollm2, train_pair
+from . import prompts as prompt_sets
+from .cache import h
+from .progress import Reporter
 
-import draft_head  # noqa: E402
-import prompts as prompt_sets  # noqa: E402
-import smollm2  # noqa: E402
-import train_pair  # noqa: E402
-from train_pair import h  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT_VERSION = "1"
 
@@ -86,7 +83,7 @@ def instruction_split(cfg: dict) -> tuple[list[str], list[str]]:
 def teacher_data(model, tok, instructions: list[str], cfg: dict, rep, label: str) -> list[dict]:
     """SmolLM2's greedy answers (and top-k distributions) to ``instructions``, in batches of
     similar prompt length."""
-    import teacher
+    from . import teacher
     d = cfg["data"]
     lean = teacher.LeanLlama(model)
     eos = {int(tok.eos_token_id)}
@@ -334,6 +331,62 @@ def load_draft(path: Path):
 
 # --------------------------------------------------------------------------- main
 
+def _teacher_stage(tmodel, tok, ins: tuple[list[str], list[str]], cfg: dict, out: Path, key: str, force: bool,
+                   rep: Reporter, times: dict) -> dict:
+    """SmolLM2's answers to the training and evaluation instructions, cached in ``OUT/cache``."""
+    train_ins, eval_ins = ins
+    t0 = time.time()
+
+    def answer() -> dict:
+        rep.line(f"[teacher] SmolLM2 answers {len(train_ins)} + {len(eval_ins)} instructions greedily "
+                 f"(up to {cfg['data']['gen_len']} tokens, batch {cfg['data']['batch']})")
+        return {"train": teacher_data(tmodel, tok, train_ins, cfg, rep, "teacher"),
+                "eval": teacher_data(tmodel, tok, eval_ins, cfg, rep, "teacher eval")}
+    data = cache.torch_cached(out / "cache" / f"teacher-{key}.pt", answer, force=force)
+    times["teacher_s"] = round(time.time() - t0, 1)
+    return data
+
+
+def _draft_stage(tmodel, tok, data: dict, cfg: dict, dlm_dir: Path, key: str, force: bool, rep: Reporter) -> dict:
+    """Train (or reuse, by key) the draft in ``dlm_dir``; returns its training stats."""
+    import torch
+    V = tmodel.config.vocab_size
+    full_head = tmodel.lm_head.weight.data
+    if force or not cache.stamp_ok(dlm_dir, key):
+        ids = head_ids(data["train"], cfg, V, [int(tok.eos_token_id)])
+        body, head = make_draft(tmodel, cfg, ids)
+        n_par = sum(p.numel() for p in body.parameters()) + head.numel()
+        rep.line(f"[draft] SmolLM2 layers {cfg['draft']['layers']} + final norm + a head over {len(ids)} ids "
+                 f"({cfg['draft']['head']}; {n_par / 1e6:.1f}M parameters, "
+                 f"{body.embed_tokens.weight.numel() / 1e6:.1f}M of them the frozen embedding)")
+        pre = evaluate(body, head, Examples(data["eval"], ids, V), full_head, cfg)
+        stats = train(body, head, Examples(data["train"], ids, V), full_head[torch.tensor(ids)], cfg, rep)
+        stats["before_training"] = pre
+        tmp = cache.fresh_tmp(dlm_dir)
+        save_hf(body, head, ids, tmodel, tok, tmp, cfg)
+        cache.publish(tmp, dlm_dir, key, {"train": stats})
+    else:
+        stats = json.loads((dlm_dir / cache.STAMP).read_text())["train"]
+    return stats
+
+
+def _export_stage(dlm_dir: Path, exp_full: Path, exp_dir: Path, ids: list[int], key: str, force: bool,
+                  rep: Reporter) -> None:
+    """The draft exported, then its head cut to the ``ids`` rows (``draft_head``)."""
+    if force or not cache.stamp_ok(exp_dir, key):
+        tmp_full, dt = cache.export_onnx(dlm_dir, exp_full)
+        cache.publish(tmp_full, exp_full, key)
+        tmp = cache.fresh_tmp(exp_dir)
+        info = draft_head.truncate_head(exp_full / "model.onnx", tmp / "model.onnx", ids, pad=True)
+        for f in ("config.json", "generation_config.json"):
+            if (exp_full / f).exists():
+                (tmp / f).write_bytes((exp_full / f).read_bytes())
+        cache.publish(tmp, exp_dir, key, {"head": info})
+        rep.line(f"[export] {exp_dir / 'model.onnx'}: head cut to {len(ids)} rows ({dt:.1f} s)")
+    else:
+        rep.line(f"[export] reusing {exp_dir / 'model.onnx'}")
+
+
 def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = False, quiet: bool = False,
         do_export: bool = True) -> dict:
     """Teacher data, draft training, evaluation, export; each stage cached by key."""
@@ -343,7 +396,7 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    rep = train_pair.Reporter(quiet)
+    rep = Reporter(quiet)
     times: dict = {}
     train_ins, eval_ins = instruction_split(cfg)
     k_data = h("teacher", target["keys"]["hf"], cfg["data"], cfg["seed"], train_ins, eval_ins, SCRIPT_VERSION)
@@ -354,55 +407,25 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
     k_all = h("draft-all", k_dlm, k_exp if do_export else None, cfg["eval"])
     if not force and res_path.exists():
         prev = json.loads(res_path.read_text())
-        if prev.get("key") == k_all and train_pair.stamp_ok(dlm_dir, k_dlm) and (
-                not do_export or train_pair.stamp_ok(exp_dir, k_exp)):
+        if prev.get("key") == k_all and cache.stamp_ok(dlm_dir, k_dlm) and (
+                not do_export or cache.stamp_ok(exp_dir, k_exp)):
             rep.line(f"[draft] reusing {dlm_dir} (key {k_all})")
             prev["reused"] = True
             return prev
 
     tok = AutoTokenizer.from_pretrained(target["paths"]["tokenizer"])
     tmodel = LlamaForCausalLM.from_pretrained(target["paths"]["hf"], dtype=torch.float32).eval()
-
-    t0 = time.time()
-    data_path = out / "cache" / f"teacher-{k_data}.pt"
-    if force or not data_path.exists():
-        rep.line(f"[teacher] SmolLM2 answers {len(train_ins)} + {len(eval_ins)} instructions greedily "
-                 f"(up to {cfg['data']['gen_len']} tokens, batch {cfg['data']['batch']})")
-        data = {"train": teacher_data(tmodel, tok, train_ins, cfg, rep, "teacher"),
-                "eval": teacher_data(tmodel, tok, eval_ins, cfg, rep, "teacher eval")}
-        data_path.parent.mkdir(parents=True, exist_ok=True)
-        for old in data_path.parent.glob("teacher-*.pt"):
-            old.unlink()
-        torch.save(data, str(data_path) + ".tmp")
-        os.replace(str(data_path) + ".tmp", data_path)
-    else:
-        data = torch.load(data_path)
-    times["teacher_s"] = round(time.time() - t0, 1)
+    data = _teacher_stage(tmodel, tok, (train_ins, eval_ins), cfg, out, k_data, force, rep, times)
     n_train = sum(len(d["gen"]) for d in data["train"])
     rep.line(f"[teacher] {n_train:,} answer tokens for training, "
              f"{sum(len(d['gen']) for d in data['eval']):,} for evaluation ({times['teacher_s']} s)")
 
-    V = tmodel.config.vocab_size
-    full_head = tmodel.lm_head.weight.data
     t0 = time.time()
-    if force or not train_pair.stamp_ok(dlm_dir, k_dlm):
-        ids = head_ids(data["train"], cfg, V, [int(tok.eos_token_id)])
-        body, head = make_draft(tmodel, cfg, ids)
-        n_par = sum(p.numel() for p in body.parameters()) + head.numel()
-        rep.line(f"[draft] SmolLM2 layers {cfg['draft']['layers']} + final norm + a head over {len(ids)} ids "
-                 f"({cfg['draft']['head']}; {n_par / 1e6:.1f}M parameters, "
-                 f"{body.embed_tokens.weight.numel() / 1e6:.1f}M of them the frozen embedding)")
-        pre = evaluate(body, head, Examples(data["eval"], ids, V), full_head, cfg)
-        stats = train(body, head, Examples(data["train"], ids, V), full_head[torch.tensor(ids)], cfg, rep)
-        stats["before_training"] = pre
-        tmp = train_pair.fresh_tmp(dlm_dir)
-        save_hf(body, head, ids, tmodel, tok, tmp, cfg)
-        train_pair.publish(tmp, dlm_dir, k_dlm, {"train": stats})
-    else:
-        stats = json.loads((dlm_dir / train_pair.STAMP).read_text())["train"]
+    stats = _draft_stage(tmodel, tok, data, cfg, dlm_dir, k_dlm, force, rep)
     body, head, ids = load_draft(dlm_dir)
     times["train_s"] = round(time.time() - t0, 1)
     t0 = time.time()
+    V, full_head = tmodel.config.vocab_size, tmodel.lm_head.weight.data
     metrics = evaluate(body, head, Examples(data["eval"], ids, V), full_head, cfg)
     times["eval_s"] = round(time.time() - t0, 1)
     rep.line(f"[draft] trained: {json.dumps({k: v for k, v in stats.items() if k != 'before_training'})}; "
@@ -411,18 +434,7 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
 
     t0 = time.time()
     if do_export:
-        if force or not train_pair.stamp_ok(exp_dir, k_exp):
-            tmp_full, dt = train_pair.export_onnx(dlm_dir, exp_full)
-            train_pair.publish(tmp_full, exp_full, k_exp)
-            tmp = train_pair.fresh_tmp(exp_dir)
-            info = draft_head.truncate_head(exp_full / "model.onnx", tmp / "model.onnx", ids, pad=True)
-            for f in ("config.json", "generation_config.json"):
-                if (exp_full / f).exists():
-                    (tmp / f).write_bytes((exp_full / f).read_bytes())
-            train_pair.publish(tmp, exp_dir, k_exp, {"head": info})
-            rep.line(f"[export] {exp_dir / 'model.onnx'}: head cut to {len(ids)} rows ({dt:.1f} s)")
-        else:
-            rep.line(f"[export] reusing {exp_dir / 'model.onnx'}")
+        _export_stage(dlm_dir, exp_full, exp_dir, ids, k_exp, force, rep)
     times["export_s"] = round(time.time() - t0, 1)
     n_par = sum(p.numel() for p in body.parameters()) + head.numel()
     result = {"key": k_all, "keys": {"teacher": k_data, "draft": k_dlm, "export": k_exp}, "config": cfg,

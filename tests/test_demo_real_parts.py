@@ -10,11 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "demo"))
+from demo import ngram, prompts
 
-import ngram  # noqa: E402
-import prompts  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_prompts_are_held_out_of_the_distillation_set():
@@ -46,7 +44,7 @@ def test_ngram_proposer_and_replay():
 
 def test_choose_draft_takes_the_fastest_runnable():
     pytest.importorskip("rich")
-    import real_demo
+    from demo import real_demo
     c = [{"name": "distilled", "runnable": True, "speedup": 1.5, "how": "measured"},
          {"name": "ngram", "runnable": False, "speedup": 2.0, "how": "predicted"}]
     assert real_demo.choose_draft(c)["name"] == "distilled"
@@ -59,7 +57,7 @@ def test_choose_draft_takes_the_fastest_runnable():
 def test_distill_replay_and_sampling_arithmetic():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import distill
+    from demo import distill
     # every draft right: k+1 tokens per call; never right: 1
     assert distill.tokens_per_call([[True] * 10], 4) == pytest.approx(10 / 2)
     assert distill.tokens_per_call([[False] * 6], 4) == 1.0
@@ -76,7 +74,7 @@ def test_distill_replay_and_sampling_arithmetic():
 def test_lean_teacher_matches_transformers_greedy():
     torch = pytest.importorskip("torch")
     tr = pytest.importorskip("transformers")
-    import teacher
+    from demo import teacher
     conf = tr.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                           rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0)
@@ -103,7 +101,7 @@ def test_truncated_draft_head_compiles_and_runs(fixture_path, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     import subprocess
 
-    import draft_head
+    from demo import draft_head
     src = fixture_path("llama_gqa")
     n = 64
     info = draft_head.truncate_head(src, tmp_path / "pad" / "model.onnx", n, pad=True)
@@ -154,7 +152,7 @@ def test_truncated_draft_head_compiles_and_runs(fixture_path, tmp_path):
 
 def test_frequent_head_ids():
     pytest.importorskip("torch")
-    import distill
+    from demo import distill
     cfg = {"draft": {"head_rows": 4, "head": "frequent"}}
     data = [{"gen": [9, 9, 9, 7, 7, 3, 5]}, {"gen": [7, 8]}]
     assert distill.head_ids(data, cfg, 20, [2]) == [2, 3, 7, 9]      # EOS, then by count, ties by id
@@ -180,7 +178,7 @@ def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_
     """The demo's decode phase on a tiny compiled pair: the distilled (DLM) draft and the runtime's
     n-gram draft, both run, both identical to target-only greedy output, summaries per draft."""
     pytest.importorskip("rich")
-    import real_demo
+    from demo import real_demo
     from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
     outs = _tiny_pair(fixture_path, tmp_path)
     tlm, dlm = OrtBackend(outs["tlm"], intra_op_threads=1), OrtBackend(outs["dlm"], intra_op_threads=1)
@@ -223,8 +221,7 @@ REAL = ROOT / "build" / "demo"
 def test_real_model_greedy_speculative_equals_target_only():
     """SmolLM2-135M-Instruct, when `make demo` has built it: one instruction through the chat template,
     speculative greedy (distilled draft and n-gram) token for token equal to target-only."""
-    import real_demo
-    import smollm2
+    from demo import real_demo, smollm2
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     tok, tlm, dlm, base = real_demo.open_backends(REAL, 1)
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
@@ -246,9 +243,8 @@ def test_real_model_greedy_speculative_equals_target_only():
 def test_bench_real_model_row_arithmetic():
     """bench/real_model.py's row: rates over the decode phase, alpha by definition, c from the draft's
     step over the target's, predicted = decode tokens x target step / the run's decode model time."""
-    sys.path.insert(0, str(ROOT / "bench"))
     pytest.importorskip("rich")
-    import real_model
+    from bench import real_model
 
     def m(new, total, ttft, tlm, dlm, pre, hist, acc, drafted, verify, tpc, widths):
         return {"new_tokens": new, "total_time_s": total, "ttft_s": ttft, "callback_time_s": 0.0,

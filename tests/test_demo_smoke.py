@@ -2,19 +2,14 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "demo"))
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-import train_pair  # noqa: E402
+from demo import cache, train_pair  # noqa: E402
 
 
 @pytest.mark.slow
@@ -24,7 +19,7 @@ def test_train_pair_micro_builds_and_reuses(tmp_path):
     res = train_pair.run(cfg, out, do_export=False, threads=2, quiet=True)
     assert not res["reused"]
     for d in ("tokenizer", "hf/tlm", "hf/dlm"):
-        assert (out / d / train_pair.STAMP).exists(), d
+        assert (out / d / cache.STAMP).exists(), d
     # a transformers-loadable tokenizer with an EOS, and two Llama models
     from transformers import AutoConfig, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
@@ -42,16 +37,16 @@ def test_train_pair_micro_builds_and_reuses(tmp_path):
     # same configuration: everything reused; a changed DLM config retrains the DLM only
     again = train_pair.run(cfg, out, do_export=False, threads=2, quiet=True)
     assert again["reused"] and again["key"] == res["key"]
-    stamp_tlm = (out / "hf/tlm" / train_pair.STAMP).read_text()
+    stamp_tlm = (out / "hf/tlm" / cache.STAMP).read_text()
     cfg2 = train_pair.apply_sets(cfg, ["dlm.steps=4"])
     res2 = train_pair.run(cfg2, out, do_export=False, threads=2, quiet=True)
     assert res2["key"] != res["key"] and res2["train"]["dlm"]["tokens"] > 0
-    assert (out / "hf/tlm" / train_pair.STAMP).read_text() == stamp_tlm
+    assert (out / "hf/tlm" / cache.STAMP).read_text() == stamp_tlm
 
 
 def test_config_keys_are_stable():
-    a = train_pair.h("tlm", {"x": 1, "y": [1, 2]})
-    b = train_pair.h("tlm", {"y": [1, 2], "x": 1})
+    a = cache.h("tlm", {"x": 1, "y": [1, 2]})
+    b = cache.h("tlm", {"y": [1, 2], "x": 1})
     assert a == b and len(a) == 16
     with pytest.raises(SystemExit):
         train_pair.apply_sets(train_pair.CONFIG, ["tlm.nonexistent=1"])

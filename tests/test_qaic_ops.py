@@ -69,11 +69,7 @@ def test_qaic_artifact_uses_only_ops_with_precedent_and_verifies(fixture_path, a
 
 
 def _coverage_rows():
-    import sys
-    from pathlib import Path
-
-    sys.path.append(str(Path(__file__).resolve().parent / "coverage"))  # families, matrix by name
-    from families import rows
+    from families import rows  # tests/coverage, on pytest's path (pyproject.toml)
 
     return rows()[0]
 

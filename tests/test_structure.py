@@ -1,5 +1,7 @@
-"""The package's shape, checked statically: no import cycle, importable in any
-order, no function longer than about 80 lines, no module longer than about 600.
+"""The code's shape, checked statically over the package and the demo/ and bench/
+packages: no import cycle, importable in any order, no function longer than about
+80 lines, no module longer than about 600, and no ``sys.path`` edits in demo/, bench/
+or scripts/ (they are packages, run with ``python -m``).
 
 These are the limits the structure issue set so that each new graph pattern is
 one new small module; a test failing here means a function or module grew past
@@ -12,18 +14,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "specdec_compile"
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "specdec_compile"
+#: every package whose shape is checked: the compiler, the demo and the benchmarks
+PACKAGES = (PKG, ROOT / "demo", ROOT / "bench")
+PACKAGE_NAMES = {p.name for p in PACKAGES}
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for p in sorted(PKG.rglob("*.py")):
-        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        mods[".".join(parts)] = p
+    for pkg in PACKAGES:
+        for p in sorted(pkg.rglob("*.py")):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = p
     return mods
 
 
@@ -32,7 +39,7 @@ def _resolve(mod: str, path: Path, node: ast.ImportFrom | ast.Import, known: set
     out = set()
     if isinstance(node, ast.Import):
         for alias in node.names:
-            if alias.name.split(".")[0] == PKG.name:
+            if alias.name.split(".")[0] in PACKAGE_NAMES:
                 out.add(alias.name)
         return {m for m in out if m in known}
     if node.level:
@@ -41,7 +48,7 @@ def _resolve(mod: str, path: Path, node: ast.ImportFrom | ast.Import, known: set
         target = ".".join(base + ([node.module] if node.module else []))
     else:
         target = node.module or ""
-    if target.split(".")[0] != PKG.name:
+    if target.split(".")[0] not in PACKAGE_NAMES:
         return set()
     for alias in node.names:  # "from . import diff" names a module, not an attribute
         if f"{target}.{alias.name}" in known:
@@ -95,7 +102,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_anywhere_in_the_package():
+def test_no_import_cycle_anywhere_in_the_packages():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -112,7 +119,7 @@ def test_every_module_imports_first_in_a_fresh_interpreter_state():
         "import importlib, sys\n"
         f"mods = {sorted(_modules())!r}\n"
         "def fresh():\n"
-        "    for m in [m for m in sys.modules if m == 'specdec_compile' or m.startswith('specdec_compile.')]:\n"
+        f"    for m in [m for m in sys.modules if m.split('.')[0] in {sorted(PACKAGE_NAMES)!r}]:\n"
         "        del sys.modules[m]\n"
         "for m in mods:\n"
         "    fresh(); importlib.import_module(m)\n"
@@ -122,7 +129,7 @@ def test_every_module_imports_first_in_a_fresh_interpreter_state():
         "print('ok', len(mods))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=PKG.parent)
+                         cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("ok")
 
@@ -142,3 +149,25 @@ def test_no_module_longer_than_about_600_lines():
     long = [f"{mod}: {n}" for mod, path in _modules().items()
             if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
     assert not long, "modules too long: " + "; ".join(long)
+
+
+#: the one script that reaches the test suite's helpers (tests/coverage/matrix.py and
+#: tests/models.py, imported by their bare names as pytest imports them)
+SYS_PATH_ALLOWED = {"scripts/coverage_matrix.py"}
+
+
+def test_the_demo_and_the_benchmarks_are_packages_without_sys_path_edits():
+    """demo/, bench/ and scripts/ import each other as packages (``python -m demo.run_demo``);
+    none of them edits ``sys.path`` to find a sibling by its bare name."""
+    for pkg in PACKAGES[1:]:
+        assert (pkg / "__init__.py").is_file(), f"{pkg.name}/ is not a package"
+    edits = []
+    for d in ("demo", "bench", "scripts"):
+        for p in sorted((ROOT / d).rglob("*.py")):
+            if p.relative_to(ROOT).as_posix() in SYS_PATH_ALLOWED:
+                continue
+            for node in ast.walk(ast.parse(p.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                        and node.value.id == "sys"):
+                    edits.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert not edits, "sys.path used in: " + ", ".join(edits)

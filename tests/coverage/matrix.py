@@ -1,9 +1,10 @@
 """Run one row of the coverage matrix: export (cached), compile both roles for
 both targets, verify each against the export. Used by tests/coverage/ and by
-scripts/coverage_matrix.py (which writes docs/coverage.md)."""
+scripts/coverage_matrix.py (which writes docs/coverage.md). Imported by its bare name, like
+families.py beside it: pytest has tests/coverage on its path (pyproject.toml), the script
+puts it there."""
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -11,16 +12,12 @@ from pathlib import Path
 
 import onnx
 
-for _d in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1]):
-    if str(_d) not in sys.path:
-        sys.path.append(str(_d))
+from families import Row
+from models import export_spec
 
-from families import Row  # noqa: E402
-from models import export_spec  # noqa: E402
-
-from specdec_compile.errors import SpecdecError  # noqa: E402
-from specdec_compile.pipeline import rewrite  # noqa: E402
-from specdec_compile.verify import verify  # noqa: E402
+from specdec_compile.errors import SpecdecError
+from specdec_compile.pipeline import rewrite
+from specdec_compile.verify import verify
 
 #: speculation length, prefill chunk, context (> the families' window), rows per call
 K, PL, CL, BATCH = 4, 16, 64, 2

@@ -9,15 +9,11 @@ scripts/coverage_matrix.py and must list every one of them."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-# appended, never prepended: tests/conftest.py must stay the `conftest` other test modules import
-sys.path.append(str(Path(__file__).resolve().parent))
-from families import WINDOW, registry_families, rows, skip_reason  # noqa: E402
-from matrix import CL, TOL, run_row  # noqa: E402
+from families import WINDOW, registry_families, rows, skip_reason
+from matrix import CL, TOL, run_row
 
 ROOT = Path(__file__).resolve().parents[2]
 #: one row per pattern: plain, windowed, mixed local/global, no position_ids, ALiBi (two forms),

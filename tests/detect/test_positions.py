@@ -1,22 +1,18 @@
 """Finder: position sources (no position_ids input; ALiBi key positions)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
 from detect_helpers import graph, parts
+from families import tiny_config
+from models import export_spec
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "coverage"))
-from families import tiny_config  # noqa: E402
-from models import export_spec  # noqa: E402
-
-from specdec_compile.detect import detect  # noqa: E402
-from specdec_compile.detect.integer_inputs import find_integer_inputs  # noqa: E402
-from specdec_compile.detect.positions import check_query_uses, find_position_sources  # noqa: E402
-from specdec_compile.errors import UnsupportedPatternError  # noqa: E402
+from specdec_compile.detect import detect
+from specdec_compile.detect.integer_inputs import find_integer_inputs
+from specdec_compile.detect.positions import check_query_uses, find_position_sources
+from specdec_compile.errors import UnsupportedPatternError
 
 
 def _export(family, **extra):

@@ -1,20 +1,15 @@
 """Finder: per-layer sliding windows, read off what each layer's mask computes."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from detect_helpers import graph
+from families import WINDOW, tiny_config
+from models import export_spec
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "coverage"))
-from families import WINDOW, tiny_config  # noqa: E402
-from models import export_spec  # noqa: E402
-
-from specdec_compile.detect import detect  # noqa: E402
-from specdec_compile.detect.windows import visibility, window_of  # noqa: E402
-from specdec_compile.errors import UnsupportedPatternError  # noqa: E402
+from specdec_compile.detect import detect
+from specdec_compile.detect.windows import visibility, window_of
+from specdec_compile.errors import UnsupportedPatternError
 
 
 def _causal(past, seq, window=None):

@@ -4,9 +4,6 @@ qwen3_moe and deepseek_v3 exports of the coverage matrix (both roles, verified
 against the export); anything that is not exactly that routing is left alone."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -79,8 +76,7 @@ def test_a_graph_without_nonzero_is_returned_as_is():
 
 
 def _coverage_export(row_id):
-    sys.path.append(str(Path(__file__).resolve().parents[1] / "coverage"))  # families, matrix by name
-    from families import rows
+    from families import rows  # tests/coverage, on pytest's path (pyproject.toml)
     from matrix import export_row
 
     return export_row(next(r for r in rows()[0] if r.id == row_id))

@@ -1,19 +1,14 @@
 """Pass synth_positions: an export without position_ids gets one, feeding every position it derived."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
+from families import tiny_config
+from models import export_spec
 from pass_helpers import ctx, load, serialized, session
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "coverage"))
-from families import tiny_config  # noqa: E402
-from models import export_spec  # noqa: E402
-
-from specdec_compile import passes  # noqa: E402
+from specdec_compile import passes
 
 
 def _gemma():

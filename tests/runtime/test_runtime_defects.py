@@ -18,7 +18,7 @@ from specdec_compile.runtime import SamplingParams, SpecDecoder, TargetOnlyDecod
 from specdec_compile.cli import run as run_cli
 from specdec_compile.runtime.drafts.ngram import NgramDraft
 from specdec_compile.runtime.testing import fake_pair, nominal_costs
-from test_runtime_cli import make_tokenizer, one_line_error, run
+from runtime_helpers import make_tokenizer, one_line_error, run
 
 PROMPTS = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1], [5, 6], [7] * 12, [1, 2, 3, 1, 2, 3, 9], [9, 4, 9]]
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from runtime_helpers import make_tokenizer, one_line_error, run
 
 import models
 from specdec_compile import cli as compile_cli
@@ -15,23 +16,6 @@ from specdec_compile.cli import run as run_cli
 
 PL, CL = 8, 64
 IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55]
-
-
-def make_tokenizer(path: Path, n: int = 211, swap: bool = False, eos: str = "</s>") -> Path:
-    """A word-level tokenizer: "<unk>", "<s>", "</s>", then w3 .. w{n-1}."""
-    from tokenizers import Tokenizer, models as tm, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for i in range(3, n):
-        vocab[f"w{i}"] = i
-    if swap:  # same size, two ids exchanged: a different tokenizer
-        vocab["w3"], vocab["w4"] = 4, 3
-    t = Tokenizer(tm.WordLevel(vocab, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token=eos,
-                            unk_token="<unk>").save_pretrained(str(path))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -53,21 +37,6 @@ def arts(fixture_path, tmp_path_factory):
 
     made["tok"] = make_tokenizer(root / "tok")
     return get, made["tok"], root
-
-
-def run(argv, capsys):
-    capsys.readouterr()          # drop what building the artifacts printed
-    code = run_cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(code, err, *needles):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specdec-run: error: "), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def test_json_output_matches_the_api(arts, capsys):

@@ -4,11 +4,10 @@ they are accepted. FAKE backends (specdec_compile.runtime.testing)."""
 from __future__ import annotations
 
 import numpy as np
+from runtime_helpers import PROMPT, reference_greedy
 
 from specdec_compile.runtime import NgramDraft, SpecDecoder, TargetOnlyDecoder, WidthPolicy
 from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, known_costs, nominal_costs
-
-PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1]
 
 
 class PhaseLM(FakeLM):
@@ -24,15 +23,6 @@ class PhaseLM(FakeLM):
         if len(history) < self.until:
             x[int(np.argmax(x))] -= 100.0
         return x
-
-
-def reference_greedy(lm, prompt, max_new):
-    seq, out = list(prompt), []
-    for _ in range(max_new):
-        t = int(np.argmax(lm(seq)))
-        out.append(t)
-        seq.append(t)
-    return out
 
 
 def Nominal(tlm, dlm):

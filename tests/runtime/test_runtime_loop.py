@@ -11,25 +11,13 @@ import math
 
 import numpy as np
 import pytest
+from runtime_helpers import PROMPT, chi2, chi2_crit, reference_greedy, sample_counts, sequence_dist
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import SamplingParams, SpecDecoder, TargetOnlyDecoder, aggregate_metrics
 from specdec_compile.runtime.policy import WidthPolicy
 from specdec_compile.runtime.sampling import Noise, choose, choose_from, probs, verify
 from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, fake_pair, known_costs, nominal_costs
-
-PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1]   # 11 tokens: two prefill chunks of 8
-
-
-def reference_greedy(lm, prompt, max_new, ctx_len, eos=None):
-    seq, out = list(prompt), []
-    while len(out) < max_new and len(seq) < ctx_len:
-        t = int(np.argmax(lm(seq)))
-        out.append(t)
-        seq.append(t)
-        if t == eos:
-            break
-    return out
 
 
 # ----------------------------------------------------------------------------- greedy
@@ -376,53 +364,6 @@ def test_greedy_verify_prefix():
     assert verify([], L[:1], 0, g, None) == (0, 1)
 
 
-def _chi2_crit(df, z=3.09):   # Wilson-Hilferty, upper 0.001 quantile
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def sample_counts(dec, prompt, n: int, params, rng, N: int) -> tuple[dict, list]:
-    """N sampled continuations of ``prompt``: how often each came out, and each run's
-    acceptance rate (None for target-only decoding)."""
-    counts: dict = {}
-    acc = []
-    for _ in range(N):
-        r = dec.generate(prompt, max_new_tokens=n, sampling=params, rng=rng)
-        counts[tuple(r.generated_ids)] = counts.get(tuple(r.generated_ids), 0) + 1
-        acc.append(r.metrics.get("acceptance_rate"))
-    return counts, acc
-
-
-def _chi2(counts: dict, expect: dict, N: int):
-    """Chi-square statistic, pooling cells whose expected count is < 5."""
-    stat, pool_o, pool_e, cells = 0.0, 0.0, 0.0, 0
-    for key, e in expect.items():
-        o = counts.get(key, 0)
-        if e * N < 5:
-            pool_o += o
-            pool_e += e * N
-            continue
-        stat += (o - e * N) ** 2 / (e * N)
-        cells += 1
-    if pool_e > 0:
-        stat += (pool_o - pool_e) ** 2 / max(pool_e, 1e-9)
-        cells += 1
-    assert sum(counts.get(k, 0) for k in counts if k not in expect) == 0
-    return stat, cells - 1
-
-
-def _sequence_dist(lm, prompt, n, params):
-    """Exact probability of every n-token continuation under the processed target."""
-    dist = {(): 1.0}
-    for _ in range(n):
-        nxt = {}
-        for seq, pr in dist.items():
-            p = probs(lm(list(prompt) + list(seq)), params)
-            for t in np.nonzero(p)[0]:
-                nxt[seq + (int(t),)] = pr * p[t]
-        dist = nxt
-    return dist
-
-
 @pytest.mark.parametrize("params,N", [(SamplingParams(1.0), 4000),
                                       (SamplingParams(0.8, top_k=4, top_p=0.9), 3000)])
 def test_speculative_sampling_draws_from_the_target_distribution(params, N):
@@ -433,19 +374,19 @@ def test_speculative_sampling_draws_from_the_target_distribution(params, N):
     dlm = FakeBackend(fake_artifact("dlm", vocab=V, ctx_len=32, prefill_len=4), dlm_lm)
     prompt = [1, 2, 3]
     n = 3
-    expect = _sequence_dist(tlm_lm, prompt, n, params)
+    expect = sequence_dist(tlm_lm, prompt, n, params)
     dec = SpecDecoder(tlm, dlm)
     rng = np.random.default_rng(1234)
     counts, acc = sample_counts(dec, prompt, n, params, rng, N)
-    stat, df = _chi2(counts, expect, N)
-    assert stat < _chi2_crit(df), (stat, df)
+    stat, df = chi2(counts, expect, N)
+    assert stat < chi2_crit(df), (stat, df)
     assert 0.1 < np.mean(acc) < 0.9     # the rule was really exercised (accepts and rejects)
 
     # negative control: the draft model's own distribution fails the same test
-    draft_expect = _sequence_dist(dlm_lm, prompt, n, params)
+    draft_expect = sequence_dist(dlm_lm, prompt, n, params)
     fake_counts = {k: int(round(v * N)) for k, v in draft_expect.items()}
-    bad, bdf = _chi2({k: fake_counts.get(k, 0) for k in expect}, expect, N)
-    assert bad > _chi2_crit(bdf)
+    bad, bdf = chi2({k: fake_counts.get(k, 0) for k in expect}, expect, N)
+    assert bad > chi2_crit(bdf)
 
 
 def test_target_only_sampling_distribution():
@@ -453,13 +394,13 @@ def test_target_only_sampling_distribution():
     lm = FakeLM(V, salt=3, scale=1.0)
     tlm = FakeBackend(fake_artifact("tlm", k=2, vocab=V, ctx_len=32, prefill_len=4), lm)
     params = SamplingParams(1.0)
-    expect = _sequence_dist(lm, [1, 2, 3], 2, params)
+    expect = sequence_dist(lm, [1, 2, 3], 2, params)
     dec = TargetOnlyDecoder(tlm)
     rng = np.random.default_rng(7)
     N = 3000
     counts, _ = sample_counts(dec, [1, 2, 3], 2, params, rng, N)
-    stat, df = _chi2(counts, expect, N)
-    assert stat < _chi2_crit(df)
+    stat, df = chi2(counts, expect, N)
+    assert stat < chi2_crit(df)
 
 
 def test_sampling_is_reproducible_and_identical_draft_accepts_everything():

@@ -5,24 +5,16 @@ pair-compatibility rule. Real exported models: tests/test_runtime_vocab_ort.py.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
+from runtime_helpers import PROMPT, chi2, chi2_crit, chi2_p, make_tokenizer, reference_greedy, sample_counts, sequence_dist
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import SamplingParams, SpecDecoder, TargetOnlyDecoder, check_pair
 from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, fake_pair
 from specdec_compile.runtime.vocab import PairVocab
-from test_runtime_loop import PROMPT, _chi2, _chi2_crit, _sequence_dist, reference_greedy, sample_counts
 
 VT, VD = 29, 23          # target and draft logits widths
-
-
-def chi2_p(stat: float, df: int) -> float:
-    """Upper tail of chi-square(df) at ``stat`` (Wilson-Hilferty; good to a few % here)."""
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 class _Tok:
@@ -109,20 +101,20 @@ def test_speculative_sampling_with_a_smaller_draft_is_exact(draft, params, N):
     tlm = FakeBackend(fake_artifact("tlm", k=2, vocab=V, ctx_len=32, prefill_len=4), tlm_lm)
     dlm = FakeBackend(fake_artifact("dlm", vocab=v, ctx_len=32, prefill_len=4), dlm_lm)
     prompt, n = [1, 2, 3], 3
-    expect = _sequence_dist(tlm_lm, prompt, n, params)
+    expect = sequence_dist(tlm_lm, prompt, n, params)
     assert sum(p for s, p in expect.items() if max(s) >= v) > 0.05      # the rows the draft lacks matter
     dec = SpecDecoder(tlm, dlm)
     rng = np.random.default_rng(4321)
     counts, acc = sample_counts(dec, prompt, n, params, rng, N)
-    stat, df = _chi2(counts, expect, N)
+    stat, df = chi2(counts, expect, N)
     print(f"chi2 {draft}: stat {stat:.1f}, df {df}, p {chi2_p(stat, df):.3f}")
-    assert stat < _chi2_crit(df), (stat, df)
+    assert stat < chi2_crit(df), (stat, df)
     assert 0.1 < np.mean(acc) < 0.95
     # negative control: the target restricted to the draft's rows (what a sampler that
     # ignored the extra rows would give) fails the same test
-    cut = _sequence_dist(lambda h: tlm_lm(h)[:v], prompt, n, params)
-    bad, bdf = _chi2({k: int(round(p * N)) for k, p in cut.items() if k in expect}, expect, N)
-    assert bad > _chi2_crit(bdf)
+    cut = sequence_dist(lambda h: tlm_lm(h)[:v], prompt, n, params)
+    bad, bdf = chi2({k: int(round(p * N)) for k, p in cut.items() if k in expect}, expect, N)
+    assert bad > chi2_crit(bdf)
 
 
 # ----------------------------------------------------------------------------- compatibility
@@ -144,7 +136,6 @@ def test_manifest_token_ids_decide_without_tokenizers():
 
 def test_tokenizers_decide_when_both_are_given(tmp_path):
     from specdec_compile.runtime.tokenizer import check_tokenizers_agree, load_tokenizer
-    from test_runtime_cli import make_tokenizer
 
     big = load_tokenizer(make_tokenizer(tmp_path / "t211"))
     small = load_tokenizer(make_tokenizer(tmp_path / "t150", n=150))

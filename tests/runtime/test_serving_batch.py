@@ -3,8 +3,8 @@ equals that prompt decoded alone, token for token. FAKE backends first (fast,
 exact), then real tiny exports on ONNX Runtime, both lowering targets."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from runtime_helpers import reference_greedy
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import NgramDraft, SpecDecoder, TargetOnlyDecoder
@@ -12,17 +12,6 @@ from specdec_compile.runtime.testing import fake_pair
 
 PROMPTS = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1], [5, 6], [7, 7, 7, 7, 7, 7, 7, 7, 7], [1, 2, 3, 1, 2, 3, 1, 2],
            [9], [4, 9, 4, 9, 4, 9, 4, 9, 4, 9, 4, 9, 4, 9, 4, 9, 4], [11, 3, 5]]
-
-
-def reference_greedy(lm, prompt, max_new, ctx_len, eos=()):
-    seq, out = list(prompt), []
-    while len(out) < max_new and len(seq) < ctx_len:
-        t = int(np.argmax(lm(seq)))
-        out.append(t)
-        seq.append(t)
-        if t in eos:
-            break
-    return out
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from runtime_helpers import reference_greedy
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import NgramDraft, SamplingParams, SpecDecoder, TargetOnlyDecoder
@@ -30,15 +31,6 @@ class CopyLM(FakeLM):
             x = x.copy()
             x[int(history[-self.period])] += 20.0
         return x
-
-
-def reference_greedy(lm, prompt, max_new, ctx_len):
-    seq, out = list(prompt), []
-    while len(out) < max_new and len(seq) < ctx_len:
-        t = int(np.argmax(lm(seq)))
-        out.append(t)
-        seq.append(t)
-    return out
 
 
 def tlm_of(lm, **kw):

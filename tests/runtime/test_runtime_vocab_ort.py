@@ -23,15 +23,13 @@ import shutil
 
 import numpy as np
 import pytest
+from runtime_helpers import chi2, chi2_crit, chi2_p, hf_greedy_of, make_tokenizer, one_line_error, sample_counts
 
 import models
 from specdec_compile import cli as compile_cli
 from specdec_compile.runtime import OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder
 from specdec_compile.cli import run as run_cli
 from specdec_compile.runtime.sampling import probs
-from test_runtime_cli import make_tokenizer, one_line_error
-from test_runtime_loop import _chi2, _chi2_crit, sample_counts
-from test_runtime_vocab import chi2_p
 
 PL, CL = 8, 48
 VT, VD, HEAD, TOK = 224, 211, 64, 200
@@ -131,20 +129,7 @@ def tok(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf_greedy():
-    import torch
-
-    model, cache = build_target(), {}
-
-    def get(prompt, n):
-        key = (tuple(prompt), n)
-        if key not in cache:
-            with torch.no_grad():
-                out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                     max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-            cache[key] = out[0, len(prompt):].tolist()
-        return cache[key]
-
-    return get
+    return hf_greedy_of(build_target())
 
 
 @pytest.mark.parametrize("target", ["ort", "qaic"])
@@ -222,16 +207,16 @@ def test_sampling_with_a_prefix_draft_draws_from_the_target(art, target):
     dec = SpecDecoder(tlm, dlm)
     rng = np.random.default_rng(2024 if target == "ort" else 2025)   # two independent samples
     counts, acc = sample_counts(dec, prompt, n, params, rng, N)
-    stat, df = _chi2(counts, expect, N)
+    stat, df = chi2(counts, expect, N)
     print(f"chi2 real {target}: prompt {prompt}, mass on ids >= {VD}: {extra:.3f}, stat {stat:.1f}, df {df}, "
           f"p {chi2_p(stat, df):.3f}, acceptance {np.mean(acc):.3f}")
-    assert stat < _chi2_crit(df), (stat, df)
+    assert stat < chi2_crit(df), (stat, df)
     assert 0.1 < np.mean(acc) < 0.95
     # negative control: counts that leave out the rows the draft lacks fail the same test
     kept = {s: p for s, p in expect.items() if max(s) < VD}
     z = sum(kept.values())
-    bad, bdf = _chi2({s: int(round(p / z * N)) for s, p in kept.items()}, expect, N)
-    assert bad > _chi2_crit(bdf)
+    bad, bdf = chi2({s: int(round(p / z * N)) for s, p in kept.items()}, expect, N)
+    assert bad > chi2_crit(bdf)
 
 
 @pytest.mark.parametrize("target", ["ort", "qaic"])
@@ -267,9 +252,9 @@ def test_batched_sampling_with_a_prefix_draft_draws_from_the_target(art):
     counts: dict = {}
     for r in results:
         counts[tuple(r.generated_ids)] = counts.get(tuple(r.generated_ids), 0) + 1
-    stat, df = _chi2(counts, expect, N)
+    stat, df = chi2(counts, expect, N)
     print(f"chi2 batched: prompt {prompt}, stat {stat:.1f}, df {df}, p {chi2_p(stat, df):.3f}")
-    assert stat < _chi2_crit(df), (stat, df)
+    assert stat < chi2_crit(df), (stat, df)
 
 
 def test_cli_runs_the_pair_and_refuses_another_tokenizer(art, tmp_path, capsys):

@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+from runtime_helpers import hf_greedy_of
 
 from models import build_hf_model
 from specdec_compile import cli as compile_cli
@@ -42,21 +43,7 @@ def artifact(fixture_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf_greedy():
-    import torch
-
-    cache = {}
-    model = build_hf_model("llama_gqa")
-
-    def get(prompt, n):
-        key = (tuple(prompt), n)
-        if key not in cache:
-            with torch.no_grad():
-                out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                     max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-            cache[key] = out[0, len(prompt):].tolist()
-        return cache[key]
-
-    return get
+    return hf_greedy_of(build_hf_model("llama_gqa"))
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 7])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from runtime_helpers import make_tokenizer, one_line_error, run
 
 from specdec_compile import cli as compile_cli
 from specdec_compile.cli import run as run_cli
-from test_runtime_cli import one_line_error, run
 
 PL, CL = 8, 64
 IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55, 1, 5, 9, 33, 7]
@@ -80,7 +80,6 @@ def test_ngram_bad_input(arts, capsys):
 
 
 def test_every_eos_of_generation_config_stops(arts, capsys, tmp_path):
-    from test_runtime_cli import make_tokenizer
     tok = make_tokenizer(tmp_path / "tok")
     tlm = arts("llama_gqa", "tlm", k=4)
     base = ["--tlm", tlm, "--dlm", arts("llama_gqa", "dlm"), "--prompt-ids", ",".join(map(str, IDS)),

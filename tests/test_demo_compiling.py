@@ -1,0 +1,29 @@
+"""demo/compiling.py's compile trio: the three artifacts and their exact options (the options
+are part of each artifact's cache stamp, so the toy demo, the real demo and bench/spec.py
+reuse what an earlier run compiled only while these stay the same)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from demo import compiling
+
+
+def test_compile_trio_compiles_the_draft_the_target_and_the_baseline(monkeypatch):
+    calls = []
+
+    def fake(model, out, args, *, log=print):
+        calls.append((model.name, out.name, args))
+        return 1.5
+
+    monkeypatch.setattr(compiling, "compile_artifact", fake)
+    common = ["--target", "ort", "--prefill-len", "32", "--ctx-len", "256"]
+    times = compiling.compile_trio(Path("t.onnx"), Path("d.onnx"), Path("out"), k=4, k_list=[2, 3],
+                                   prefill_len=32, ctx_len=256)
+    assert times == {"dlm": 1.5, "tlm": 1.5, "tlm-base": 1.5}
+    assert calls == [("d.onnx", "dlm", ["--role", "dlm", *common]),
+                     ("t.onnx", "tlm", ["--role", "tlm", "--k", "4", "--k-list", "2,3", *common]),
+                     ("t.onnx", "tlm-base", ["--role", "dlm", *common])]
+    calls.clear()
+    compiling.compile_trio(Path("t.onnx"), Path("d.onnx"), Path("out"), k=4, k_list=[], prefill_len=32,
+                           ctx_len=256)
+    assert calls[1][2] == ["--role", "tlm", "--k", "4", *common]          # no extra widths: no --k-list
