@@ -31,7 +31,9 @@ import onnx
 from . import __version__
 from .errors import SpecdecError
 from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
-                       LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE, TARGETS)
+                       DRAFT_HIDDEN_STATES, HIDDEN_STATES, LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE,
+                       TARGETS)
+from .features import manifest_fields
 from .io import save_model, sha256_file
 from .qaic_ops import op_set
 from .resources import templates_dir
@@ -66,6 +68,9 @@ class Options:
     num_cores: int = MAX_CORES
     num_devices: int = 1
     hw_version: str | None = None  # None: chosen by compile.sh from the compiler it finds
+    #: TLM: layers whose outputs the graph outputs as hidden_states; DLM: a feature draft's target layers
+    hidden_states: tuple[int, ...] = ()
+    feature_layers: tuple[int, ...] = ()
 
     def validate(self) -> None:
         """Raise SpecdecError (one line) for options no artifact can satisfy."""
@@ -93,7 +98,12 @@ class Options:
             raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores}")
         if self.num_devices < 1:
             raise SpecdecError(f"--num-devices must be at least 1, got {self.num_devices}")
-        if self.role == "dlm":
+        if self.role == "dlm" and self.hidden_states:
+            raise SpecdecError("--hidden-states is for the target model (--role tlm); a feature draft "
+                               "(--feature-layers) outputs its own features by itself")
+        if self.role == "tlm" and self.feature_layers:
+            raise SpecdecError("--feature-layers is for a feature draft (--role dlm)")
+        if self.role == "dlm" and not self.feature_layers:
             if self.k is not None:
                 raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
                                    "specializations prefill/2/1; give --k to the TLM")
@@ -103,6 +113,9 @@ class Options:
                 raise SpecdecError(f"--ctx-len {self.ctx_len} is too small for a DLM (needs seq_len 2)")
             return
         if self.k is None:
+            if self.role == "dlm":
+                raise SpecdecError("--k is required for a feature draft (--feature-layers): it ingests the "
+                                   "target's features of up to k+1 accepted tokens in one call (seq_len k+1)")
             raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
         if self.k < 1:
             raise SpecdecError(f"k must be at least 1, got {self.k}")
@@ -114,7 +127,9 @@ class Options:
 
     def seq_lens(self) -> list[int]:
         """seq_len of each specialization, in file order (contract section 3)."""
-        if self.role == "dlm":
+        if self.role == "dlm" and self.feature_layers:  # feature draft: prompt, a round's accepted tokens, one draft
+            wanted = [self.prefill_len, self.k + 1, 1] + [j + 1 for j in sorted(set(self.k_list))]
+        elif self.role == "dlm":
             wanted = [self.prefill_len, 2, 1]
         else:
             wanted = [self.prefill_len, self.k, self.k + 1] + [j + 1 for j in sorted(set(self.k_list))]
@@ -125,8 +140,9 @@ class Options:
         return seen
 
     def widths(self) -> list[int] | None:
-        """Every verification width k this TLM artifact serves (None for a DLM)."""
-        if self.role == "dlm":
+        """Every verification width k this TLM artifact serves (None for a DLM); a feature
+        draft: every k whose k+1 accepted tokens it ingests in one call."""
+        if self.role == "dlm" and not self.feature_layers:
             return None
         return sorted({self.k, *self.k_list})
 
@@ -294,6 +310,7 @@ def template_values(result, options: Options) -> dict:
         raise SpecdecError("the rewritten graph has no past_* inputs or *_RetainedState outputs; "
                            "it is not a retained-state graph")
     logits = [s["name"] for s in sig["outputs"] if s["name"] == LOGITS]
+    features = (HIDDEN_STATES, DRAFT_HIDDEN_STATES)  # custom IO like the cache (section 4)
     seq_lens = options.seq_lens()
     qaic = options.target == "qaic"
     return dict(
@@ -306,6 +323,8 @@ def template_values(result, options: Options) -> dict:
         kv_inputs=kv_inputs,
         kv_outputs=kv_outputs,
         kv_dtype=options.kv_dtype,
+        feature_inputs=[s["name"] for s in sig["inputs"] if s["name"] in features],
+        feature_outputs=[s["name"] for s in sig["outputs"] if s["name"] in features],
         logits_dtype=options.logits_dtype,
         logits_name=logits[0] if logits else LOGITS,
         model_file=MODEL_FILE,
@@ -385,6 +404,7 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         "tool_version": __version__,
         "interface": io_signature(result.model),
         "files": sorted(files),
+        **manifest_fields(result),
     }
     return m
 
@@ -509,4 +529,6 @@ def hw_version_for(compiler: Path | str | None, asked: str | None) -> str:
 def options_dict(options: Options) -> dict:
     d = asdict(options)
     d["k_list"] = list(options.k_list)
+    d["hidden_states"] = list(options.hidden_states)
+    d["feature_layers"] = list(options.feature_layers)
     return d

@@ -61,6 +61,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="TLM only, required: drafted tokens per round; adds seq_len k and k+1")
     p.add_argument("--k-list", default=None, metavar="K1,K2,...",
                    help="TLM only: extra verification widths j, one seq_len j+1 each")
+    p.add_argument("--hidden-states", default=None, metavar="LAYERS",
+                   help="TLM only: also output the residual stream after these decoder layers (0-based, "
+                        "negative from the end; -1: the last, before the final norm), e.g. -1 or 2,5,-1")
+    p.add_argument("--feature-layers", default=None, metavar="LAYERS",
+                   help="DLM only: the model is a feature draft reading these layers of its target "
+                        "(as the target's --hidden-states); needs --k")
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
     p.add_argument("--batch-size", type=int, default=1, help="default 1")
@@ -93,7 +99,14 @@ def options_from_args(a: argparse.Namespace) -> Options:
     return Options(role=a.role, k=a.k, k_list=_positive_list(a.k_list) if a.k_list is not None else (),
                    prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size, target=a.target,
                    kv_dtype=a.kv_dtype, logits_dtype=a.logits_dtype, precision=a.precision,
-                   num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version)
+                   num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version,
+                   hidden_states=_layers(a.hidden_states, "--hidden-states"),
+                   feature_layers=_layers(a.feature_layers, "--feature-layers"))
+
+
+def _layers(text: str | None, option: str) -> tuple[int, ...]:
+    from .layer_lists import parse_layers
+    return parse_layers(text, option) if text is not None else ()
 
 
 def main(argv: list[str], prog: str = "specdec-compile") -> int:
@@ -121,7 +134,8 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
 
     original = load_model(model_path)
     res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
-                           ctx_len=opts.ctx_len)
+                           ctx_len=opts.ctx_len, hidden_states=opts.hidden_states or None,
+                           feature_layers=opts.feature_layers or None)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)
