@@ -109,8 +109,21 @@ def _layers(text: str | None, option: str) -> tuple[int, ...]:
     return parse_layers(text, option) if text is not None else ()
 
 
+def _layer_values(argv: list[str]) -> list[str]:
+    """``--hidden-states -1,0`` as ``--hidden-states=-1,0`` (argparse takes a value
+    starting with '-' that is not a plain number for an option)."""
+    out, it = [], iter(argv)
+    for x in it:
+        if x in ("--hidden-states", "--feature-layers"):
+            nxt = next(it, None)
+            out.append(x if nxt is None else f"{x}={nxt}")
+        else:
+            out.append(x)
+    return out
+
+
 def main(argv: list[str], prog: str = "specdec-compile") -> int:
-    a = build_parser(prog).parse_args(argv)
+    a = build_parser(prog).parse_args(_layer_values(argv))
     opts = options_from_args(a)
     opts.validate()
     if a.compile and opts.target != "qaic":

@@ -20,6 +20,13 @@ from models import CACHE, VOCAB, _versions
 
 HIDDEN = 64
 
+#: a model whose layer outputs are refused: OPT with its norms after the residual Adds (post-norm),
+#: so the stream is normalized between layers (exported with tests/models.py's export_spec)
+POST_NORM = dict(kind="opt", exporter="optimum",
+                 config=dict(vocab_size=VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                             num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=512,
+                             do_layer_norm_before=False, pad_token_id=1, bos_token_id=2, eos_token_id=2))
+
 
 def _head(n_features: int, seed: int = 0):
     import torch

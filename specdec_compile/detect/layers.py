@@ -12,7 +12,8 @@ a constant, a learned position embedding depends on the positions, not the
 tokens).
 
 Layer i's residual Adds are those its attention (the key cache Concat) reaches
-before layer i+1's attention does; its output is the last of them (Llama:
+before layer i+1's attention does; its output is the last of them, or the
+Cast / Reshape of it the next layer reads (Llama:
 the attention Add, then the MLP Add; GPT-J, Falcon, Phi, Cohere: one Add of
 attention and MLP). Checked, else refused: every layer has one; each residual
 Add adds into the one before it (that tensor is a leaf of its tree of Adds),
@@ -101,8 +102,9 @@ def _descendants(start: gs.Tensor, keep: set[int]) -> set[int]:
     return seen
 
 
-#: ops that pass the stream on unchanged in value (a float32 -> float32 Cast the exporter kept)
-_SAME = ("Cast", "Identity")
+#: ops that pass the stream on unchanged in value (a float32 -> float32 Cast the exporter kept,
+#: OPT's flattening of the stream to [batch * seq, hidden] around its MLP and back)
+_SAME = ("Cast", "Identity", "Reshape")
 
 
 def _add_leaves(t: gs.Tensor, doms: set[int], keep: set[int]) -> list[gs.Tensor]:
@@ -125,6 +127,18 @@ def _add_leaves(t: gs.Tensor, doms: set[int], keep: set[int]) -> list[gs.Tensor]
 
 #: elementwise ops: the last dim of a constant operand wider than 1, else that of the other operand
 _ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Cast", "Identity")
+
+
+def _same_values(doms: list[gs.Tensor], j: int) -> int:
+    """The last of the dominators from ``j`` on that only re-type or re-shape
+    ``doms[j]`` (OPT: the MLP's residual Add is [batch * seq, hidden], the
+    stream the next layer reads is its Reshape back to [batch, seq, hidden])."""
+    while j + 1 < len(doms):
+        p = producer(doms[j + 1])
+        if p is None or p.op not in _SAME or p.inputs[0] is not doms[j]:
+            break
+        j += 1
+    return j
 
 
 def _width_of(t: gs.Tensor, depth: int = 8) -> int | None:
@@ -192,7 +206,7 @@ def find_layer_outputs(graph: gs.Graph, nodes: list[gs.Node], sources: list[gs.T
         if not mine:
             raise UnsupportedPatternError(f"layer {i}: no residual Add after its attention "
                                           f"(before {'layer ' + str(i + 1) if i + 1 < len(firsts) else 'the logits'})")
-        outputs.append(doms[mine[-1]])
+        outputs.append(doms[_same_values(doms, mine[-1])])
     for prev, cur in zip(chain, chain[1:]):
         leaves = _add_leaves(doms[cur], dom_ids, keep)
         if not any(x is doms[prev] for x in leaves):
