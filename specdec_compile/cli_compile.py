@@ -146,9 +146,10 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from .io import load_model
 
     original = load_model(model_path)
+    features = {key: v for key, v in (("hidden_states", opts.hidden_states),
+                                      ("feature_layers", opts.feature_layers)) if v}
     res = pipeline.rewrite(model_path, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
-                           ctx_len=opts.ctx_len, hidden_states=opts.hidden_states or None,
-                           feature_layers=opts.feature_layers or None)
+                           ctx_len=opts.ctx_len, **features)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)
