@@ -31,6 +31,7 @@ from pathlib import Path
 
 from demo import real_demo, smollm2
 from demo import prompts as prompt_sets
+from demo.rates import busy_time_s, decode_rate, decode_time_s
 
 from .spec import alpha_from, merge_width_times
 
@@ -40,7 +41,7 @@ SAMPLING = {"temperature": 0.7, "top_p": 0.95}
 
 def _rate(ms: list[dict]) -> tuple[int, float]:
     tok = sum(m["new_tokens"] - 1 for m in ms)
-    t = sum(m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0) for m in ms)
+    t = sum(decode_time_s(m) for m in ms)
     return tok, t
 
 
@@ -73,7 +74,7 @@ def _row(draft: str, mode: str, k, ms: list[dict], tms: list[dict]) -> dict:
     model_t = sum(_decode_model_time(m) for m in ms)
     pred = s_tok * t_step / model_t if model_t > 0 else None
     speedup = rate / trate
-    host = sum(m["host_time_s"] for m in ms) / sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in ms)
+    host = sum(m["host_time_s"] for m in ms) / sum(busy_time_s(m) for m in ms)
     return {"draft": draft, "mode": mode, "k": k, "measured": True,
             "target_tokens_per_s": round(trate, 2), "spec_tokens_per_s": round(rate, 2),
             "speedup": round(speedup, 3), "alpha": round(alpha, 4) if alpha is not None else None,
@@ -143,7 +144,7 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
                     elif mode == "greedy" and res.generated_ids != answers[pi]:
                         raise SystemExit(f"real model, {key}: speculative output differs from target-only")
                     bk = (key, pi, r if mode == "sampling" else 0)
-                    if mode == "sampling" or bk not in best or _dec_rate(res.metrics) > _dec_rate(best[bk]):
+                    if mode == "sampling" or bk not in best or (decode_rate(res.metrics) or 0.0) > (decode_rate(best[bk]) or 0.0):
                         best[bk] = res.metrics
             log(f"  {mode}: repeat {r + 1}/{a.real_repeats} done")
         reps = range(a.real_repeats) if mode == "sampling" else [0]
@@ -169,12 +170,6 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
                          "verify": {str(w): round(t * 1e3, 2) for w, t in costs["verify_s"].items()}},
             "ngram_replay_prediction": ng, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     return rows, info
-
-
-def _dec_rate(m: dict) -> float:
-    d = m["new_tokens"] - 1
-    t = m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0)
-    return d / t if d > 0 and t > 0 else 0.0
 
 
 def markdown(rows: list[dict], info: dict) -> list[str]:

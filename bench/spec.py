@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from demo.compiling import compile_trio
-from demo.rates import decode_rate
+from demo.rates import busy_time_s, decode_rate, decode_time_s
 from demo.toy_demo import held_out_prompts
 
 KS = list(range(1, 9))
@@ -62,7 +62,7 @@ def _best_runs(decs: dict, target, ids_list: list, a) -> dict:
 
 def _agg(ms: list[dict]) -> tuple[list[dict], int, float]:
     dec_tokens = sum(m["new_tokens"] - 1 for m in ms)
-    dec_time = sum(m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0) for m in ms)
+    dec_time = sum(decode_time_s(m) for m in ms)
     return ms, dec_tokens, dec_time
 
 
@@ -91,7 +91,7 @@ def _k_row(k: int, ms: list[dict], target_rate: float, t_step: float, a) -> tupl
     pred = tpc * t_step / (draft_calls * dlm_step + verify) if tpc and verify else None
     speedup = rate / target_rate
     host_s = sum(m["host_time_s"] for m in ms)
-    tot_s = sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in ms)
+    tot_s = sum(busy_time_s(m) for m in ms)
     host = host_s / tot_s
     row = {"k": k, "target_tokens_per_s": round(target_rate, 2), "spec_tokens_per_s": round(rate, 2),
            "speedup": round(speedup, 3), "alpha": round(alpha, 4) if alpha is not None else None,
@@ -148,7 +148,7 @@ def bench_spec(pair: dict, out: Path, a) -> tuple[list, dict, dict]:
     host_share = {"best_k": best_row["k"], "share": round(host[str(best_row["k"])], 4),
                   "by_k": {k: round(v, 4) for k, v in host.items()},
                   "target_only": round(sum(m["host_time_s"] for m in tms) /
-                                       sum(m["total_time_s"] - m.get("callback_time_s", 0.0) for m in tms), 4)}
+                                       sum(busy_time_s(m) for m in tms), 4)}
     info = {"prompts": [n for n, _ in prompts], "max_new_tokens": a.max_new_tokens, "ctx_len": a.ctx_len,
             "repeats": a.repeats, "ort_threads": a.ort_threads,
             "new_tokens": [tms[i]["new_tokens"] for i in range(len(tms))],

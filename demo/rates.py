@@ -1,9 +1,7 @@
-"""The decode rate the demo and the benchmarks compare runs by."""
+"""The decode rate the demo and the benchmarks compare runs by: the runtime's own
+(specdec_compile.runtime.metrics), re-exported under the name they use."""
 from __future__ import annotations
 
+from specdec_compile.runtime.metrics import busy_time_s, decode_rate_of as decode_rate, decode_time_s
 
-def decode_rate(m: dict) -> float | None:
-    """Decode tokens/s after the first token, not counting the time spent printing."""
-    dec = m["new_tokens"] - 1
-    t = m["total_time_s"] - m["ttft_s"] - m.get("callback_time_s", 0.0)
-    return dec / t if dec > 0 and t > 0 else None
+__all__ = ["busy_time_s", "decode_rate", "decode_time_s"]

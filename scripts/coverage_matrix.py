@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "coverage"), str(ROOT / "tests")]
 
 from families import WINDOW, rows  # noqa: E402
-from matrix import BATCH, CL, K, PL, TOL, run_row  # noqa: E402
+from matrix import BATCH, CL, HIDDEN, K, PL, TLM_HIDDEN, TOL, run_row  # noqa: E402
 
 OUT = ROOT / "build" / "coverage"
 DOC = ROOT / "docs" / "coverage.md"
@@ -37,6 +37,15 @@ def _cell(c: dict | None) -> str:
     if c["status"] == "pass":
         return f"{c['max_logits_diff']:.1e}"
     return f"**{c['status']}**: {c['reason'].replace('|', '/')}"
+
+
+def _hidden_cell(cs: list[dict]) -> str:
+    c = next((c for c in cs if c["role"] == TLM_HIDDEN), None)
+    if c is None:
+        return "not run"
+    if c["status"] != "pass":
+        return f"{c['target']}: " + _cell(c)
+    return f"{c['target']}: {c['max_logits_diff']:.1e} / {c['max_hidden_diff']:.1e}"
 
 
 def _windows(cells: list[dict]) -> str:
@@ -55,17 +64,21 @@ def render(data: dict) -> str:
              f"verified against the export on ONNX Runtime: k={K}, prefill {PL}, context {CL}, batch {BATCH} "
              f"(rows of different lengths, padded prefill, rollbacks, the end of the context), tolerance "
              f"{TOL:g}. Windowed rows have {WINDOW}-token windows, so the history runs past them. A cell is "
-             f"the max |Δ logits| over all calls, or the one-line reason the compiler refused.", "",
+             f"the max |Δ logits| over all calls, or the one-line reason the compiler refused. The last column "
+             f"is one more TLM per row compiled with `--hidden-states {','.join(str(x) for x in HIDDEN)}` on one "
+             f"target (half the rows each): max |Δ logits| / max |Δ hidden states| against the export's own "
+             f"internal tensors.", "",
              f"Summary: {data['summary']}", "",
-             "| row | exporter | family | windows per layer | TLM qaic | TLM ort | DLM qaic | DLM ort |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| row | exporter | family | windows per layer | TLM qaic | TLM ort | DLM qaic | DLM ort | "
+             "TLM hidden states |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     by_row: dict[tuple, list] = {}
     for c in cells:
         by_row.setdefault((c["row"], c["exporter"], c["family"]), []).append(c)
     for (row, exporter, family), cs in by_row.items():
         get = {(c["role"], c["target"]): c for c in cs}
         lines.append(f"| {row} | {exporter} | {family} | {_windows(cs)} | "
-                     + " | ".join(_cell(get.get(rt)) for rt in COLUMNS) + " |")
+                     + " | ".join(_cell(get.get(rt)) for rt in COLUMNS) + f" | {_hidden_cell(cs)} |")
     lines += ["", "Families in optimum's registry without a row:", ""]
     lines += [f"- `{f}`: {reason}" for f, reason in data["skipped"]]
     real = data.get("real")
@@ -81,9 +94,10 @@ def summarize(cells: list[dict]) -> str:
     n = len(cells)
     ok = [c for c in cells if c["status"] == "pass"]
     worst = max((c["max_logits_diff"] for c in ok), default=0.0)
+    hidden = max((c.get("max_hidden_diff") or 0.0 for c in ok), default=0.0)
     rows_ = {c["row"] + "/" + c["exporter"] for c in cells}
-    return (f"{len(rows_)} rows, {len(ok)} of {n} cells pass at {TOL:g}; worst max |Δ logits| {worst:.2e}; "
-            f"{n - len(ok)} cells refused or failed")
+    return (f"{len(rows_)} rows, {len(ok)} of {n} cells pass at {TOL:g}; worst max |Δ logits| {worst:.2e}, "
+            f"worst max |Δ hidden states| {hidden:.2e}; {n - len(ok)} cells refused or failed")
 
 
 def main(argv=None) -> int:

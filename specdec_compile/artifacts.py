@@ -31,7 +31,9 @@ import onnx
 from . import __version__
 from .errors import SpecdecError
 from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
-                       LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE, TARGETS)
+                       DRAFT_HIDDEN_STATES, HIDDEN_STATES, LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE,
+                       TARGETS)
+from .features import manifest_fields
 from .graph_facts import check_graph_agrees
 from .io import save_model, sha256_file
 from .manifest import Manifest
@@ -216,6 +218,7 @@ def template_values(result, options: Options) -> dict:
         raise SpecdecError("the rewritten graph has no past_* inputs or *_RetainedState outputs; "
                            "it is not a retained-state graph")
     logits = [s["name"] for s in sig["outputs"] if s["name"] == LOGITS]
+    features = (HIDDEN_STATES, DRAFT_HIDDEN_STATES)  # custom IO like the cache (section 4)
     seq_lens = options.seq_lens()
     qaic = options.target == "qaic"
     return dict(
@@ -228,6 +231,8 @@ def template_values(result, options: Options) -> dict:
         kv_inputs=kv_inputs,
         kv_outputs=kv_outputs,
         kv_dtype=options.kv_dtype,
+        feature_inputs=[s["name"] for s in sig["inputs"] if s["name"] in features],
+        feature_outputs=[s["name"] for s in sig["outputs"] if s["name"] in features],
         logits_dtype=options.logits_dtype,
         logits_name=logits[0] if logits else LOGITS,
         model_file=MODEL_FILE,
@@ -294,6 +299,7 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         source_file=Path(source).name if source else None, source_sha256=source_sha,
         passes=tuple(getattr(result, "passes", []) or []), ops=op_set(result.model),
         tool_version=__version__, interface=io_signature(result.model), files=tuple(sorted(files)),
+        **manifest_fields(result),
     )
 
 
@@ -413,4 +419,6 @@ def hw_version_for(compiler: Path | str | None, asked: str | None) -> str:
 def options_dict(options: Options) -> dict:
     d = asdict(options)
     d["k_list"] = list(options.k_list)
+    d["hidden_states"] = list(options.hidden_states)
+    d["feature_layers"] = list(options.feature_layers)
     return d

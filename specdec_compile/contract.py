@@ -5,6 +5,14 @@ INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"
 ROLES = ("tlm", "dlm")
 TARGETS = ("qaic", "ort")
 TARGET_OPSET = {"qaic": 17, "ort": 24}
+#: the TLM's extra output (--hidden-states) and a feature draft's extra input: the target's residual
+#: stream after the listed layers, [batch_size, seq_len, width]
+HIDDEN_STATES = "hidden_states"
+#: a feature draft's own output: its prediction of the target's feature at each position
+DRAFT_HIDDEN_STATES = "draft_hidden_states"
+#: metadata keys: the layers a TLM exposes (as given, e.g. "2,5,-1"); the target layers a feature draft reads
+HIDDEN_STATES_KEY = "specdec.hidden_states"
+FEATURE_LAYERS_KEY = "specdec.feature_layers"
 #: metadata key: the context length a qaic graph was compiled for (its rotary tables hold that many rows)
 CTX_LEN_KEY = "specdec.ctx_len"
 QAIC_DOMAIN = "com.qualcomm.cloud"
@@ -36,12 +44,20 @@ def retained_name(kind: str, layer: int) -> str:
     return f"{past_name(kind, layer)}_RetainedState"
 
 
-def interface(num_layers: int) -> tuple[list[str], list[str]]:
-    """The contract's input and output names, in order."""
+def interface(num_layers: int, *, hidden_states: bool = False, features: bool = False
+              ) -> tuple[list[str], list[str]]:
+    """The contract's input and output names, in order. ``hidden_states``: a TLM
+    that exposes its hidden states (one more output, last); ``features``: a
+    feature draft (its feature input last, its own predicted features last)."""
     ins = [INPUT_IDS, POSITION_IDS]
     outs = [LOGITS]
     for i in range(num_layers):
         for kind in ("key", "value"):
             ins.append(past_name(kind, i))
             outs.append(retained_name(kind, i))
+    if hidden_states:
+        outs.append(HIDDEN_STATES)
+    if features:
+        ins.append(HIDDEN_STATES)
+        outs.append(DRAFT_HIDDEN_STATES)
     return ins, outs

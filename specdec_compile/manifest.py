@@ -39,6 +39,10 @@ SCHEMA: dict[str, tuple[str, bool]] = {
     "tool_version": (_STR, False), "interface": (_DICT, False), "files": (_STRS, False),
 }
 
+#: keys written only when the artifact has them (contract section 5): a TLM compiled with
+#: --hidden-states, a feature draft compiled with --feature-layers
+OPTIONAL: dict[str, str] = {"hidden_states": _DICT, "feature_draft": _DICT}
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -78,6 +82,8 @@ class Manifest:
     tool_version: str
     interface: dict                      # artifacts.io_signature of the graph
     files: tuple[str, ...]               # every file of the directory, sorted
+    hidden_states: dict | None = None    # TLM --hidden-states: layers, layer_indices, hidden_size, width, output
+    feature_draft: dict | None = None    # feature draft: target_layers, width, input, draft_output, draft_width, pairing
 
     def to_json(self) -> dict:
         """The JSON object ``manifest.json`` holds (lists for tuples)."""
@@ -88,6 +94,9 @@ class Manifest:
             else:
                 v = getattr(self, key)
                 d[key] = list(v) if isinstance(v, tuple) else v
+        for key in OPTIONAL:
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         return d
 
     def dumps(self) -> str:
@@ -104,14 +113,15 @@ class Manifest:
         if missing:
             raise SpecdecError(f"{where}: lacks {', '.join(missing)} (not written by this specdec-compile "
                                f"{__version__}: compile the artifact again)")
-        unknown = sorted(k for k in data if k not in SCHEMA)
+        unknown = sorted(k for k in data if k not in SCHEMA and k not in OPTIONAL)
         if unknown:
             raise SpecdecError(f"{where}: unknown key(s) {', '.join(unknown)}")
         values = {k: _checked(where, k, data[k], *SCHEMA[k]) for k in SCHEMA}
         source = values.pop("source")
         if set(source) != {"file", "sha256"} or not all(v is None or isinstance(v, str) for v in source.values()):
             raise SpecdecError(f"{where}: source is {source!r}, expected {{\"file\": name, \"sha256\": hex}}")
-        m = cls(**values, source_file=source["file"], source_sha256=source["sha256"])
+        extra = {k: _checked(where, k, data[k], kind, False) for k, kind in OPTIONAL.items() if k in data}
+        m = cls(**values, source_file=source["file"], source_sha256=source["sha256"], **extra)
         m._check(where)
         return m
 
@@ -129,9 +139,13 @@ class Manifest:
         for key in ("prefill_len", "ctx_len", "batch_size", "num_cores", "num_devices"):
             if getattr(self, key) < 1:
                 raise SpecdecError(f"{where}: {key}={getattr(self, key)}, expected at least 1")
-        if self.role == "dlm" and (self.k is not None or self.k_list is not None):
+        if self.role == "dlm" and self.feature_draft is None and (self.k is not None or self.k_list is not None):
             raise SpecdecError(f"{where}: a DLM manifest has k={self.k}, k_list={self.k_list}; expected null")
-        if self.role == "tlm":
+        if self.hidden_states is not None and self.role != "tlm":
+            raise SpecdecError(f"{where}: hidden_states belongs to a TLM manifest")
+        if self.feature_draft is not None and self.role != "dlm":
+            raise SpecdecError(f"{where}: feature_draft belongs to a DLM manifest")
+        if self.role == "tlm" or self.feature_draft is not None:
             if self.k is None or self.k < 1:
                 raise SpecdecError(f"{where}: k={self.k}, expected k >= 1")
             if not self.k_list or self.k not in self.k_list:

@@ -69,6 +69,9 @@ class Options:
     num_cores: int = MAX_CORES
     num_devices: int = 1
     hw_version: str | None = None  # None: chosen by compile.sh from the compiler it finds
+    #: TLM: layers whose outputs the graph outputs as hidden_states; DLM: a feature draft's target layers
+    hidden_states: tuple[int, ...] = ()
+    feature_layers: tuple[int, ...] = ()
 
     def validate(self) -> None:
         """Raise SpecdecError (one line) for options no artifact can satisfy."""
@@ -86,7 +89,12 @@ class Options:
         if not 1 <= self.num_cores <= MAX_CORES:
             raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores}")
         _at_least_one("--num-devices", self.num_devices)
-        if self.role == "dlm":
+        if self.role == "dlm" and self.hidden_states:
+            raise SpecdecError("--hidden-states is for the target model (--role tlm); a feature draft "
+                               "(--feature-layers) outputs its own features by itself")
+        if self.role == "tlm" and self.feature_layers:
+            raise SpecdecError("--feature-layers is for a feature draft (--role dlm)")
+        if self.role == "dlm" and not self.feature_layers:
             if self.k is not None:
                 raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
                                    "specializations prefill/2/1; give --k to the TLM")
@@ -96,12 +104,17 @@ class Options:
                 raise SpecdecError(f"--ctx-len {self.ctx_len} is too small for a DLM (needs seq_len 2)")
             return
         if self.k is None:
+            if self.role == "dlm":
+                raise SpecdecError("--k is required for a feature draft (--feature-layers): it ingests the "
+                                   "target's features of up to k+1 accepted tokens in one call (seq_len k+1)")
             raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
         check_options(self.role, self.target, self.k, ctx_len=self.ctx_len, k_list=self.k_list)
 
     def seq_lens(self) -> list[int]:
         """seq_len of each specialization, in file order (contract section 3)."""
-        if self.role == "dlm":
+        if self.role == "dlm" and self.feature_layers:  # feature draft: prompt, a round's accepted tokens, one draft
+            wanted = [self.prefill_len, self.k + 1, 1] + [j + 1 for j in sorted(set(self.k_list))]
+        elif self.role == "dlm":
             wanted = [self.prefill_len, 2, 1]
         else:
             wanted = [self.prefill_len, self.k, self.k + 1] + [j + 1 for j in sorted(set(self.k_list))]
@@ -112,7 +125,8 @@ class Options:
         return seen
 
     def widths(self) -> list[int] | None:
-        """Every verification width k this TLM artifact serves (None for a DLM)."""
-        if self.role == "dlm":
+        """Every verification width k this TLM artifact serves (None for a DLM); a feature
+        draft: every k whose k+1 accepted tokens it ingests in one call."""
+        if self.role == "dlm" and not self.feature_layers:
             return None
         return sorted({self.k, *self.k_list})

@@ -6,7 +6,8 @@ order, derived from it.
 
 Public API (stable; the CLI, artifact writer, diff --explain and runtime use it):
 
-    rewrite(model_or_path, *, role, target="qaic", k=None, record=False, ctx_len=256, source=None) -> CompileResult
+    rewrite(model_or_path, *, role, target="qaic", k=None, record=False, ctx_len=256, source=None,
+            hidden_states=None, feature_layers=None) -> CompileResult
     compile_model(model_or_path, *, role, target="qaic", k=None, ctx_len=256) -> onnx.ModelProto
 
 CompileResult fields:
@@ -22,6 +23,8 @@ CompileResult fields:
     source       Path of the source .onnx (None when given a ModelProto without ``source``)
     source_dir   directory external data locations are relative to (or None)
     snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
+    hidden_layers   TLM --hidden-states: the layers as given (negative from the end); None: none
+    feature_layers  feature draft --feature-layers: the target layers it reads; None: not one
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import __version__
+from . import features as _features
 from . import passes as _passes
 from .contract import CTX_LEN_KEY, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
@@ -58,6 +62,8 @@ class CompileResult:
     source: Path | None = None
     source_dir: Path | None = None
     snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
+    hidden_layers: tuple[int, ...] | None = None
+    feature_layers: tuple[int, ...] | None = None
 
 
 def _family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
@@ -91,13 +97,18 @@ DEFAULT_CTX_LEN = 256
 
 
 def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
-            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None) -> CompileResult:
+            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None,
+            hidden_states: tuple[int, ...] | None = None,
+            feature_layers: tuple[int, ...] | None = None) -> CompileResult:
     """Rewrite a stock decoder-LM export into the contract's retained-state graph.
 
     ``ctx_len``: the context length the graph is compiled for (the qaic rotary
     tables hold exactly this many rows). ``source``: the file a ModelProto given
     as ``model_or_path`` was read from (its directory holds the external data and
-    config.json), so a caller that already loaded the model does not parse it again."""
+    config.json), so a caller that already loaded the model does not parse it again.
+    ``hidden_states`` (TLM): layers whose outputs become the ``hidden_states``
+    output. ``feature_layers`` (DLM): the model is a feature draft reading these
+    layers of its target."""
     validate_options(role, target, k)
     if isinstance(model_or_path, onnx.ModelProto):
         original = model_or_path
@@ -116,8 +127,9 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     det = detect(graph, family=_family(source_dir, original), exporter=exporter)
 
+    hidden_layers = _features.check(det, role, hidden_states, feature_layers)
     ctx = _passes.PassContext(detection=det, role=role, target=target, k=k, source_opset=source_opset,
-                              ctx_len=ctx_len)
+                              ctx_len=ctx_len, hidden_layers=hidden_layers)
     selected = _passes.select(role, target)
     applied = [p.name for p in selected]
     snapshots = [("original", original)] if record else None
@@ -129,19 +141,21 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     model.metadata_props.add(key="specdec.role", value=role)
     model.metadata_props.add(key="specdec.target", value=target)
     model.metadata_props.add(key="specdec.passes", value=",".join(applied))
+    _features.record(model, hidden_states, feature_layers)
     if target == "qaic":  # fixed on the device, and the rotary tables hold exactly this many rows
         model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx_len))
     info = det.info
     inferred = check_model(model)
     info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
-                                  info.vocab_size, value_head_dim=info.value_head_dim)
+                                  info.vocab_size, value_head_dim=info.value_head_dim,
+                                  **_features.widths(det, hidden_states, feature_layers))
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
                          passes=applied, ctx_len=ctx_len, source=source, source_dir=source_dir,
-                         snapshots=snapshots)
+                         snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers)
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
@@ -156,9 +170,9 @@ def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
 
 
 def compile_model(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
-                  ctx_len: int = DEFAULT_CTX_LEN) -> onnx.ModelProto:
+                  ctx_len: int = DEFAULT_CTX_LEN, **features) -> onnx.ModelProto:
     """The rewritten ``onnx.ModelProto`` (weights untouched, still external refs)."""
-    return rewrite(model_or_path, role=role, target=target, k=k, ctx_len=ctx_len).model
+    return rewrite(model_or_path, role=role, target=target, k=k, ctx_len=ctx_len, **features).model
 
 
 __all__ = ["rewrite", "compile_model", "CompileResult", "PASS_ORDER", "DEFAULT_CTX_LEN", "validate_options"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from .contract import BATCH, CTX, SEQ, interface
+from .contract import BATCH, CTX, DRAFT_HIDDEN_STATES, HIDDEN_STATES, SEQ, interface
 from .errors import SpecdecError
 
 
@@ -13,11 +13,16 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 
 
 def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_kv_heads: int,
-                       head_dim: int, vocab: int, value_head_dim: int | None = None) -> list[str]:
+                       head_dim: int, vocab: int, value_head_dim: int | None = None,
+                       hidden_width: int | None = None, feature_width: int | None = None,
+                       draft_width: int | None = None) -> list[str]:
     """Every way ``model``'s interface differs from the contract (empty: none).
-    ``value_head_dim``: the values' head dim when it differs from the keys' (latent attention)."""
+    ``value_head_dim``: the values' head dim when it differs from the keys' (latent attention).
+    ``hidden_width``: a TLM's ``hidden_states`` output width; ``feature_width`` and
+    ``draft_width``: a feature draft's input and own-feature output widths (None: absent)."""
     problems = []
-    ins, outs = interface(num_layers)
+    ins, outs = interface(num_layers, hidden_states=hidden_width is not None,
+                          features=feature_width is not None)
     got_in = [i.name for i in model.graph.input]
     got_out = [o.name for o in model.graph.output]
     if got_in != ins:
@@ -29,7 +34,12 @@ def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_k
     want = {"input_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
             "position_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
             "logits": (onnx.TensorProto.FLOAT, [BATCH, 1 if role == "dlm" else SEQ, vocab])}
+    extra = {HIDDEN_STATES: hidden_width if role == "tlm" else feature_width, DRAFT_HIDDEN_STATES: draft_width}
     for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name in extra:
+            if _dims(vi) != [BATCH, SEQ, extra[vi.name]]:
+                problems.append(f"{vi.name}: dims {_dims(vi)} != {[BATCH, SEQ, extra[vi.name]]}")
+            continue
         if vi.name in want:
             dtype, dims = want[vi.name]
         else:

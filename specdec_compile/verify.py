@@ -9,6 +9,10 @@ rejected drafts reused), and a call at the end of the context whose padding
 wraps around the cache. After each call it compares
 
 * the logits at every valid position (DLM: the last valid token),
+* a TLM's ``hidden_states`` output (``--hidden-states``) and a feature draft's
+  ``draft_hidden_states`` at every valid position, against the export's own
+  internal tensors (a copy of the export that outputs them; verify_hidden.py);
+  a feature draft is fed random features, the same rows to both graphs,
 * the cache: slots written so far equal the original's concatenated cache,
   slots that held history before the call are bit-for-bit unchanged, and
   no slot anywhere holds NaN or Inf.
@@ -24,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
+from .contract import CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
 from .errors import SpecdecError
 from .io import load_model
 from .options import check_options
+from .verify_hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
 
 @dataclass
 class ShapeCheck:
@@ -37,6 +42,8 @@ class ShapeCheck:
     cache_max_abs_diff: float
     history_changed: bool = False
     non_finite: bool = False
+    #: the hidden-states output against the export's internal tensors (0: no such output)
+    hidden_max_abs_diff: float = 0.0
 
 
 @dataclass
@@ -58,10 +65,14 @@ class VerifyReport:
         return max((c.cache_max_abs_diff for c in self.checks), default=0.0)
 
     @property
+    def max_hidden_diff(self) -> float:
+        return max((c.hidden_max_abs_diff for c in self.checks), default=0.0)
+
+    @property
     def ok(self) -> bool:
         return bool(self.checks) and all(
             c.logits_max_abs_diff <= self.tol and c.cache_max_abs_diff <= self.tol
-            and not c.history_changed and not c.non_finite for c in self.checks)
+            and c.hidden_max_abs_diff <= self.tol and not c.history_changed and not c.non_finite for c in self.checks)
 
     def per_shape(self) -> list[dict]:
         """The worst check per label (one row per shape of the scenario)."""
@@ -69,10 +80,12 @@ class VerifyReport:
         for c in self.checks:
             r = rows.setdefault(c.label, {"shape": c.label, "seq_len": c.seq_len, "calls": 0,
                                           "logits_max_abs_diff": 0.0, "cache_max_abs_diff": 0.0,
-                                          "history_changed": False, "non_finite": False})
+                                          "hidden_max_abs_diff": 0.0, "history_changed": False,
+                                          "non_finite": False})
             r["calls"] += 1
             r["logits_max_abs_diff"] = max(r["logits_max_abs_diff"], c.logits_max_abs_diff)
             r["cache_max_abs_diff"] = max(r["cache_max_abs_diff"], c.cache_max_abs_diff)
+            r["hidden_max_abs_diff"] = max(r["hidden_max_abs_diff"], c.hidden_max_abs_diff)
             r["history_changed"] |= c.history_changed
             r["non_finite"] |= c.non_finite
         return list(rows.values())
@@ -80,7 +93,7 @@ class VerifyReport:
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "checks"}
         d.update(ok=self.ok, max_logits_diff=self.max_logits_diff, max_cache_diff=self.max_cache_diff,
-                 shapes=self.per_shape())
+                 max_hidden_diff=self.max_hidden_diff, shapes=self.per_shape())
         return d
 
 
@@ -93,7 +106,7 @@ def _session(path: Path):
 class OriginalModel:
     """The stock export, run one row at a time with a concatenating cache."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, req: Request = Request()):
         import onnx_graphsurgeon as gs
 
         from .detect import detect
@@ -102,7 +115,9 @@ class OriginalModel:
         graph = gs.import_onnx(model)
         name_unnamed_nodes(graph)
         self.det = detect(graph)
-        self.sess = _session(path)
+        self.hidden = layer_names(self.det, req)  # the export's internal tensors the rewrite outputs
+        self.copy = ExposedCopy(path, self.hidden) if self.hidden else None
+        self.sess = _session(self.copy.path if self.copy else path)
         for layer in self.det.layers:
             if not layer.key_outputs or not layer.value_outputs:
                 raise SpecdecError(f"{path}: layer {layer.index} has no present key/value output to compare")
@@ -110,6 +125,7 @@ class OriginalModel:
         self.dtype = np.float16 if "float16" in ins[self.det.layers[0].key_input].type else np.float32
         self.out_names = [self.det.logits] + [n for layer in self.det.layers
                                               for n in (layer.key_outputs[0], layer.value_outputs[0])]
+        self.out_names += self.hidden
         self.in_types = {n: i.type for n, i in ins.items()}
 
     def empty(self):
@@ -118,9 +134,11 @@ class OriginalModel:
         v = np.zeros((1, info.num_kv_heads, 0, info.value_head_dim or info.head_dim), self.dtype)
         return [k, v] * info.num_layers
 
-    def run(self, tokens: np.ndarray, start: int, past: list[np.ndarray]):
+    def run(self, tokens: np.ndarray, start: int, past: list[np.ndarray], feats: np.ndarray | None = None):
         v = len(tokens)
         feeds = {self.det.input_ids: tokens[None].astype(np.int64)}
+        if self.det.feature_input is not None:
+            feeds[self.det.feature_input] = feats[None].astype(self.dtype)
         if not self.det.synthesize_position_ids:
             feeds[self.det.position_ids] = np.arange(start, start + v, dtype=np.int64)[None]
         if self.det.attention_mask is not None:
@@ -136,11 +154,13 @@ class OriginalModel:
         except Exception as e:
             raise SpecdecError(f"original model failed on {v} tokens after {start}: "
                                f"{' '.join(str(e).split())[:300]}") from None
-        return out[0][0].astype(np.float32), out[1:]
+        n = 1 + 2 * self.det.info.num_layers
+        hidden = np.concatenate([h[0] for h in out[n:]], axis=-1) if self.hidden else None
+        return out[0][0].astype(np.float32), out[1:n], hidden
 
 
 class _Rewritten:
-    def __init__(self, path: Path, ctx_len: int, batch: int):
+    def __init__(self, path: Path, ctx_len: int, batch: int, req: Request = Request()):
         self.sess = _session(path)
         ins = {i.name: i for i in self.sess.get_inputs()}
         self.layers = sum(1 for n in ins if n.startswith("past_key."))
@@ -151,17 +171,23 @@ class _Rewritten:
         self.out_names = [LOGITS] + [retained_name(kind, i) for i in range(self.layers)
                                      for kind in ("key", "value")]
         self.state = [np.zeros((batch, ins[n].shape[1], ctx_len, ins[n].shape[3]), dtype) for n in self.names]
+        self.req = req
+        self.feature_dtype = (np.float16 if "float16" in ins[HIDDEN_STATES].type else np.float32) \
+            if req.feature_width else None
+        self.out_names += [req.output] if req.output else []
         logits_shape = next(o for o in self.sess.get_outputs() if o.name == LOGITS).shape
         self.role = "dlm" if logits_shape[1] == 1 else "tlm"
         meta = self.sess.get_modelmeta().custom_metadata_map
         #: the context a qaic graph was compiled for (its rotary tables have that many rows); None: any
         self.max_ctx_len = int(meta[CTX_LEN_KEY]) if meta.get(CTX_LEN_KEY, "").isdigit() else None
 
-    def run(self, ids: np.ndarray, pos: np.ndarray):
+    def run(self, ids: np.ndarray, pos: np.ndarray, feats: np.ndarray | None = None):
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos, **dict(zip(self.names, self.state))}
+        if self.feature_dtype is not None:
+            feeds[HIDDEN_STATES] = feats.astype(self.feature_dtype)
         out = self.sess.run(self.out_names, feeds)
-        self.state = out[1:]
-        return out[0]
+        self.state = out[1:1 + len(self.names)]
+        return out[0], (out[-1] if self.req.output else None)
 
 
 def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
@@ -199,8 +225,19 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
     need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size
     if ctx_len < need:
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
-    orig = OriginalModel(Path(original))
-    new = _Rewritten(Path(rewritten), ctx_len, batch_size)
+    req = request_of(rewritten)
+    orig = OriginalModel(Path(original), req)
+    try:
+        new = _Rewritten(Path(rewritten), ctx_len, batch_size, req)
+        return _replay(orig, new, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
+                       batch_size=batch_size, seed=seed, tol=tol)
+    finally:
+        if orig.copy is not None:
+            orig.copy.close()
+
+
+def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_len: int, ctx_len: int,
+            batch_size: int, seed: int, tol: float) -> VerifyReport:
     if new.max_ctx_len is not None and ctx_len > new.max_ctx_len:
         raise SpecdecError(f"{rewritten} was compiled for ctx_len {new.max_ctx_len} (a qaic graph: fixed context, "
                            f"rotary tables of that many rows); verify with --ctx-len <= {new.max_ctx_len}")
@@ -213,10 +250,12 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
     rows = [_scenario(prefill_len, k, ctx_len, prefill_len + prefill_len // 2 + 1 + b) for b in range(batch_size)]
     n_calls = min(len(r) for r in rows)
     tokens = [rng.integers(0, vocab, size=ctx_len + k + 2) for _ in range(batch_size)]
+    feats = [random_features(rng, ctx_len + k + 2, new.req.feature_width) for _ in range(batch_size)]
     caches = [orig.empty() for _ in range(batch_size)]
     for c in range(n_calls):
         width = rows[0][c][1]
         ids = np.zeros((batch_size, width), np.int64)
+        frows = np.zeros((batch_size, width, new.req.feature_width or 0), np.float32)
         pos = np.full((batch_size, width), -1, np.int64)
         for b in range(batch_size):
             _, w, start, v = rows[b][c]
@@ -224,14 +263,20 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
             # a rollback rewrites history: new tokens at reused positions
             if rows[b][c][0].startswith("rollback"):
                 tokens[b][start:start + v] = rng.integers(0, vocab, size=v)
+                if feats[b] is not None:
+                    feats[b][start:start + v] = random_features(rng, v, new.req.feature_width)
             ids[b, :v] = tokens[b][start:start + v]
             ids[b, v:] = rng.integers(0, vocab, size=width - v)  # garbage under padding
+            if feats[b] is not None:
+                frows[b, :v] = feats[b][start:start + v]
+                frows[b, v:] = 1e3 * random_features(rng, width - v, new.req.feature_width)
             pos[b, :v] = np.arange(start, start + v)
         before = [s.copy() for s in new.state]
-        logits = new.run(ids, pos)
+        logits, hidden = new.run(ids, pos, frows if new.req.feature_width else None)
         for b in range(batch_size):
             label, _, start, v = rows[b][c]
-            ref, present = orig.run(tokens[b][start:start + v], start, caches[b])
+            ref, present, ref_hidden = orig.run(tokens[b][start:start + v], start, caches[b],
+                                                feats[b][start:start + v] if feats[b] is not None else None)
             caches[b] = present
             got = logits[b, :v] if new.role == "tlm" else logits[b, :1]
             want = ref[:v] if new.role == "tlm" else ref[v - 1:v]
@@ -248,6 +293,8 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
             report.checks.append(ShapeCheck(label=label, seq_len=width,
                                             logits_max_abs_diff=float(np.max(np.abs(got - want))),
                                             cache_max_abs_diff=cache_diff, history_changed=bool(changed),
+                                            hidden_max_abs_diff=max_diff(None if hidden is None else hidden[b, :v],
+                                                                         ref_hidden),
                                             non_finite=bool(non_finite)))
     return report
 

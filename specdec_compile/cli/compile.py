@@ -61,6 +61,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="TLM only, required: drafted tokens per round; adds seq_len k and k+1")
     p.add_argument("--k-list", default=None, metavar="K1,K2,...",
                    help="TLM only: extra verification widths j, one seq_len j+1 each")
+    p.add_argument("--hidden-states", default=None, metavar="LAYERS",
+                   help="TLM only: also output the residual stream after these decoder layers (0-based, "
+                        "negative from the end; -1: the last, before the final norm), e.g. -1 or 2,5,-1")
+    p.add_argument("--feature-layers", default=None, metavar="LAYERS",
+                   help="DLM only: the model is a feature draft reading these layers of its target "
+                        "(as the target's --hidden-states); needs --k")
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
     p.add_argument("--batch-size", type=int, default=1, help="default 1")
@@ -93,11 +99,31 @@ def options_from_args(a: argparse.Namespace) -> Options:
     return Options(role=a.role, k=a.k, k_list=_positive_list(a.k_list) if a.k_list is not None else (),
                    prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size, target=a.target,
                    kv_dtype=a.kv_dtype, logits_dtype=a.logits_dtype, precision=a.precision,
-                   num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version)
+                   num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version,
+                   hidden_states=_layers(a.hidden_states, "--hidden-states"),
+                   feature_layers=_layers(a.feature_layers, "--feature-layers"))
+
+
+def _layers(text: str | None, option: str) -> tuple[int, ...]:
+    from ..layer_lists import parse_layers
+    return parse_layers(text, option) if text is not None else ()
+
+
+def _layer_values(argv: list[str]) -> list[str]:
+    """``--hidden-states -1,0`` as ``--hidden-states=-1,0`` (argparse takes a value
+    starting with '-' that is not a plain number for an option)."""
+    out, it = [], iter(argv)
+    for x in it:
+        if x in ("--hidden-states", "--feature-layers"):
+            nxt = next(it, None)
+            out.append(x if nxt is None else f"{x}={nxt}")
+        else:
+            out.append(x)
+    return out
 
 
 def main(argv: list[str], prog: str = "specdec-compile") -> int:
-    a = build_parser(prog).parse_args(argv)
+    a = build_parser(prog).parse_args(_layer_values(argv))
     opts = options_from_args(a)
     opts.validate()
     if a.compile and opts.target != "qaic":
@@ -120,8 +146,10 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from ..io import load_model
 
     original = load_model(model_path)   # parsed once: the rewrite starts from it, the summary compares with it
+    features = {key: v for key, v in (("hidden_states", opts.hidden_states),
+                                      ("feature_layers", opts.feature_layers)) if v}
     res = pipeline.rewrite(original, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
-                           ctx_len=opts.ctx_len, source=model_path)
+                           ctx_len=opts.ctx_len, source=model_path, **features)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)

@@ -41,8 +41,9 @@ def render(report: VerifyReport, file=None) -> None:
                   "NO" if r["non_finite"] else "yes")
     console.print(t)
     verdict = "PASS" if report.ok else "FAIL"
+    hidden = f", max |Δ hidden states| = {report.max_hidden_diff:.3e}" if report.max_hidden_diff else ""
     console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
-                  f"{report.max_cache_diff:.3e} (tolerance {report.tol:g})")
+                  f"{report.max_cache_diff:.3e}{hidden} (tolerance {report.tol:g})")
 
 
 def main(argv: list[str], prog: str = "specdec-compile verify") -> int:

@@ -21,6 +21,10 @@ One finder per thing found, each a module of this package with its own tests
     model_info      ModelInfo: layers, KV heads, head_dim (keys and values), vocabulary, dtype
     hints           patches/default.json + patches/<family>.json (op lists, name tie-breakers)
     rotary          Cos/Sin computed on the device from position_ids (rotary angles)
+    feature_input   a feature draft's float input (the target's hidden states), if any
+    layers          the residual stream after each decoder layer (by dominance); a model
+                    where it is not found still compiles: the reason is recorded and a
+                    compile that asks for hidden states is refused with it
 
 How they compose: ``detect`` calls the finders in dependency order, handing
 each exactly the graph objects it needs from the ones before (so each finder
@@ -36,13 +40,15 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..graph_utils import topo_nodes
-from ..errors import UnsupportedPatternError
+from ..errors import SpecdecError, UnsupportedPatternError
 from ._records import Detection, LayerKV, MaskSite, ModelInfo, PositionSource, RotarySite
 from ._tensors import is_bfloat16
 from .attention import Attention, find_attention
 from .cache_concats import find_cache_concats, present_outputs
+from .feature_input import find_feature_input
 from .hints import load_hints
 from .integer_inputs import find_integer_inputs, require_integer_input
+from .layers import find_layer_outputs
 from .logits import find_logits, vocab_dim
 from .model_info import find_model_info
 from .positions import PositionSources, check_query_uses, find_position_sources
@@ -78,7 +84,9 @@ def detect(graph: gs.Graph, family: str | None = None, exporter: str | None = No
     _refuse_bfloat16(graph)
     concats = find_cache_concats(graph, nodes)
     logits = find_logits(graph, concats, hints)
-    inputs = find_integer_inputs(graph, hints, concats, vocab=vocab_dim(logits))
+    feature = find_feature_input(graph, concats)
+    inputs = find_integer_inputs(graph, hints, concats, vocab=vocab_dim(logits),
+                                 other=(feature,) if feature is not None else ())
     sources = find_position_sources(graph, nodes, inputs, concats)
     attention = find_attention(graph, nodes, hints, concats, inputs.attention_mask,
                                mask_sources=_mask_sources(inputs, sources), key_positions=sources.key)
@@ -97,7 +105,21 @@ def detect(graph: gs.Graph, family: str | None = None, exporter: str | None = No
                      position_sources=tuple([PositionSource("query", t.name) for t in sources.query]
                                             + [PositionSource("key", t.name, rank=v.ndim, dtype=v.dtype.name)
                                                for t, v in zip(sources.key, sources.key_values)]),
-                     rotary=tuple(find_rotary(graph, nodes, _query_positions(inputs, sources))))
+                     rotary=tuple(find_rotary(graph, nodes, _query_positions(inputs, sources))),
+                     feature_input=feature.name if feature is not None else None,
+                     feature_width=int(feature.shape[-1]) if feature is not None else None,
+                     **_layer_outputs(graph, nodes, [inputs.input_ids] + ([feature] if feature else []),
+                                      logits, [a.key for a in attention]))
+
+
+def _layer_outputs(graph, nodes, sources, logits, key_concats) -> dict:
+    """The Detection fields of the layers finder: its result, or why it found none
+    (recorded, not raised: only a compile that asks for hidden states needs them)."""
+    try:
+        found = find_layer_outputs(graph, nodes, sources, logits, key_concats)
+    except SpecdecError as e:
+        return {"layer_outputs_problem": str(e)}
+    return {"layer_outputs": tuple(t.name for t in found.outputs), "hidden_size": found.width}
 
 
 def _mask_sources(inputs, sources: PositionSources) -> list[gs.Tensor]:

@@ -86,3 +86,11 @@ class Detection:
     synthesize_position_ids: bool = False
     position_sources: tuple[PositionSource, ...] = field(default=())
     rotary: tuple[RotarySite, ...] = field(default=())
+    #: the residual stream after each decoder layer (layers.py; the last: the final norm's
+    #: input), its width; empty with ``layer_outputs_problem`` saying why when not found
+    layer_outputs: tuple[str, ...] = field(default=())
+    hidden_size: int | None = None
+    layer_outputs_problem: str | None = None
+    #: a feature draft's float input ``[batch, seq, F]`` (feature_input.py) and F; None: none
+    feature_input: str | None = None
+    feature_width: int | None = None

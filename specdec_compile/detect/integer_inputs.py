@@ -73,8 +73,10 @@ def _token_input(int_inputs: list[gs.Tensor], vocab) -> gs.Tensor:
     return emb[0][0]
 
 
-def find_integer_inputs(graph: gs.Graph, hints: dict, concats: list[gs.Node], vocab=None) -> IntegerInputs:
-    """``vocab``: the logits' last dim, to tell the token embedding from others."""
+def find_integer_inputs(graph: gs.Graph, hints: dict, concats: list[gs.Node], vocab=None,
+                        other: tuple[gs.Tensor, ...] = ()) -> IntegerInputs:
+    """``vocab``: the logits' last dim, to tell the token embedding from others;
+    ``other``: inputs other finders account for (a feature draft's features)."""
     int_inputs = [t for t in graph.inputs if is_int(t) and rank(t) == 2]
     roles = _by_name(int_inputs, hints)
     if "input_ids" not in roles:
@@ -88,7 +90,7 @@ def find_integer_inputs(graph: gs.Graph, hints: dict, concats: list[gs.Node], vo
             rest.remove(same[0])
     if "attention_mask" not in roles and len(rest) == 1:
         roles["attention_mask"] = rest.pop()
-    known = {id(t) for t in roles.values()} | {id(n.inputs[0]) for n in concats}
+    known = {id(t) for t in roles.values()} | {id(n.inputs[0]) for n in concats} | {id(t) for t in other}
     extra = [t for t in graph.inputs if id(t) not in known]
     if extra:
         raise UnsupportedPatternError(f"unexpected graph inputs: {names(extra)}")

@@ -50,7 +50,7 @@ A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
 ``greater_compares``, ``tile_to_expand`` and ``clamp_gather_positions`` need nothing (``PassContext()``),
-``lower`` needs the target, ``role_logits`` the detection and the role,
+``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
 ``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
 """
@@ -69,6 +69,7 @@ from .clamp_gather_positions import clamp_gather_positions
 from .cleanup import cleanup
 from .dense_experts import dense_experts
 from .drop_nan_guards import drop_nan_guards
+from .expose_hidden_states import expose_hidden_states
 from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
@@ -116,6 +117,12 @@ REGISTRY: tuple[Pass, ...] = (
          "TLM: logits for every position. DLM: only the last valid token (largest position) of each row, "
          "picked *before* the LM head, so a prefill chunk pays the vocabulary projection once. Logits are "
          "float32"),
+    Pass("expose_hidden_states", expose_hidden_states,
+         "TLM with `--hidden-states LAYERS`: the residual stream after those decoder layers (found by the "
+         "`layers` finder; -1 is the last layer's output, before the final norm), concatenated in the listed "
+         "order, becomes the output `hidden_states` `[batch_size, seq_len, n*hidden]`, every position. A "
+         "feature draft (`--feature-layers`): its own last layer's output becomes `draft_hidden_states`. "
+         "No-op otherwise"),
     Pass("canonical_dims", canonical_dims,
          "the contract's interface, names and order. Only `batch_size`, `seq_len` and `ctx_len` stay "
          "symbolic"),

@@ -22,6 +22,8 @@ class PassContext:
     source_opset  the exported model's opset (``lower`` reads it; None: the graph's own)
     ctx_len       the context length the artifact is compiled for (``rotary_tables``
                   builds tables of exactly this many rows)
+    hidden_layers the decoder layers whose outputs ``expose_hidden_states`` adds as an
+                  output (as given: negative from the end); None: none
 
     A field a pass does not read may stay None; a pass that needs one refuses
     to run without it (``need``). Options for passes to come (a window size,
@@ -34,6 +36,7 @@ class PassContext:
     mask_value: float = MASK_VALUE
     source_opset: int | None = None
     ctx_len: int | None = None
+    hidden_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..contract import BATCH, CTX, INPUT_IDS, LOGITS, POSITION_IDS, SEQ, interface
+from ..contract import BATCH, CTX, HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS, SEQ, interface
 from ..errors import UnsupportedPatternError
 from ..graph_utils import Builder
 from ._context import PassContext, need
@@ -39,7 +39,15 @@ def canonical_dims(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
                  outputs=[inner], hint=f"{name}_cast")
             t.dtype = np.int64
         t.shape = [BATCH, SEQ]
-    ins, outs = interface(info.num_layers)
+    if det.feature_input is not None:  # a feature draft's features: [batch_size, seq_len, F], like input_ids
+        feat = by_name.get(det.feature_input) or by_name.get(HIDDEN_STATES)
+        clash = graph.tensors().get(HIDDEN_STATES)
+        if clash is not None and clash is not feat:
+            clash.name = f"{HIDDEN_STATES}__export"
+        feat.name = HIDDEN_STATES
+        feat.shape = [BATCH, SEQ, det.feature_width]
+    ins, outs = interface(info.num_layers, features=det.feature_input is not None,
+                          hidden_states=any(t.name == HIDDEN_STATES for t in graph.outputs))
     inputs = {t.name: t for t in graph.inputs}
     outputs = {t.name: t for t in graph.outputs}
     missing = [n for n in ins if n not in inputs] + [n for n in outs if n not in outputs]
@@ -50,7 +58,7 @@ def canonical_dims(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
         raise UnsupportedPatternError(f"rewrite left extra interface tensors: {', '.join(extra)}")
     graph.inputs = [inputs[n] for n in ins]
     graph.outputs = [outputs[n] for n in outs]
-    for name in ins[2:] + outs[1:]:
+    for name in [n for n in ins + outs if n.startswith("past_")]:
         t = inputs.get(name) or outputs[name]
         dim = info.value_head_dim if (info.value_head_dim and name.startswith("past_value.")) else info.head_dim
         t.shape = [BATCH, info.num_kv_heads, CTX, dim]

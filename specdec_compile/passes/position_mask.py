@@ -15,14 +15,19 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..contract import retained_name
+from ..contract import past_name, retained_name
 from ..errors import UnsupportedPatternError
 from ..graph_utils import Builder, node_by_name, replace_uses, tensor_by_name, value_dependence
 from ._context import PassContext, need
 
 
 def _key_length_source(graph: gs.Graph, det) -> gs.Tensor:
-    """Layer 0's keys: the retained cache once ``retained_kv`` ran, else the Concat's output."""
+    """Layer 0's keys: the retained cache's input once ``retained_kv`` ran (the same shape
+    as its output, and read before anything the mask feeds: an export that takes its batch
+    size from ``Shape(attention_mask)`` would otherwise make a cycle), else the Concat's output."""
+    t = graph.tensors().get(past_name("key", det.layers[0].index))
+    if t is not None and t in graph.inputs:
+        return t
     t = graph.tensors().get(retained_name("key", det.layers[0].index))
     if t is not None:
         return t

@@ -13,8 +13,25 @@ from .costs import CallCosts
 
 
 def decode_rate(tokens: float, seconds: float) -> float | None:
-    """Tokens per second of the decode phase (after the first token); None when empty."""
+    """Tokens per second; None when either is empty."""
     return tokens / seconds if tokens and seconds > 0 else None
+
+
+def busy_time_s(m) -> float:
+    """A generation's time without the caller's on_tokens callbacks (printing)."""
+    return m["total_time_s"] - (m.get("callback_time_s") or 0.0)
+
+
+def decode_time_s(m) -> float:
+    """A generation's decode time: after the first token, callbacks excluded."""
+    return busy_time_s(m) - m["ttft_s"]
+
+
+def decode_rate_of(m) -> float | None:
+    """Decode tokens/s of one generation's metrics (a GenerationMetrics or its JSON):
+    the tokens after the first over :func:`decode_time_s`. The one definition the
+    runtime, the demo and the benchmarks report."""
+    return decode_rate(max(m["new_tokens"] - 1, 0), decode_time_s(m))
 
 
 class _Record:
@@ -101,7 +118,7 @@ class GenerationMetrics(_Record):
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        return decode_rate(max(self.new_tokens - 1, 0), self.total_time_s - self.ttft_s)
+        return decode_rate_of(self)
 
 
 @dataclass
@@ -246,7 +263,7 @@ def aggregate_metrics(results: list[GenerationResult]) -> RunMetrics | None:
         new_tokens=tot("new_tokens"),
         ttft_s=tot("ttft_s") / len(ms),
         decode_tokens=sum(max(m["new_tokens"] - 1, 0) for m in ms),
-        decode_time_s=sum(m["total_time_s"] - m["ttft_s"] for m in ms),
+        decode_time_s=sum(decode_time_s(m) for m in ms),
         acceptance_rate=accepted / drafted if drafted else None,
         mean_tokens_per_tlm_call=round_tokens / vcalls if vcalls else None,
         acceptance_histogram=hist,

@@ -1,12 +1,15 @@
 """Run one row of the coverage matrix: export (cached), compile both roles for
-both targets, verify each against the export. Used by tests/coverage/ and by
-scripts/coverage_matrix.py (which writes docs/coverage.md). Imported by its bare name, like
-families.py beside it: pytest has tests/coverage on its path (pyproject.toml), the script
-puts it there."""
+both targets, verify each against the export; then one more TLM exposing the
+hidden states of two layers (``HIDDEN``) on one target (``hidden_target``),
+verified against the export's own internal tensors. Used by tests/coverage/ and
+by scripts/coverage_matrix.py (which writes docs/coverage.md). Imported by its
+bare name, like families.py beside it: pytest has tests/coverage on its path
+(pyproject.toml), the script puts it there."""
 from __future__ import annotations
 
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,6 +27,10 @@ K, PL, CL, BATCH = 4, 16, 64, 2
 ROLES = ("tlm", "dlm")
 TARGETS = ("qaic", "ort")
 TOL = 1e-4
+#: the layers the extra TLM cell exposes (the tiny models have 2: both, first and last)
+HIDDEN = (0, -1)
+#: the role label of that cell
+TLM_HIDDEN = "tlm+hidden"
 
 
 @dataclass
@@ -40,6 +47,8 @@ class Cell:
     seconds: float = 0.0
     #: the sliding windows detection found, per layer (None: none)
     windows: list | None = None
+    #: the hidden_states output against the export's internal tensors (the TLM_HIDDEN cell)
+    max_hidden_diff: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -58,11 +67,18 @@ def _one_line(e: BaseException) -> str:
     return (text[:300] + "...") if len(text) > 300 else text
 
 
+def hidden_target(row: Row) -> str:
+    """The one target the hidden-states cell of ``row`` runs on (a fixed half of the rows each)."""
+    return TARGETS[zlib.crc32(row.id.encode()) % 2]
+
+
 def run_cell(row: Row, source: Path, role: str, target: str, work: Path) -> Cell:
     t0 = time.perf_counter()
     cell = Cell(row.name, row.family, row.exporter, role, target, "refused")
+    hidden = HIDDEN if role == TLM_HIDDEN else None
     try:
-        res = rewrite(str(source), role=role, target=target, k=K if role == "tlm" else None)
+        res = rewrite(str(source), role="tlm" if hidden else role, target=target,
+                      k=K if role != "dlm" else None, hidden_states=hidden)
     except SpecdecError as e:
         cell.reason = _one_line(e)
         cell.seconds = time.perf_counter() - t0
@@ -77,23 +93,30 @@ def run_cell(row: Row, source: Path, role: str, target: str, work: Path) -> Cell
         cell.seconds = time.perf_counter() - t0
         return cell
     cell.max_logits_diff = report.max_logits_diff
+    cell.max_hidden_diff = report.max_hidden_diff if hidden else None
     cell.status = "pass" if report.ok else "fail"
     if not report.ok:
         bad = [r for r in report.per_shape() if r["logits_max_abs_diff"] > TOL or r["cache_max_abs_diff"] > TOL
-               or r["history_changed"] or r["non_finite"]]
+               or r["hidden_max_abs_diff"] > TOL or r["history_changed"] or r["non_finite"]]
         cell.reason = "; ".join(f"{r['shape']}: logits {r['logits_max_abs_diff']:.2e} cache "
-                                f"{r['cache_max_abs_diff']:.2e}" for r in bad[:3])
+                                f"{r['cache_max_abs_diff']:.2e} hidden {r['hidden_max_abs_diff']:.2e}"
+                                for r in bad[:3])
     cell.seconds = time.perf_counter() - t0
     return cell
 
 
 def run_row(row: Row) -> list[Cell]:
-    """Every (role, target) cell of ``row``; an export failure fills all four."""
+    """Every (role, target) cell of ``row``, then the hidden-states cell; an
+    export failure fills all five."""
     try:
         source = export_row(row)
     except Exception as e:  # an exporter failure is a row of the matrix, not a crash
         return [Cell(row.name, row.family, row.exporter, r, t, "export failed",
                      reason="..." + " ".join(str(e).split())[-300:])
-                for r in ROLES for t in TARGETS]
+                for r, t in _cells(row)]
     with tempfile.TemporaryDirectory(prefix=f"cov-{row.id}-") as d:
-        return [run_cell(row, source, r, t, Path(d)) for r in ROLES for t in TARGETS]
+        return [run_cell(row, source, r, t, Path(d)) for r, t in _cells(row)]
+
+
+def _cells(row: Row) -> list[tuple[str, str]]:
+    return [(r, t) for r in ROLES for t in TARGETS] + [(TLM_HIDDEN, hidden_target(row))]

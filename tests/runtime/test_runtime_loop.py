@@ -305,8 +305,8 @@ def test_position_keyed_draw_is_exactly_p():
         counts = np.bincount(draws, minlength=6)
         assert counts[p == 0].sum() == 0
         nz = p > 0
-        chi2 = (((counts[nz] - N * p[nz]) ** 2) / (N * p[nz])).sum()
-        assert chi2 < _chi2_crit(int(nz.sum()) - 1), (chi2, p, counts)
+        stat = (((counts[nz] - N * p[nz]) ** 2) / (N * p[nz])).sum()
+        assert stat < chi2_crit(int(nz.sum()) - 1), (stat, p, counts)
         assert all(choose_from(p, Noise(noise.seed, trial), pos) == draws[pos] for pos in (5, 0, 17, 5))
 
 
