@@ -10,7 +10,7 @@ import pytest
 from specdec_compile.artifacts import write_artifact
 from specdec_compile.contract import CTX_LEN_KEY
 from specdec_compile.errors import SpecdecError
-from specdec_compile.manifest import FIELDS, SCHEMA, Manifest
+from specdec_compile.manifest import FIELDS, OPTIONAL, SCHEMA, Manifest
 from test_artifacts import dlm, fake_result, tlm
 
 
@@ -21,6 +21,22 @@ def _one_line(e) -> str:
 
 
 # --------------------------------------------------------------------------- round trip
+
+def test_optional_keys_round_trip_and_belong_to_their_role(tmp_path):
+    res = fake_result(tmp_path, "tlm", target="ort")
+    rec = write_artifact(res, tlm(target="ort"), tmp_path / "o").record
+    assert "hidden_states" not in rec.to_json() and "feature_draft" not in rec.to_json()   # absent unless set
+    hs = {"layers": [-1], "layer_indices": [1], "hidden_size": 8, "width": 8, "output": "hidden_states"}
+    d = dict(rec.to_json(), hidden_states=hs)
+    back = Manifest.from_json(json.loads(json.dumps(d)))
+    assert back.hidden_states == hs and back.to_json() == d
+    with pytest.raises(SpecdecError, match="feature_draft belongs to a DLM") as e:
+        Manifest.from_json(dict(rec.to_json(), feature_draft={"target_layers": [-1]}))
+    _one_line(e)
+    with pytest.raises(SpecdecError, match="hidden_states is"):
+        Manifest.from_json(dict(rec.to_json(), hidden_states=[1]))
+
+
 
 @pytest.mark.parametrize("role,target", [("tlm", "qaic"), ("dlm", "qaic"), ("tlm", "ort")])
 def test_write_read_round_trip(tmp_path, role, target):
@@ -39,7 +55,7 @@ def test_write_read_round_trip(tmp_path, role, target):
 
 
 def test_record_has_a_field_per_key():
-    assert set(FIELDS) == (set(SCHEMA) - {"source"}) | {"source_file", "source_sha256"}
+    assert set(FIELDS) == (set(SCHEMA) - {"source"}) | {"source_file", "source_sha256"} | set(OPTIONAL)
 
 
 def test_runtime_artifact_carries_the_record(tmp_path):
