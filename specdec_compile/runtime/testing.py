@@ -238,14 +238,15 @@ class FakeFeatureDraft(FakeBackend):
 
 
 def fake_feature_pair(*, vocab=23, ctx_len=64, prefill_len=8, k=4, k_list=None, dlm_k=None, batch_size=1,
-                      noise=0.0, call_log=None, layers=(-1,), draft_layers=None, width=None, dlm_vocab=None):
+                      noise=0.0, call_log=None, layers=(-1,), draft_layers=None, width=None, dlm_vocab=None,
+                      scale=3.0, draft_salt=0):
     """(tlm, feature draft, tlm_lm) fakes: a TLM with hidden states (``layers`` of 2) and a
     feature draft reading ``draft_layers`` (default the same) whose logits are the target's
-    plus ``noise`` times another pseudo-random vector. ``width``: the draft's feature width
-    (default the TLM's: ctx_len)."""
+    plus ``noise`` times another pseudo-random vector (``draft_salt`` != 0: another function
+    altogether). ``width``: the draft's feature width (default the TLM's: ctx_len)."""
     W = ctx_len
     idx = [x + 2 if x < 0 else x for x in layers]
-    tlm_lm = FakeLM(vocab)
+    tlm_lm = FakeLM(vocab, scale=scale)
     dv = vocab if dlm_vocab is None else dlm_vocab
     hs = {"layers": list(layers), "layer_indices": idx, "hidden_size": W, "width": W, "output": "hidden_states"}
     t_art = fake_artifact("tlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len, k=k,
@@ -258,5 +259,5 @@ def fake_feature_pair(*, vocab=23, ctx_len=64, prefill_len=8, k=4, k_list=None, 
     seq_lens = {prefill_len, 1, dk + 1}
     d = FakeFeatureDraft(fake_artifact("dlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len,
                                        vocab=dv, seq_lens=seq_lens, manifest={"feature_draft": fd}),
-                         FakeLM(dv, noise=noise), call_log)
+                         FakeLM(dv, salt=draft_salt, scale=scale, noise=noise), call_log)
     return t, d, tlm_lm
