@@ -3,8 +3,9 @@
 Speculative decoding follows contract section 6. ``generate`` runs one prompt
 in row 0 (other rows padding); ``generate_many`` / ``stream`` run one prompt per
 row with continuous batching (batch.py). The loop itself is in generation.py.
-Drafts come from a draft source (drafts/: a DLM, n-gram lookup, or any object
-with that interface); with n-gram drafts there is no DLM call and a round with
+Drafts come from a draft source (drafts/: a DLM, a feature draft reading the
+TLM's hidden states (drafts/feature.py, chosen from the DLM's manifest), n-gram
+lookup, or any object with that interface); with n-gram drafts there is no DLM call and a round with
 no match verifies nothing (width 1 when compiled). How many drafts a round
 makes is the width policy's choice (policy.py).
 
