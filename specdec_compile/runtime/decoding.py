@@ -3,8 +3,9 @@
 Speculative decoding follows contract section 6. ``generate`` runs one prompt
 in row 0 (other rows padding); ``generate_many`` / ``stream`` run one prompt per
 row with continuous batching (batch.py). The loop itself is in generation.py.
-Drafts come from a draft source (drafts/: a DLM, n-gram lookup, or any object
-with that interface); with n-gram drafts there is no DLM call and a round with
+Drafts come from a draft source (drafts/: a DLM, a feature draft reading the
+TLM's hidden states (drafts/feature.py, chosen from the DLM's manifest), n-gram
+lookup, or any object with that interface); with n-gram drafts there is no DLM call and a round with
 no match verifies nothing (width 1 when compiled). How many drafts a round
 makes is the width policy's choice (policy.py).
 
@@ -57,6 +58,7 @@ from .calls import run_one
 from .costs import CostModel
 from .drafts import make_draft_source
 from .drafts.dlm import DlmDraft
+from .drafts.feature import FeatureDraft
 from .generation import OnTokens, _check_prompt, _Generation, _TargetGeneration
 from .metrics import GenerationResult
 from .policy import WidthPolicy
@@ -185,7 +187,9 @@ def _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer):
                            "draft source object)")
     if dlm is not None:
         if isinstance(dlm, Backend) or hasattr(dlm, "run"):
-            return DlmDraft(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
+            # a feature draft (its manifest's feature_draft) reads the target's hidden states
+            cls = FeatureDraft if getattr(dlm.artifact, "feature_draft", None) else DlmDraft
+            return cls(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
         return make_draft_source(dlm)
     return make_draft_source(draft, ngram_max=ngram_max)
 

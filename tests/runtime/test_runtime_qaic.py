@@ -167,7 +167,7 @@ def fake_qaicrt(events: list):
                         p.state[b["name"]] = arr.copy()
                 else:
                     arr = p.state[b["name"]]
-                feeds[b["name"]] = arr.astype(np.float32) if b["name"].startswith("past_") else arr
+                feeds[b["name"]] = arr.astype(np.float32) if b["type"] == FLOAT_16_TYPE else arr
             names = [o.name for o in p.session.get_outputs()]
             res = dict(zip(names, p.session.run(names, feeds)))
             self.out = []
@@ -201,6 +201,9 @@ def write_fake_qpc(art_dir, drop_seq_len=None):
         if i.name in ("input_ids", "position_ids"):
             bindings.append({"name": i.name, "dir": INP, "type": INT64_I_TYPE})
             shape_fns.append(lambda s: [B, s])
+        elif i.name == "hidden_states":     # a feature draft's features: float16 per custom IO
+            bindings.append({"name": i.name, "dir": INP, "type": FLOAT_16_TYPE})
+            shape_fns.append(lambda s, w=i.shape[2]: [B, s, w])
         else:
             kv = [B, i.shape[1], art.ctx_len, i.shape[3]]
             bindings.append({"name": i.name, "dir": INP, "type": FLOAT_16_TYPE})
@@ -209,6 +212,9 @@ def write_fake_qpc(art_dir, drop_seq_len=None):
         if o.name == "logits":
             bindings.append({"name": "logits", "dir": OUT, "type": FLOAT_TYPE})
             shape_fns.append(lambda s: [B, s if art.role == "tlm" else 1, V])
+        elif o.name in ("hidden_states", "draft_hidden_states"):
+            bindings.append({"name": o.name, "dir": OUT, "type": FLOAT_16_TYPE})
+            shape_fns.append(lambda s, w=o.shape[2]: [B, s, w])
         else:
             kv = [B, o.shape[1], art.ctx_len, o.shape[3]]
             bindings.append({"name": o.name, "dir": OUT, "type": FLOAT_16_TYPE})
@@ -322,6 +328,33 @@ def test_cli_backend_qaic_with_fake_modules(qaic_arts, monkeypatch, capsys):
     assert run_cli.main(argv[:-6] + ["--backend", "ort"]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["generated_ids"] == got
     assert ("context", [0]) in ev and ("context", [1]) in ev
+
+
+def test_fake_device_with_a_feature_draft_pair(fixture_path, tmp_path):
+    """A TLM with hidden states and a feature draft: their extra buffers (float16 on the
+    device) are set and read per call; the text equals ONNX Runtime's and target-only."""
+    from feature_draft_models import export_feature_draft
+    dirs = {}
+    for role, src, extra in (("tlm", fixture_path("llama_gqa"), ["--hidden-states", "-1"]),
+                             ("dlm", export_feature_draft(1), ["--feature-layers", "-1"])):
+        d = dirs[role] = tmp_path / role
+        assert compile_cli.main([str(src), "--role", role, "--k", "3", "--target", "qaic", "--prefill-len", str(PL),
+                                 "--ctx-len", str(CL), "-o", str(d), *extra]) == 0
+        write_fake_qpc(d)
+    ev = []
+    tlm, dlm = backend(dirs["tlm"], ev), backend(dirs["dlm"], ev)
+    got = SpecDecoder(tlm, dlm).generate(IDS, max_new_tokens=20)
+    assert got.metrics["call_time_by_width"]["dlm"]
+    ref = SpecDecoder(OrtBackend(dirs["tlm"]), OrtBackend(dirs["dlm"])).generate(IDS, max_new_tokens=20)
+    assert got.generated_ids == ref.generated_ids
+    assert TargetOnlyDecoder(tlm).generate(IDS, max_new_tokens=20).generated_ids == got.generated_ids
+    calls = [e[1] for e in ev if e[0] == "setData"]
+    assert not any(e[0] == "error" for e in ev)
+    assert all(c["hidden_states"] == [1, c["input_ids"][1], 64] for c in calls)
+    assert any("draft_hidden_states" in c for c in calls)
+    out = tlm.run_outputs(np.array([IDS[:PL]]), np.arange(PL)[None])
+    want = OrtBackend(dirs["tlm"]).run_outputs(np.array([IDS[:PL]]), np.arange(PL)[None])
+    assert np.abs(out["hidden_states"] - want["hidden_states"]).max() < 1e-2     # float16 on the device
 
 
 def test_backend_qaic_without_the_sdk(qaic_arts, monkeypatch):

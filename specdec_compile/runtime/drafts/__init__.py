@@ -30,7 +30,9 @@ position-keyed noise the target's token is drawn with (sampling.py), which is
 what makes the output exactly the target's.
 
 Sources here: :class:`~.dlm.DlmDraft` (a draft model with its own retained
-state) and :class:`~.ngram.NgramDraft` (prompt lookup: no model). A new source
+state), :class:`~.feature.FeatureDraft` (an EAGLE-style head that reads the
+target's hidden states from ``TargetStep.outputs``) and
+:class:`~.ngram.NgramDraft` (prompt lookup: no model). A new source
 is one module in this package with its tests; ``SpecDecoder(tlm, draft=...)``
 takes any object with this interface.
 """

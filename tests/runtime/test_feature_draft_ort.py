@@ -1,0 +1,151 @@
+"""Feature drafts on real artifacts: the tiny llama target compiled with
+``--hidden-states``, the tiny EAGLE-style head (tests/feature_draft_models.py)
+compiled with ``--feature-layers``, both run by ONNX Runtime (ort and qaic
+lowerings); and ``specdec-run``'s handling of such a pair."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from runtime_helpers import one_line_error, run
+
+from feature_draft_models import export_feature_draft
+from specdec_compile import cli as compile_cli
+from specdec_compile.runtime import (FeatureDraft, OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder)
+from specdec_compile.runtime.drafts.feature import FeatureDrafter
+
+PL, CL = 8, 64
+PROMPTS = [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20], [1, 2, 3, 4, 5, 6, 7, 8], [7] * 17, [9, 4]]
+
+
+@pytest.fixture(scope="module")
+def arts(fixture_path, tmp_path_factory):
+    """arts(kind, target="ort", batch=1, layers="-1") -> artifact dir (built once); kind: "tlm" (with
+    --hidden-states layers), "plain" (a TLM without), "head" (the feature draft reading layers)."""
+    root = tmp_path_factory.mktemp("fd_artifacts")
+    made = {}
+
+    def get(kind, target="ort", batch=1, layers="-1"):
+        key = (kind, target, batch, layers)
+        if key not in made:
+            out = root / "-".join(map(str, key)).replace(",", "_")
+            common = ["--target", target, "--prefill-len", str(PL), "--ctx-len", str(CL), "--batch-size", str(batch),
+                      "-o", str(out)]
+            if kind == "head":
+                argv = [str(export_feature_draft(len(layers.split(",")))), "--role", "dlm", "--k", "3",
+                        "--feature-layers", layers]
+            else:
+                argv = [str(fixture_path("llama_gqa")), "--role", "tlm", "--k", "3", "--k-list", "0,1,3"]
+                argv += ["--hidden-states", layers] if kind == "tlm" else []
+            assert compile_cli.main(argv + common) == 0
+            made[key] = out
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize("target", ["ort", "qaic"])
+def test_greedy_equals_target_only(arts, target):
+    tlm, head = OrtBackend(arts("tlm", target)), OrtBackend(arts("head", target))
+    spec, base = SpecDecoder(tlm, head, k=3), TargetOnlyDecoder(tlm)
+    assert isinstance(spec.source, FeatureDraft)
+    for p in PROMPTS[:3]:
+        s = spec.generate(p, max_new_tokens=30)
+        assert s.generated_ids == base.generate(p, max_new_tokens=30).generated_ids, p
+        assert s.metrics["call_time_by_width"]["dlm"]      # the head ran
+    # the adaptive choice, the K=0 fallback among its choices
+    a = SpecDecoder(tlm, head).generate(PROMPTS[0], max_new_tokens=30)
+    assert a.generated_ids == base.generate(PROMPTS[0], max_new_tokens=30).generated_ids
+    assert SpecDecoder(tlm, head, k=0).generate(PROMPTS[0], max_new_tokens=30).generated_ids == a.generated_ids
+
+
+@pytest.mark.parametrize("target", ["ort", "qaic"])
+def test_batch_3_continuous_batching(arts, target):
+    tlm, head = OrtBackend(arts("tlm", target, batch=3)), OrtBackend(arts("head", target, batch=3))
+    s = SpecDecoder(tlm, head, k=3).generate_many(PROMPTS, max_new_tokens=20)      # 5 prompts, 3 rows
+    b = TargetOnlyDecoder(tlm).generate_many(PROMPTS, max_new_tokens=20)
+    assert [x.generated_ids for x in s] == [x.generated_ids for x in b]
+    params = SamplingParams(0.8, top_p=0.95, seed=3)
+    s = SpecDecoder(tlm, head, k=3).generate_many(PROMPTS, max_new_tokens=15, sampling=params)
+    b = TargetOnlyDecoder(tlm).generate_many(PROMPTS, max_new_tokens=15, sampling=params)
+    assert [x.generated_ids for x in s] == [x.generated_ids for x in b]
+
+
+def test_hidden_states_output_equals_a_plain_session(arts):
+    import onnxruntime as ort
+    path = arts("tlm", "qaic")
+    sess = ort.InferenceSession(str(path / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.zeros([1, i.shape[1], CL, i.shape[3]], np.float32) for i in sess.get_inputs()
+             if i.name.startswith("past_")}
+    ids, pos = np.array([PROMPTS[0][:PL]]), np.arange(PL)[None]
+    want = sess.run(["hidden_states"], {"input_ids": ids, "position_ids": pos, **feeds})[0]
+    for inplace in (False, None):
+        b = OrtBackend(arts("tlm", "ort"), inplace=inplace)
+        for _ in range(2):       # the second call reuses the logits buffer bound for this width
+            b.reset()
+            got = b.run_outputs(ids, pos)
+            assert np.abs(got["hidden_states"] - want).max() < 1e-4
+    got = OrtBackend(path).run_outputs(ids, pos)
+    assert np.abs(got["hidden_states"] - want).max() < 1e-4
+
+
+class _Recording(FeatureDrafter):
+    seen: list = []
+
+    def _inputs(self, p0, q):
+        rows = super()._inputs(p0, q)
+        self.seen.append((p0, rows[self.src.input_name].copy()))
+        return rows
+
+
+def test_the_head_reads_the_targets_feature_of_the_position_before(arts):
+    """Row p of every ingest carries f_{p-1}: the TLM's hidden state at p-1 over the final text."""
+    tlm_path = arts("tlm", "ort")
+    tlm, head = OrtBackend(tlm_path), OrtBackend(arts("head", "ort"))
+
+    class Source(FeatureDraft):
+        def drafter(self, ctx):
+            return _Recording(self, ctx)
+    _Recording.seen = []
+    r = SpecDecoder(tlm, draft=Source(head), k=3).generate(PROMPTS[0], max_new_tokens=25)
+    text = PROMPTS[0] + r.generated_ids
+    ref = OrtBackend(tlm_path)
+    f = []
+    for s in range(0, len(text), PL):
+        chunk = text[s:s + PL]
+        ids = np.zeros((1, PL), np.int64)
+        pos = np.full((1, PL), -1, np.int64)
+        ids[0, :len(chunk)], pos[0, :len(chunk)] = chunk, np.arange(s, s + len(chunk))
+        f.extend(ref.run_outputs(ids, pos)["hidden_states"][0, :len(chunk)])
+    assert len(_Recording.seen) > 3
+    for p0, rows in _Recording.seen:
+        for i, row in enumerate(rows):
+            p = p0 + i
+            want = np.zeros_like(row) if p == 0 else f[p - 1]
+            assert np.abs(row - want).max() < 1e-4, (p, p0)
+
+
+def test_cli_runs_a_feature_pair_and_refuses_mismatches(arts, tmp_path, capsys):
+    ids = ["--prompt-ids", ",".join(map(str, PROMPTS[0])), "--max-new-tokens", "12", "--json", "--no-warmup"]
+    tlm, head = arts("tlm"), arts("head")
+    code, out, err = run(["--tlm", tlm, "--dlm", head, "--k", "3", *ids], capsys)
+    assert code == 0, err
+    got = json.loads(out)["results"][0]["generated_ids"]
+    code, out, _ = run(["--tlm", tlm, "--target-only", *ids], capsys)
+    assert json.loads(out)["results"][0]["generated_ids"] == got
+
+    code, _, err = run(["--tlm", arts("plain"), "--dlm", head, *ids], capsys)
+    one_line_error(code, err, "exposes no hidden states: compile it with --hidden-states -1")
+    code, _, err = run(["--tlm", arts("tlm", layers="0"), "--dlm", head, *ids], capsys)
+    one_line_error(code, err, "the target was compiled with --hidden-states 0 but the draft reads layers -1")
+    wide = tmp_path / "wide"
+    shutil.copytree(tlm, wide)
+    m = json.loads((wide / "manifest.json").read_text())
+    m["hidden_states"]["width"] = m["hidden_states"]["hidden_size"] = 96
+    (wide / "manifest.json").write_text(json.dumps(m))
+    code, _, err = run(["--tlm", wide, "--dlm", head, *ids], capsys)
+    one_line_error(code, err, "hidden states are 96 wide but the draft reads 64")
+    code, _, err = run(["--tlm", arts("tlm", layers="0,-1"), "--dlm", arts("head", layers="0,-1"), *ids], capsys)
+    one_line_error(code, err, "draft_hidden_states) are 64 wide but it reads 128")
