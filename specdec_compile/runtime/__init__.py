@@ -14,6 +14,7 @@ from .decoding import SpecDecoder, TargetOnlyDecoder, generate
 from .drafts import DraftContext, TargetStep
 from .drafts.dlm import DlmDraft
 from .drafts.ngram import NgramDraft
+from .drafts.suffix import SuffixDraft
 from .metrics import GenerationResult, aggregate_metrics
 from .policy import WidthPolicy
 from .sampling import SamplingParams
@@ -21,5 +22,5 @@ from .vocab import PairVocab
 
 __all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "GenerationResult", "NgramDraft", "TargetStep",
            "WidthPolicy", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
-           "SpecDecoder", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
+           "SpecDecoder", "SuffixDraft", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
            "load_artifact", "open_backend"]
