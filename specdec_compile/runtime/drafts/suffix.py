@@ -68,26 +68,25 @@ class SuffixTrie:
         self.visits = 0
 
     # -- updates ---------------------------------------------------------------
-    def _child(self, node: _Node, t: int) -> _Node:
-        kids = node.kids
-        if kids is None:
-            kids = node.kids = {}
-        kid = kids.get(t)
-        if kid is None:
-            kid = kids[t] = _Node()
-            self.nodes += 1
-        kid.count += 1
-        node.cont += 1
-        if node is not self.root and (node.best is None or (node.best != t and kid.count > kids[node.best].count)):
-            node.best = t     # (the root's best is never read: a match is at least one token)
-        return kid
-
     def extend(self, frontier: list, t: int) -> list:
         """Append token ``t`` to a sequence whose frontier (frontier[d]: the node of
         its last d tokens, frontier[0] the root) is given; returns the new frontier."""
-        new = [self.root]
-        for node in frontier[: self.depth]:
-            new.append(self._child(node, t))
+        root = self.root
+        new = [root]
+        for node in frontier[: self.depth]:       # (inlined: this loop is the per-token cost)
+            kids = node.kids
+            if kids is None:
+                kids = node.kids = {}
+            kid = kids.get(t)
+            if kid is None:
+                kid = kids[t] = _Node()
+                self.nodes += 1
+            kid.count += 1
+            node.cont += 1
+            b = node.best
+            if b != t and node is not root and (b is None or kid.count > kids[b].count):
+                node.best = t
+            new.append(kid)
         self.visits += len(new)
         return new
 
@@ -216,6 +215,10 @@ class SuffixDraft:
             raise SpecdecError(f"suffix spec_factor must be > 0 (got {spec_factor})")
         self.max_depth, self.cache_tokens = int(max_depth), int(cache_tokens)
         self.min_prob, self.spec_factor = float(min_prob), float(spec_factor)
+        self.cache = SuffixCache(self.max_depth, self.cache_tokens)
+
+    def clear(self) -> None:
+        """Forget earlier requests (a new, empty global trie)."""
         self.cache = SuffixCache(self.max_depth, self.cache_tokens)
 
     def bind(self, tlm) -> None:
