@@ -420,12 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         pair = json.loads(a.pair.read_text()) if a.pair else train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
         res["pair"] = {"pair_json": str(a.pair) if a.pair else str(a.demo_out / "pair.json"),
                        "tlm": pair.get("config", {}).get("tlm"), "dlm": pair.get("config", {}).get("dlm")}
-    if only & {"batch", "ngram", "fallback"}:
-        from . import serving
+    if only & {"batch", "ngram", "suffix", "fallback"}:
+        from . import serving, suffix
         res.update(serving.run(pair, a.out, a, only))
-    if "suffix" in only:
-        from . import suffix
-        res["suffix_drafts"] = suffix.run(pair, a.out, a)
+        res.update(suffix.run(pair, a.out, a, only))
     if "spec" in only:
         rows, host, info = bench_spec(pair, a.out, a)
         res["spec_vs_target"] = rows

@@ -99,9 +99,11 @@ def bench_suffix(pair: dict, out: Path, a, tok) -> list:
     return rows
 
 
-def run(pair: dict, out: Path, a) -> list:
+def run(pair: dict, out: Path, a, only: set) -> dict:
+    if "suffix" not in only:
+        return {}
     from specdec_compile.runtime.tokenizer import load_tokenizer
-    return bench_suffix(pair, out, a, load_tokenizer(Path(pair["paths"]["tokenizer"])))
+    return {"suffix_drafts": bench_suffix(pair, out, a, load_tokenizer(Path(pair["paths"]["tokenizer"])))}
 
 
 def markdown(rows: list) -> list[str]:
