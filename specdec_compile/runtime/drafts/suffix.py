@@ -32,8 +32,8 @@ the target's token, so greedy output is exactly target-only decoding and
 sampling stays exact (sampling.py).
 
 **Memory cap.** The global trie holds at most ``cache_tokens`` tokens (default
-16384). Each request's output is one entry, added token by token as the target
-accepts it; when the total passes the cap, whole entries are evicted oldest
+16384). Each request's output (led in by the prompt's last 8 tokens, the context an
+answer starts from) is one entry, added token by token as the target accepts it; when the total passes the cap, whole entries are evicted oldest
 first (FIFO by the request's start; an evicted request still decoding starts a
 new entry with its following tokens). Nodes are at most ``max_depth`` per cached
 token. The last round's tokens of a request (after its last draft call) are not
@@ -235,7 +235,10 @@ class SuffixDraft:
 
 
 class SuffixDrafter:
-    """One generation: its own trie (prompt + output) and its entry in the shared cache."""
+    """One generation: its own trie (prompt + output) and its entry in the shared cache
+    (its output, after the prompt's last ``LEAD`` tokens: the context an answer starts from)."""
+
+    LEAD = 8
 
     def __init__(self, source: SuffixDraft, vocab: int | None):
         self.src = source
@@ -246,16 +249,17 @@ class SuffixDrafter:
         self.seq: list[int] = []
         self.prompt_len = None
 
-    def _catch_up(self, seq: list[int]) -> None:
-        """Index the tokens of ``seq`` not seen yet (final text: the loop passes seq[:q])."""
-        if len(seq) < len(self.seq) or seq[: len(self.seq)][-1:] != self.seq[-1:]:
+    def _catch_up(self, seq: list[int], q: int) -> None:
+        """Index seq[len(indexed):q], the tokens not seen yet (final text: the loop's seq[:q])."""
+        n = len(self.seq)
+        if q < n or (n and seq[n - 1] != self.seq[-1]):
             raise AssertionError("a suffix drafter follows one growing sequence")
         cache = self.src.cache
-        for i in range(len(self.seq), len(seq)):
+        for i in range(n, q):
             t = int(seq[i])
             self.frontier = self.local.extend(self.frontier, t)
             self.seq.append(t)
-            if i >= self.prompt_len:
+            if i >= self.prompt_len - self.LEAD:      # the output, led in by the prompt's last tokens
                 self.entry = cache.append(self.entry, t)
 
     def propose(self, n: int) -> list[int]:
@@ -281,14 +285,14 @@ class SuffixDrafter:
     # -- the drafter interface ----------------------------------------------
     def first(self, prompt: list[int]):
         self.prompt_len = len(prompt)
-        self._catch_up(list(prompt))
+        self._catch_up(prompt, len(prompt))
         d = self.propose(1)
         return d[0] if d else None
 
     def draft(self, seq: list[int], q: int, n: int) -> list[int]:
         if self.prompt_len is None:      # first() not called (--k 0): the prompt is what came before
             self.prompt_len = q - 1
-        self._catch_up(seq[:q])
+        self._catch_up(seq, q)
         d = self.propose(n)
         if self.vocab is not None:
             d = [t for t in d if 0 <= t < self.vocab]
