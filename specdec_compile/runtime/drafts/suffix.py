@@ -14,13 +14,14 @@ its children the next tokens. A trie rather than a suffix tree or automaton:
 appending a token is O(depth) (the *frontier*, the nodes of the sequence's last
 0..depth-1 tokens, each step down one child), whole requests can be removed again
 (decrement the same counts; a suffix automaton cannot forget), and a lookup walks
-at most O(depth^2) nodes, whatever the length of the history. The price is memory:
+O(depth + drafts) nodes, whatever the length of the history. The price is memory:
 up to ``max_depth`` nodes per cached token, which is why the depth is bounded and
 the global trie has a cap.
 
 **Drafting.** Match the longest suffix of the sequence that the trie has seen
-continued (per-request trie: from the frontier; global trie: walk from the root,
-longest candidate first). From there, follow the most frequent child, token by
+continued: the deepest node of the sequence's frontier with a continuation (in the
+global trie, the frontier of this request's own entry: its output is added there
+too, so those nodes are shared with every other request's same strings). From there, follow the most frequent child, token by
 token; the estimated probability of the path is the product of
 ``child.count / node.cont``. Stop when it falls under ``min_prob`` (default 0.1),
 when the path has ``spec_factor`` x the match length tokens (a one-token match
@@ -269,12 +270,15 @@ class SuffixDrafter:
             return []
         src, seq = self.src, self.seq
         best, best_score = [], 0.0
-        m = next((d for d in range(len(self.frontier) - 1, 0, -1) if self.frontier[d].cont > 0), 0)
-        cands = [(self.local, self.frontier[m], m)] if m else []
-        g = src.cache.trie
-        node, gm = g.longest_match(seq)
-        if node is not None:
-            cands.append((g, node, gm))
+        cands = []
+        # the longest suffix seen continued: the deepest frontier node with a continuation. The
+        # global trie holds this request's own text too, so its entry's frontier is the same
+        # walk there, and it sees every other request's continuations of those strings.
+        for trie, f in ((self.local, self.frontier), (src.cache.trie, self.entry.frontier)):
+            m = next((d for d in range(len(f) - 1, 0, -1) if f[d].cont > 0), 0)
+            trie.visits += len(f) - m
+            if m:
+                cands.append((trie, f[m], m))
         for trie, node, m in cands:
             cap = min(n, max(1, int(src.spec_factor * m)))
             toks, score = trie.walk(node, m, seq, cap, src.min_prob)
