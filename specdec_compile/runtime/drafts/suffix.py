@@ -136,7 +136,7 @@ class SuffixTrie:
         while len(out) < n:
             if depth >= self.depth:              # the depth bound: re-anchor on a shorter suffix
                 r = self.depth // 2
-                node = self.find((list(context) + out)[-r:])
+                node = self.find((list(context[-r:]) + out)[-r:])
                 depth = r
                 if node is None:
                     break
