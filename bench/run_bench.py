@@ -2,7 +2,7 @@
 """Benchmarks of the compiler and the runtime, in one run (what `make bench` runs).
 
     python -m bench.run_bench                  # everything; writes bench/results.json and bench/results.md
-    python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, fallback, real
+    python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, suffix, fallback, real
 
 Sections (keys of bench/results.json):
 
@@ -27,7 +27,7 @@ kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
                 runtime's own host work per step (loop_host_ms: the step's wall time
                 minus the time inside the session, on the same calls) and its share
                 of the session time (loop_host_share).
-batch_throughput, ngram, fallback_dlm: see bench/serving.py.
+batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts: bench/suffix.py.
 step_latency    a decode step of the original optimum export (concatenating cache,
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
@@ -346,6 +346,9 @@ def markdown(res: dict) -> str:
                      f"{r['copy_step_ms']:.3f} | {r['copy_over_inplace']:.2f} |")
         L.append("")
     L += serving_markdown(res)
+    if res.get("suffix_drafts"):
+        from . import suffix
+        L += suffix.markdown(res["suffix_drafts"])
     if res.get("step_latency_by_ctx"):
         L.append("| ctx_len | original export step (ms) | rewritten step (ms) | original / rewritten |")
         L.append("|---|---|---|---|")
@@ -369,8 +372,8 @@ def markdown(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,fallback,real",
-                    help="comma list of spec, kv, step, rewrite, batch, ngram, fallback, real")
+    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real",
+                    help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, fallback, real")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
@@ -413,13 +416,14 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.time()
     pair = None
     a.log = log
-    if only & {"spec", "kv", "step", "batch", "ngram", "fallback"}:
+    if only & {"spec", "kv", "step", "batch", "ngram", "suffix", "fallback"}:
         pair = json.loads(a.pair.read_text()) if a.pair else train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
         res["pair"] = {"pair_json": str(a.pair) if a.pair else str(a.demo_out / "pair.json"),
                        "tlm": pair.get("config", {}).get("tlm"), "dlm": pair.get("config", {}).get("dlm")}
-    if only & {"batch", "ngram", "fallback"}:
-        from . import serving
+    if only & {"batch", "ngram", "suffix", "fallback"}:
+        from . import serving, suffix
         res.update(serving.run(pair, a.out, a, only))
+        res.update(suffix.run(pair, a.out, a, only))
     if "spec" in only:
         rows, host, info = bench_spec(pair, a.out, a)
         res["spec_vs_target"] = rows

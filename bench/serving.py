@@ -1,4 +1,5 @@
-"""Serving benchmarks (``python -m bench.run_bench --only batch,ngram,fallback``), on the demo pair:
+"""Serving benchmarks (``python -m bench.run_bench --only batch,ngram,suffix,fallback``), on the demo pair
+(suffix_drafts: bench/suffix.py):
 
 batch_throughput  B = 1, 2, 4, 8 rows; 16 held-out prompts through continuous
                   batching; target-only (the TLM's width-1 specialization) and

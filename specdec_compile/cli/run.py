@@ -2,6 +2,7 @@
 
     specdec-run --tlm OUT_TLM --dlm OUT_DLM --tokenizer DIR --prompt "Hello"
     specdec-run --tlm OUT_TLM --draft ngram --tokenizer DIR --prompt "Hello"
+    specdec-run --tlm OUT_TLM --draft suffix --tokenizer DIR --prompt "Hello" --prompt "Hello again"
     specdec-run --tlm OUT_TLM --target-only --prompt-ids 1,2,3 --json
 
 Text streams as it is accepted (accepted drafts and target tokens in two
@@ -28,12 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(ONNX Runtime or Cloud AI 100).")
     p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
     p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with "
-                   "--target-only or --draft ngram)")
-    p.add_argument("--draft", choices=("dlm", "ngram"), default=None,
-                   help="where drafts come from: the DLM (default when --dlm is given) or n-gram "
-                        "prompt lookup (no draft model)")
+                   "--target-only, --draft ngram or --draft suffix)")
+    p.add_argument("--draft", choices=("dlm", "ngram", "suffix"), default=None,
+                   help="where drafts come from: the DLM (default when --dlm is given), n-gram "
+                        "prompt lookup or suffix tries over the prompt, output and earlier requests' "
+                        "outputs (no draft model)")
     p.add_argument("--ngram-max", type=int, default=None, metavar="N",
                    help="--draft ngram: the longest n-gram matched (default 3; at most 32 and the context length)")
+    p.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="N",
+                   help="--draft suffix: tokens of earlier requests' outputs kept (default 16384; whole "
+                        "requests evicted oldest first)")
+    p.add_argument("--suffix-max-depth", type=int, default=None, metavar="N",
+                   help="--draft suffix: the suffix tries' depth in tokens (default 24, at most 256)")
     p.add_argument("--no-fallback", action="store_true",
                    help="never choose to draft nothing (with 0 in the TLM's k_list the adaptive "
                         "choice may otherwise fall back to plain decoding when drafts do not pay)")
@@ -220,12 +227,38 @@ def _check_args(args) -> None:
         from ..runtime.drafts.ngram import NgramDraft
         if not 1 <= args.ngram_max <= NgramDraft.MAX_N:
             raise SpecdecError(f"--ngram-max must be in [1, {NgramDraft.MAX_N}] (got {args.ngram_max})")
+    _check_suffix_args(args)
     if not args.target_only and args.draft == "dlm" and not args.dlm:
         raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
         raise SpecdecError("--k has no meaning with --target-only")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+
+
+def _check_suffix_args(args) -> None:
+    if args.draft == "suffix" and args.dlm:
+        raise SpecdecError("--draft suffix takes no --dlm (the drafts come from the text itself)")
+    if args.draft == "suffix" and args.target_only:
+        raise SpecdecError("--draft suffix has no meaning with --target-only")
+    for name in ("suffix_cache_tokens", "suffix_max_depth"):
+        flag = "--" + name.replace("_", "-")
+        if getattr(args, name) is not None and args.draft != "suffix":
+            raise SpecdecError(f"{flag} is for --draft suffix")
+    if args.suffix_cache_tokens is not None and args.suffix_cache_tokens < 1:
+        raise SpecdecError(f"--suffix-cache-tokens must be a positive number of tokens "
+                           f"(got {args.suffix_cache_tokens})")
+    if args.suffix_max_depth is not None and not 2 <= args.suffix_max_depth <= 256:
+        raise SpecdecError(f"--suffix-max-depth must be in [2, 256] (got {args.suffix_max_depth})")
+
+
+def _draft_source(args):
+    """The ``draft=`` argument of SpecDecoder for a model-free --draft."""
+    if args.draft != "suffix":
+        return "ngram"
+    from ..runtime.drafts.suffix import SuffixDraft
+    kw = {"cache_tokens": args.suffix_cache_tokens, "max_depth": args.suffix_max_depth}
+    return SuffixDraft(**{k: v for k, v in kw.items() if v is not None})
 
 
 def ort_thread_options(threads: int | None, two_models: bool) -> dict:
@@ -262,7 +295,7 @@ def _open(args):
     need_model = args.backend == "ort"
     # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
     tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
-    dlm_art = None if (args.target_only or args.draft == "ngram") else \
+    dlm_art = None if (args.target_only or args.draft in ("ngram", "suffix")) else \
         load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
     tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
     dlm_tok = load_tokenizer(args.dlm_tokenizer) if tok is not None and args.dlm_tokenizer and dlm_art else None
@@ -317,9 +350,9 @@ def run(argv: list[str]) -> int:
     if args.target_only:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        dec = SpecDecoder(tlm, dlm, draft=None if dlm is not None else "ngram", ngram_max=args.ngram_max,
-                          eos_token_id=eos, k=args.k, fallback=not args.no_fallback,
-                          tokenizer=tok, dlm_tokenizer=dlm_tok)
+        source = None if dlm is not None else _draft_source(args)
+        dec = SpecDecoder(tlm, dlm, draft=source, ngram_max=args.ngram_max, eos_token_id=eos, k=args.k,
+                          fallback=not args.no_fallback, tokenizer=tok, dlm_tokenizer=dlm_tok)
 
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)

@@ -15,6 +15,7 @@ from .drafts import DraftContext, TargetStep
 from .drafts.dlm import DlmDraft
 from .drafts.feature import FeatureDraft
 from .drafts.ngram import NgramDraft
+from .drafts.suffix import SuffixDraft
 from .metrics import GenerationResult, aggregate_metrics
 from .policy import WidthPolicy
 from .sampling import SamplingParams
@@ -22,5 +23,5 @@ from .vocab import PairVocab
 
 __all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "FeatureDraft", "GenerationResult", "NgramDraft", "TargetStep",
            "WidthPolicy", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
-           "SpecDecoder", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
+           "SpecDecoder", "SuffixDraft", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
            "load_artifact", "open_backend"]

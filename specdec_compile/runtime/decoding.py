@@ -138,8 +138,8 @@ class SpecDecoder(_Decoder):
     """Speculative decoding: a TLM backend verifies drafts from a draft source (see the module doc).
 
     The draft source, ``draft=``: a source object (drafts/: :class:`~.drafts.ngram.NgramDraft`,
-    :class:`~.drafts.dlm.DlmDraft`, or your own), or "ngram" (``ngram_max`` its
-    longest n-gram). ``dlm=`` (the older spelling, also the second positional
+    :class:`~.drafts.suffix.SuffixDraft`, :class:`~.drafts.dlm.DlmDraft`, or your own), or
+    "ngram" (``ngram_max`` its longest n-gram) or "suffix" (its defaults). ``dlm=`` (the older spelling, also the second positional
     argument): a DLM backend, or a source object.
     ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own): the
     pair must agree on them (else on the manifests' special token ids), and the

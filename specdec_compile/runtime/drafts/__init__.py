@@ -31,8 +31,10 @@ what makes the output exactly the target's.
 
 Sources here: :class:`~.dlm.DlmDraft` (a draft model with its own retained
 state), :class:`~.feature.FeatureDraft` (an EAGLE-style head that reads the
-target's hidden states from ``TargetStep.outputs``) and
-:class:`~.ngram.NgramDraft` (prompt lookup: no model). A new source
+target's hidden states from ``TargetStep.outputs``), :class:`~.ngram.NgramDraft`
+(prompt lookup: no model) and :class:`~.suffix.SuffixDraft` (suffix tries over
+the request and earlier requests' outputs, drafts sized by confidence: no
+model). A new source
 is one module in this package with its tests; ``SpecDecoder(tlm, draft=...)``
 takes any object with this interface.
 """
@@ -77,15 +79,18 @@ class DraftContext:
 
 
 def make_draft_source(draft, *, ngram_max: int | None = None):
-    """A draft source from a name ("ngram") or a source object; None for "dlm"/None
-    (a DLM backend is given)."""
+    """A draft source from a name ("ngram", "suffix": its defaults) or a source object;
+    None for "dlm"/None (a DLM backend is given)."""
     from .ngram import NgramDraft
+    from .suffix import SuffixDraft
     if draft is None or draft == "dlm":
         return None
     if isinstance(draft, str):
         if draft == "ngram":
             return NgramDraft(3 if ngram_max is None else ngram_max)
-        raise SpecdecError(f"unknown draft source {draft!r} (expected 'dlm' or 'ngram')")
+        if draft == "suffix":
+            return SuffixDraft()
+        raise SpecdecError(f"unknown draft source {draft!r} (expected 'dlm', 'ngram' or 'suffix')")
     if not all(hasattr(draft, a) for a in ("drafter", "bind", "backends")):
         raise SpecdecError(f"{type(draft).__name__} is not a draft source (needs drafter, bind and backends)")
     return draft
