@@ -116,6 +116,7 @@ class _Generation:
                 stop = yield from self.round()
         finally:
             self.policy.live.discard(self.row)
+        self.drafter.finish(self.seq)
         if self.first_accepted and self.meter.verify_calls == 0:
             self.meter.add_round(1, 1)        # generation ended with the accepted d1
         return self.result(stop)

@@ -241,3 +241,14 @@ def test_cli_suffix_bad_input(arts, capsys):  # noqa: F811
     one_line_error(*run(base + ["--draft", "ngram", "--suffix-cache-tokens", "10"], capsys)[::2],
                    "--draft suffix")
     one_line_error(*run(base + ["--draft", "suffix", "--target-only"], capsys)[::2], "--target-only")
+
+
+def test_a_finished_request_reaches_the_shared_cache_whole():
+    """The loop's finish hook: the last round's tokens (after the last draft call) are
+    cached too, so the whole answer is there for the next request."""
+    lm = FakeLM(23)
+    tlm = FakeBackend(fake_artifact("tlm", k=4), lm)
+    src = SuffixDraft(cache_tokens=10_000)
+    res = SpecDecoder(tlm, src).generate(PROMPT, max_new_tokens=25)
+    lead = min(len(PROMPT), 8)                       # the prompt's last tokens lead the answer in
+    assert src.cache.tokens == lead + len(res.generated_ids)

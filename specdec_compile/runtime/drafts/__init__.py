@@ -14,6 +14,7 @@ A **drafter** holds one sequence's drafting state:
     draft(seq, q, n) -> [d, ...]          up to n drafts for positions q.. (seq[:q] is the text)
     verified(step)                        what the target returned for tokens it keeps
     rollback(valid)                       the sequence is only seq[:valid] now
+    finish(seq)                           the generation ended with text seq (prompt + output)
 
 ``first`` and ``draft`` may return a value or be generators that yield
 :class:`~..calls.Call`\\ s (a draft model's calls, made through

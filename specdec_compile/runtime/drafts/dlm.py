@@ -114,3 +114,6 @@ class DlmDrafter:
 
     def rollback(self, valid: int) -> None:
         self.valid = min(self.valid, valid)
+
+    def finish(self, seq) -> None:
+        pass   # nothing outlives the generation

@@ -95,3 +95,6 @@ class NgramIndex:
 
     def rollback(self, valid: int) -> None:
         pass   # the index only holds accepted text
+
+    def finish(self, seq) -> None:
+        pass   # nothing outlives the generation

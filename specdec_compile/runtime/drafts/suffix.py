@@ -37,8 +37,8 @@ sampling stays exact (sampling.py).
 answer starts from) is one entry, added token by token as the target accepts it; when the total passes the cap, whole entries are evicted oldest
 first (FIFO by the request's start; an evicted request still decoding starts a
 new entry with its following tokens). Nodes are at most ``max_depth`` per cached
-token. The last round's tokens of a request (after its last draft call) are not
-added: the drafter is not told when a generation ends.
+token. When a generation ends (the protocol's ``finish``), its last round's
+tokens are added too.
 """
 from __future__ import annotations
 
@@ -307,3 +307,10 @@ class SuffixDrafter:
 
     def rollback(self, valid: int) -> None:
         pass   # the tries only hold accepted text
+
+    def finish(self, seq) -> None:
+        """The last round's tokens (after the last draft call) reach both tries too, so
+        the next request sees this one's whole answer."""
+        if self.prompt_len is None:
+            return
+        self._catch_up(seq, len(seq))
