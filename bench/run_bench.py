@@ -3,6 +3,8 @@
 
     python -m bench.run_bench                  # everything; writes bench/results.json and bench/results.md
     python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, suffix, fallback, real
+    python -m bench.run_bench --only suffix-real --real-build build/demo   # suffix drafts' SmolLM2 rows alone
+                                               # (--only suffix: the toy pair's rows, then SmolLM2's when built)
 
 Sections (keys of bench/results.json):
 
@@ -27,7 +29,9 @@ kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
                 runtime's own host work per step (loop_host_ms: the step's wall time
                 minus the time inside the session, on the same calls) and its share
                 of the session time (loop_host_share).
-batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts: bench/suffix.py.
+batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts (the toy pair) and
+                suffix_drafts_real (SmolLM2, when make demo's build exists; also written to
+                bench/results-suffix-real.{json,md}): bench/suffix.py.
 step_latency    a decode step of the original optimum export (concatenating cache,
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
@@ -59,6 +63,7 @@ from pathlib import Path
 from demo import train_pair
 from demo.compiling import compile_artifact, compile_cmd
 
+from . import suffix
 from .spec import bench_spec
 
 HERE = Path(__file__).resolve().parent
@@ -347,8 +352,9 @@ def markdown(res: dict) -> str:
         L.append("")
     L += serving_markdown(res)
     if res.get("suffix_drafts"):
-        from . import suffix
         L += suffix.markdown(res["suffix_drafts"])
+    if res.get("suffix_drafts_real"):
+        L += suffix.markdown(res["suffix_drafts_real"], suffix.real_title(res.get("suffix_drafts_real_settings") or {}))
     if res.get("step_latency_by_ctx"):
         L.append("| ctx_len | original export step (ms) | rewritten step (ms) | original / rewritten |")
         L.append("|---|---|---|---|")
@@ -373,14 +379,15 @@ def markdown(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
     ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real",
-                    help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, fallback, real")
+                    help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
     ap.add_argument("--serve-repeats", type=int, default=2, help="repeats (serving sections; best kept)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
     ap.add_argument("--demo-out", type=Path, default=ROOT / "build" / "demo-toy", help="the toy pair")
-    ap.add_argument("--real-out", type=Path, default=ROOT / "build" / "demo", help="the real model (make demo)")
+    ap.add_argument("--real-out", "--real-build", type=Path, default=ROOT / "build" / "demo", help="make demo's build")
+    suffix.add_args(ap)
     ap.add_argument("--real-prompts", type=int, default=4)
     ap.add_argument("--real-max-new-tokens", type=int, default=128)
     ap.add_argument("--real-repeats", type=int, default=2)
@@ -414,16 +421,16 @@ def main(argv: list[str] | None = None) -> int:
     res["machine"] = machine()
     res["command"] = " ".join(["python", "-m", "bench.run_bench", *(argv if argv is not None else sys.argv[1:])])
     t_all = time.time()
-    pair = None
-    a.log = log
+    pair, a.log = None, log
     if only & {"spec", "kv", "step", "batch", "ngram", "suffix", "fallback"}:
         pair = json.loads(a.pair.read_text()) if a.pair else train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
         res["pair"] = {"pair_json": str(a.pair) if a.pair else str(a.demo_out / "pair.json"),
                        "tlm": pair.get("config", {}).get("tlm"), "dlm": pair.get("config", {}).get("dlm")}
     if only & {"batch", "ngram", "suffix", "fallback"}:
-        from . import serving, suffix
+        from . import serving
         res.update(serving.run(pair, a.out, a, only))
         res.update(suffix.run(pair, a.out, a, only))
+    res.update(suffix.run_real(a, only))                # SmolLM2's suffix rows: when built, else skipped
     if "spec" in only:
         rows, host, info = bench_spec(pair, a.out, a)
         res["spec_vs_target"] = rows

@@ -11,6 +11,17 @@ repeated           a few held-out def + docstring prompts, each asked three time
                    parameter renamed and a number changed (as agents and code-edit tools ask).
 grounded, free     the n-gram section's prompts (bench/serving.py).
 
+SmolLM2 rows (``--only suffix`` or ``--only suffix-real``; bench/results-suffix-real.{json,md}),
+when ``make demo``'s build exists (``--real-build DIR``, default build/demo; else skipped, with
+the reason printed): the demo's TLM (k_list 0..8: adaptive widths, the K=0 fallback) and its
+tokenizer, target-only on ``tlm-base`` (the seq_len-1 baseline, as bench/real_model.py),
+every prompt through SmolLM2's chat template:
+
+demo_instructions  the demo's instructions (``--suffix-real-prompts``).
+repeated           ``--suffix-real-functions`` held-out def + docstring prompts (the toy's), each
+                   as "Complete this Python function" around the code, in ``variants``' three forms.
+grounded, free     not measured: the real-model bench has no such prompts.
+
 tokens_per_tlm_call: new tokens / TLM calls over the workload, the prefill counted as one
 call (target-only: 1);
 speedup: the per-prompt mean decode rate over target-only's (best of ``--serve-repeats``
@@ -21,7 +32,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from demo.prompts import DEMO_PROMPTS
+from demo.prompts import DEMO_PROMPTS, WARMUP_PROMPT
 from demo.rates import decode_rate
 
 from .serving import _backends, grounded, held_out_functions
@@ -55,12 +66,13 @@ def workloads(tok, a) -> dict:
     }
 
 
-def _pass(decs: dict, ids: list, a, best: dict, calls: dict) -> None:
-    """One pass over a workload, every decoder per prompt in turn; keeps per-prompt best rates."""
+def _pass(decs: dict, ids: list, n_new: int, best: dict, calls: dict) -> None:
+    """One pass over a workload, every decoder per prompt in turn (the first one: target-only);
+    keeps per-prompt best rates."""
     for i, p in enumerate(ids):
         want = None
         for name, dec in decs.items():
-            r = dec.generate(p, max_new_tokens=a.serve_new_tokens)
+            r = dec.generate(p, max_new_tokens=n_new)
             if want is None:
                 want = r.generated_ids
             elif r.generated_ids != want:
@@ -71,6 +83,36 @@ def _pass(decs: dict, ids: list, a, best: dict, calls: dict) -> None:
             calls[name][1] += m["tlm_verify_calls"] + (1 if m["new_tokens"] else 0)   # + the prefill's token
 
 
+def rows_of(kind: str, best: dict, calls: dict) -> list[dict]:
+    """A workload's rows, one per decoder: tokens per TLM call over the workload ([tokens, calls]),
+    the per-prompt decode rates' harmonic mean (prompts with no decode phase left out), and its
+    ratio to target-only's (the decoder named "none")."""
+    def mean(xs):
+        xs = [x for x in xs if x > 0]
+        return len(xs) / sum(1 / x for x in xs) if xs else 0.0
+    base = mean(best["none"])
+    return [{"workload": kind, "draft": name, "prompts": len(best[name]),
+             "tokens_per_tlm_call": round(calls[name][0] / max(1, calls[name][1]), 3),
+             "tokens_per_s": round(mean(best[name]), 1),
+             "speedup": round(mean(best[name]) / base, 3) if base else None} for name in best]
+
+
+def measure(decs: dict, work: dict, n_new: int, repeats: int, log, tag: str = "[suffix]") -> list[dict]:
+    """Every workload through every decoder, ``repeats`` passes (best rate per prompt kept)."""
+    rows = []
+    for kind, ids in work.items():
+        best = {k: [0.0] * len(ids) for k in decs}
+        calls = {k: [0, 0] for k in decs}
+        for _ in range(repeats):
+            decs["suffix"].source.clear()
+            _pass(decs, ids, n_new, best, calls)
+        for r in rows_of(kind, best, calls):
+            rows.append(r)
+            log(f"{tag} {kind:17s} {r['draft']:6s}: {r['tokens_per_tlm_call']:.2f} tokens/TLM call, "
+                f"{r['tokens_per_s']:.1f} tok/s ({r['speedup'] or 0:.2f}x)")
+    return rows
+
+
 def bench_suffix(pair: dict, out: Path, a, tok) -> list:
     from specdec_compile.runtime import SpecDecoder, SuffixDraft, TargetOnlyDecoder
     eos = tok.eos_token_id
@@ -79,24 +121,105 @@ def bench_suffix(pair: dict, out: Path, a, tok) -> list:
     decs = {"none": TargetOnlyDecoder(tlm, eos_token_id=eos),
             "ngram": SpecDecoder(tlm, None, draft="ngram", eos_token_id=eos),
             "suffix": SpecDecoder(tlm, SuffixDraft(), eos_token_id=eos)}
-    rows = []
-    for kind, ids in workloads(tok, a).items():
-        best = {k: [0.0] * len(ids) for k in decs}
-        calls = {k: [0, 0] for k in decs}
-        for r in range(a.serve_repeats):
-            decs["suffix"].source.clear()
-            _pass(decs, ids, a, best, calls)
-        base = len(ids) / sum(1 / x for x in best["none"])
-        for name in decs:
-            rate = len(ids) / sum(1 / x for x in best[name])
-            tpc = calls[name][0] / max(1, calls[name][1])
-            rows.append({"workload": kind, "draft": name, "prompts": len(ids),
-                         "tokens_per_tlm_call": round(tpc, 3), "tokens_per_s": round(rate, 1),
-                         "speedup": round(rate / base, 3)})
-            a.log(f"[suffix] {kind:17s} {name:6s}: {tpc:.2f} tokens/TLM call, {rate:.1f} tok/s "
-                  f"({rate / base:.2f}x)")
+    rows = measure(decs, workloads(tok, a), a.serve_new_tokens, a.serve_repeats, a.log)
     tlm.close()
     return rows
+
+
+# --------------------------------------------------------------------------- SmolLM2 (make demo's build)
+
+CODE_REQUEST = "Complete this Python function:\n\n```python\n{}\n```"
+REAL_RESULTS = Path(__file__).resolve().parent / "results-suffix-real.json"
+
+
+def real_workloads(tok, n_instructions: int, n_functions: int, ctx_len: int, n_new: int) -> dict:
+    """SmolLM2's workloads, chat-formatted (smollm2.chat_ids): the demo's instructions, and the
+    repeated requests (every prompt fits ctx_len with n_new tokens after it)."""
+    from demo.smollm2 import chat_ids
+    budget = ctx_len - n_new - len(chat_ids(tok, CODE_REQUEST.format("")))
+    fits = lambda ids: len(ids) + n_new <= ctx_len  # noqa: E731
+    rep: list = []
+    for _, t in held_out_functions(2 * n_functions, budget, tok):     # the first n whose variants all fit
+        group = [chat_ids(tok, CODE_REQUEST.format(v)) for v in variants(t)]
+        if len(rep) < 3 * n_functions and all(map(fits, group)):
+            rep += group
+    work = {"demo_instructions": [chat_ids(tok, t) for t in DEMO_PROMPTS[:n_instructions]], "repeated": rep}
+    if not all(map(fits, work["demo_instructions"])):
+        raise SystemExit(f"a demo instruction with {n_new} new tokens exceeds the context length {ctx_len}")
+    return work
+
+
+def real_build_missing(build: Path) -> str | None:
+    """Why the SmolLM2 rows cannot run from ``build`` (None: they can)."""
+    need = [build / d / "manifest.json" for d in ("tlm", "dlm", "tlm-base")] + [build / "tokenizer"]
+    miss = [str(p) for p in need if not p.exists()]
+    return f"no SmolLM2 build in {build} (missing {', '.join(miss)}; `make demo` builds it)" if miss else None
+
+
+def bench_suffix_real(build: Path, a) -> tuple[list, dict] | tuple[None, str]:
+    """The SmolLM2 rows and their settings, or (None, why) when the build's TLM has no K=0 width."""
+    from demo import real_demo
+    from demo.smollm2 import chat_ids
+    from specdec_compile.runtime import SpecDecoder, SuffixDraft, TargetOnlyDecoder
+    tok, tlm, dlm, base = real_demo.open_backends(build, a.ort_threads)
+    dlm.close()
+    art = tlm.artifact
+    if 0 not in art.k_list:
+        for b in (tlm, base):
+            b.close()
+        return None, f"{build / 'tlm'} has no K=0 width (k_list {list(art.k_list)}): rebuild with make demo"
+    eos = art.manifest.get("eos_token_ids") or tok.eos_token_id
+    decs = {"none": TargetOnlyDecoder(base, eos_token_id=eos), "ngram": real_demo.runtime_ngram_decoder(tlm, eos),
+            "suffix": SpecDecoder(tlm, SuffixDraft(), eos_token_id=eos)}
+    n_new = a.suffix_real_new_tokens
+    work = real_workloads(tok, a.suffix_real_prompts, a.suffix_real_functions, art.ctx_len, n_new)
+    a.log(f"[suffix-real] SmolLM2 ({build}): " + ", ".join(f"{k} {len(v)} prompts" for k, v in work.items())
+          + f", {n_new} new tokens, {a.suffix_real_repeats} pass(es), TLM k_list {list(art.k_list)}, "
+          f"ORT {a.ort_threads} thread(s); grounded/free: not measured (no such real-model prompts)")
+    warm = chat_ids(tok, WARMUP_PROMPT)
+    for dec in decs.values():
+        dec.generate(warm, max_new_tokens=16)
+    rows = measure(decs, work, n_new, a.suffix_real_repeats, a.log, "[suffix-real]")
+    for b in (tlm, base):
+        b.close()
+    info = {"build": str(build), "prompts": {k: len(v) for k, v in work.items()}, "max_new_tokens": n_new,
+            "repeats": a.suffix_real_repeats, "k_list": list(art.k_list), "ort_threads": a.ort_threads,
+            "not_measured": "grounded, free (the real-model bench has no such prompts)"}
+    return rows, info
+
+
+def add_args(ap) -> None:
+    """run_bench's options for the SmolLM2 rows (the build: ``--real-build``)."""
+    ap.add_argument("--suffix-real-prompts", type=int, default=4, help="suffix, SmolLM2: demo instructions")
+    ap.add_argument("--suffix-real-functions", type=int, default=3,
+                    help="suffix, SmolLM2: functions of the repeated workload (3 requests each)")
+    ap.add_argument("--suffix-real-new-tokens", type=int, default=48, help="suffix, SmolLM2: new tokens per prompt")
+    ap.add_argument("--suffix-real-repeats", type=int, default=1, help="suffix, SmolLM2: passes (best rate kept)")
+
+
+def run_real(a, only: set) -> dict:
+    """The SmolLM2 rows (skipped, with the reason printed, when no build exists); written to
+    bench/results-suffix-real.{json,md}."""
+    if not only & {"suffix", "suffix-real"}:
+        return {}
+    why = real_build_missing(a.real_out)
+    rows, info = (None, why) if why else bench_suffix_real(a.real_out, a)
+    if rows is None:
+        a.log(f"[suffix-real] skipped: {info}")
+        return {}
+    import json
+    import time
+    info["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    REAL_RESULTS.write_text(json.dumps({"settings": info, "rows": rows}, indent=1) + "\n")
+    REAL_RESULTS.with_suffix(".md").write_text("\n".join(markdown(rows, real_title(info))))
+    a.log(f"[suffix-real] wrote {REAL_RESULTS} and {REAL_RESULTS.with_suffix('.md')}")
+    return {"suffix_drafts_real": rows, "suffix_drafts_real_settings": info}
+
+
+def real_title(info: dict) -> str:
+    return (f"suffix drafts on SmolLM2-135M-Instruct ({info.get('build')}): greedy, batch 1, "
+            f"{info.get('max_new_tokens')} new tokens, best of {info.get('repeats')} pass(es), TLM k_list "
+            f"{info.get('k_list')} (K=0 fallback); every output equal to target-only; grounded/free not measured")
 
 
 def run(pair: dict, out: Path, a, only: set) -> dict:
@@ -106,8 +229,11 @@ def run(pair: dict, out: Path, a, only: set) -> dict:
     return {"suffix_drafts": bench_suffix(pair, out, a, load_tokenizer(Path(pair["paths"]["tokenizer"])))}
 
 
-def markdown(rows: list) -> list[str]:
-    L = ["| workload | draft | tokens / TLM call | speedup vs none |", "|---|---|---|---|"]
+def markdown(rows: list, title: str | None = None) -> list[str]:
+    """The table of the toy's rows and of SmolLM2's (``title``: a line above it)."""
+    L = ([title, ""] if title else []) + ["| workload | draft | tokens / TLM call | speedup vs none |",
+                                          "|---|---|---|---|"]
     for r in rows:
-        L.append(f"| {r['workload']} | {r['draft']} | {r['tokens_per_tlm_call']:.2f} | {r['speedup']:.2f}x |")
+        sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        L.append(f"| {r['workload']} | {r['draft']} | {r['tokens_per_tlm_call']:.2f} | {sp} |")
     return L + [""]
