@@ -63,6 +63,11 @@ class LeanLlama:
     def forward(self, ids, pos, cache, start: int, key_ok):
         """ids, pos [B, S] written at slots start..start+S-1; key_ok [B, start+S] bool (False: padding).
         Returns the last position's final hidden state [B, hidden]."""
+        return self._rms(self.states(ids, pos, cache, start, key_ok)[:, -1], self.norm)
+
+    def states(self, ids, pos, cache, start: int, key_ok):
+        """As ``forward``, but the last layer's output *before* the final norm at every position
+        [B, S, hidden]: the feature a TLM compiled with ``--hidden-states -1`` outputs."""
         import torch
         import torch.nn.functional as F
         B, S = ids.shape
@@ -86,7 +91,7 @@ class LeanLlama:
             x = x + a.transpose(1, 2).reshape(B, S, hq) @ lay["o"]
             g = self._rms(x, lay["ln2"]) @ lay["gu"]
             x = x + (F.silu(g[..., :self.inter]) * g[..., self.inter:]) @ lay["down"]
-        return self._rms(x[:, -1], self.norm)
+        return x
 
     def logits(self, hidden):
         return hidden @ self.head.t()
@@ -136,6 +141,27 @@ def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos
     tops = [(t_ids[i, : int(lengths[i])].clone(), t_p[i, : int(lengths[i])].clone()) for i in range(B)]
     hidden = [t_h[i, : int(lengths[i])].clone() for i in range(B)]
     return rows, tops, hidden
+
+
+def features(lean: LeanLlama, seqs: list[list[int]], *, batch: int = 16, pad_id: int = 0):
+    """Teacher-forced features: for each token list, the last layer's output before the final
+    norm at every position (float16 [len, hidden]), one batched forward pass per ``batch``
+    sequences of similar length (right-padded: causal attention never sees the padding)."""
+    import torch
+    order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]), i))
+    out: list = [None] * len(seqs)
+    with torch.inference_mode():
+        for s in range(0, len(order), batch):
+            idx = order[s: s + batch]
+            T = max(len(seqs[i]) for i in idx)
+            ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
+            for r, i in enumerate(idx):
+                ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
+            pos = torch.arange(T)[None].expand(len(idx), T)
+            x = lean.states(ids, pos, lean.new_cache(len(idx), T), 0, torch.ones(len(idx), T, dtype=torch.bool))
+            for r, i in enumerate(idx):
+                out[i] = x[r, : len(seqs[i])].to(torch.float16).clone()
+    return out
 
 
 def flops_per_token(lean: LeanLlama) -> float:
