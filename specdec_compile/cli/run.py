@@ -253,7 +253,7 @@ def ort_thread_options(threads: int | None, two_models: bool) -> dict:
 def _open(args):
     """(tlm backend, dlm backend or None, (tokenizer, dlm tokenizer), prompts): cheap checks first
     (artifacts, their pairing, tokenizers, prompts), then the models are loaded."""
-    from ..runtime.artifact import check_pair, load_artifact
+    from ..runtime.artifact import check_feature_pair, check_pair, load_artifact
     from ..runtime.backends import open_backend
     from ..runtime.tokenizer import check_tokenizer_fits, load_tokenizer
 
@@ -268,6 +268,7 @@ def _open(args):
     dlm_tok = load_tokenizer(args.dlm_tokenizer) if tok is not None and args.dlm_tokenizer and dlm_art else None
     if dlm_art is not None:   # shapes; the tokenizers when both are given, else the manifests' token ids
         check_pair(tlm_art, dlm_art, tokenizers=(tok, dlm_tok))
+        check_feature_pair(tlm_art, dlm_art)   # a feature draft: the target exposes the layers it reads
     prompts = _prompts(args, tok)
 
     kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}

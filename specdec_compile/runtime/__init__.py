@@ -13,13 +13,14 @@ from .backends import Backend, OrtBackend, QaicBackend, open_backend
 from .decoding import SpecDecoder, TargetOnlyDecoder, generate
 from .drafts import DraftContext, TargetStep
 from .drafts.dlm import DlmDraft
+from .drafts.feature import FeatureDraft
 from .drafts.ngram import NgramDraft
 from .metrics import GenerationResult, aggregate_metrics
 from .policy import WidthPolicy
 from .sampling import SamplingParams
 from .vocab import PairVocab
 
-__all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "GenerationResult", "NgramDraft", "TargetStep",
+__all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "FeatureDraft", "GenerationResult", "NgramDraft", "TargetStep",
            "WidthPolicy", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
            "SpecDecoder", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
            "load_artifact", "open_backend"]

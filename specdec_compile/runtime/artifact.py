@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
+from ..contract import DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
 from ..manifest import Manifest, read_json
 
@@ -65,6 +65,33 @@ class Artifact:
     @property
     def name(self) -> str:
         return f"{self.role.upper()} artifact {self.path}"
+
+    @property
+    def hidden_states(self) -> dict | None:
+        """A TLM compiled with --hidden-states: its manifest's ``hidden_states`` record."""
+        return self.manifest.get("hidden_states") if self.role == "tlm" else None
+
+    @property
+    def feature_draft(self) -> dict | None:
+        """A feature draft (DLM compiled with --feature-layers): its manifest's ``feature_draft`` record."""
+        return self.manifest.get("feature_draft") if self.role == "dlm" else None
+
+    @property
+    def extra_inputs(self) -> dict[str, int]:
+        """Inputs beyond the contract's core (name -> width of the last axis): a feature draft's features."""
+        fd = self.feature_draft
+        return {fd.get("input", HIDDEN_STATES): int(fd["width"])} if fd else {}
+
+    @property
+    def extra_outputs(self) -> dict[str, int]:
+        """Outputs beyond logits and the cache (name -> width): a TLM's hidden states, a
+        feature draft's own predicted features; [batch, seq_len, width] each."""
+        hs, fd = self.hidden_states, self.feature_draft
+        if hs:
+            return {hs.get("output", HIDDEN_STATES): int(hs["width"])}
+        if fd:
+            return {fd.get("draft_output", DRAFT_HIDDEN_STATES): int(fd["draft_width"])}
+        return {}
 
     def shapes(self) -> list[tuple[int, int]]:
         """The (batch_size, seq_len) pairs a call may use."""
@@ -188,7 +215,8 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
     B, CL, PL, seq_lens = _shapes(p, m, specs)
     k, k_list = None, ()
     if m.role == "dlm":
-        for s in (1, 2):
+        # a feature draft ingests a round's accepted tokens in k+1 (or PL) and drafts at 1
+        for s in ((1,) if m.feature_draft is not None else (1, 2)):
             if s not in seq_lens:
                 raise SpecdecError(f"{p / SPECIALIZATIONS_FILE}: a DLM needs a seq_len={s} specialization "
                                    f"(has {list(seq_lens)})")
@@ -258,3 +286,36 @@ def check_pair(tlm: Artifact, dlm: Artifact, tokenizers=None) -> None:
         check_tokenizers_agree(*tokenizers, limit=min(sizes) if sizes else None)
     else:
         _check_special_ids(tlm, dlm)
+
+
+def _layers(xs) -> str:
+    return ",".join(str(x) for x in xs)
+
+
+def check_feature_pair(tlm: Artifact, dlm: Artifact) -> None:
+    """A feature draft and its target match (contract section 5): the draft's
+    ``target_layers``, resolved against the TLM's layer count, are the TLM's
+    ``layer_indices`` in order, and the widths are equal. The loop feeds the
+    draft's own ``draft_hidden_states`` back where a target feature is not known
+    yet, so that output must be as wide as the features it reads."""
+    fd = dlm.feature_draft
+    if fd is None:
+        return
+    reads = list(fd.get("target_layers") or [])
+    hs = tlm.hidden_states
+    if hs is None:
+        raise SpecdecError(f"{dlm.path} is a feature draft reading target layers {_layers(reads)}, but the target "
+                           f"{tlm.path} exposes no hidden states: compile it with --hidden-states {_layers(reads)}")
+    n = tlm.num_layers
+    resolved = [x + n if (x < 0 and n) else x for x in reads]
+    if resolved != list(hs.get("layer_indices") or []):
+        raise SpecdecError(f"the target was compiled with --hidden-states {_layers(hs.get('layers') or [])} but the "
+                           f"draft reads layers {_layers(reads)} ({tlm.path}, {dlm.path}); compile the target "
+                           f"with --hidden-states {_layers(reads)}")
+    if int(hs["width"]) != int(fd["width"]):
+        raise SpecdecError(f"the target's hidden states are {hs['width']} wide but the draft reads {fd['width']} "
+                           f"({tlm.path}, {dlm.path}): another hidden size")
+    if int(fd["draft_width"]) != int(fd["width"]):
+        raise SpecdecError(f"{dlm.path}: the draft's own features (draft_hidden_states) are {fd['draft_width']} "
+                           f"wide but it reads {fd['width']}: the loop feeds them back in place of the target's "
+                           f"for later drafts, so it needs one target layer of its own hidden size")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .calls import rows_of
+from .calls import row_of, run_rows
 from .generation import _check_prompt
 from .sampling import Noise, SamplingParams
 from .schedule import choose_width
@@ -118,10 +118,7 @@ class BatchEngine:
         group = self._group(slots)
         backend = group[0][1].runner.b
         width, group = self._shape(group)
-        ids, pos = rows_of(group, self.B, width)
-        t = time.perf_counter()
-        out = backend.run(ids, pos, check=False)
-        dt = time.perf_counter() - t
+        out, dt = run_rows(backend, group, self.B, width)
         group[0][1].runner.costs.add(width, dt)
         self.calls += 1
         freed = []
@@ -129,7 +126,7 @@ class BatchEngine:
             c.runner.book(width, dt, c.prefill)
             s = slots[r]
             try:
-                s[2] = s[1].send(out[r])
+                s[2] = s[1].send(row_of(out, r))
             except StopIteration as e:
                 done.append((s[0], e.value))
                 slots[r] = None

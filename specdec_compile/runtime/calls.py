@@ -8,6 +8,13 @@ tokens in row 0 (the other rows padding); batch.py puts the calls of several
 generations, one per row, into one call. Each call is timed once, into the
 model's :class:`~.costs.CallCosts` (read by the width policy and the batch
 scheduler), and into the metrics of every generation that took part.
+
+Extra tensors (a feature draft's ``hidden_states`` input, a TLM's
+``hidden_states`` output, contract section 2) ride along: a Call may carry
+``inputs`` ({name: [len(tokens), width]}, the rest of its row zeros), and the
+driver sends each generation back ``(logits rows, {name: its rows of every
+extra output})``; :meth:`Runner.call` returns the logits and keeps the extras
+in ``runner.outputs``.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..contract import LOGITS
 from .backends import Backend
 from .costs import CallCosts
 
@@ -29,6 +37,7 @@ class Call(NamedTuple):
     start: int
     width: int
     prefill: bool
+    inputs: dict | None = None      # extra inputs: name -> [len(tokens), width] rows
 
 
 class Runner:
@@ -46,37 +55,42 @@ class Runner:
         self.meter = meter
         self.costs = costs
         self.taken = 0                          # tokens of the current prefill chunk the driver ran
+        self.outputs: dict = {}                 # this row of the last call's extra outputs (name -> [width, ...])
 
     def book(self, width: int, dt: float, prefill: bool) -> None:
         """This generation took part in a call of ``width`` that took ``dt`` s."""
         self.meter.add_call(self.role, width, dt, prefill)
 
-    def call(self, tokens, start: int, width: int, prefill: bool = False):
-        """(generator) Run ``tokens`` at positions start.. in a call of ``width``; returns this row's logits."""
+    def call(self, tokens, start: int, width: int, prefill: bool = False, inputs: dict | None = None):
+        """(generator) Run ``tokens`` at positions start.. in a call of ``width``; returns this row's
+        logits (its extra outputs: ``self.outputs``). ``inputs``: extra inputs, one row per token."""
         if len(tokens) > width:
             raise AssertionError(f"{len(tokens)} tokens in a call of width {width}")
         m = self.meter
         m.host_seg += time.perf_counter() - m.resumed      # this generation's own work so far
-        out = yield Call(self, list(tokens), start, width, prefill)
+        out, self.outputs = yield Call(self, list(tokens), start, width, prefill, inputs)
         m.resumed = time.perf_counter()
         return out
 
-    def prefill(self, tokens, start: int = 0, on_chunk: Callable | None = None):
-        """(generator) Run ``tokens`` in chunks of up to PL; returns the logits of the last token [V].
+    def prefill(self, tokens, start: int = 0, on_chunk: Callable | None = None, inputs: dict | None = None):
+        """(generator) Run ``tokens`` in chunks of up to PL; returns the logits of the last token [V]
+        (``self.outputs``: the last chunk's extra outputs, its last token in row ``self.taken - 1``).
 
         The driver may run fewer tokens of a chunk than offered (a batch puts a
         prompt in the slots a narrower call has free, schedule.py): it sets
         ``taken`` to the number it ran, and the rest comes in the next chunk.
-        ``on_chunk(start, tokens, rows)`` sees each chunk's output rows."""
+        ``on_chunk(start, tokens, rows, outputs)`` sees each chunk's output rows.
+        ``inputs``: extra inputs, one row per token (cut into the chunks alike)."""
         PL = self.b.prefill_len
         out, done, last = None, 0, 0
         while done < len(tokens):
             chunk = tokens[done:done + PL]
             self.taken = len(chunk)
-            out = yield from self.call(chunk, start + done, PL, prefill=True)
+            part = None if inputs is None else {n: a[done:done + PL] for n, a in inputs.items()}
+            out = yield from self.call(chunk, start + done, PL, prefill=True, inputs=part)
             last = self.taken - 1
             if on_chunk is not None:
-                on_chunk(start + done, chunk[:self.taken], out)
+                on_chunk(start + done, chunk[:self.taken], out, self.outputs)
             done += self.taken
         return out[0] if self.last_only else out[last]
 
@@ -93,18 +107,42 @@ def rows_of(calls: list[tuple[int, Call]], B: int, width: int) -> tuple[np.ndarr
     return (m(ids) if m is not None else ids), pos
 
 
+def extra_rows(calls: list[tuple[int, Call]], backend: Backend, B: int, width: int) -> dict:
+    """The backend's extra inputs [B, width, w] with each (row, call)'s rows in place, the rest zeros."""
+    out = {}
+    for name, w in backend.extra_inputs.items():
+        a = np.zeros((B, width, w), np.float32)
+        for row, c in calls:
+            if c.inputs is not None and name in c.inputs:
+                n = len(c.tokens)
+                a[row, :n] = c.inputs[name][:n]
+        out[name] = a
+    return out
+
+
+def run_rows(backend: Backend, calls: list[tuple[int, Call]], B: int, width: int):
+    """Run one call holding ``calls`` (row, Call); returns (its outputs by name, seconds)."""
+    ids, pos = rows_of(calls, B, width)
+    extra = extra_rows(calls, backend, B, width)
+    t = time.perf_counter()
+    out = backend.run_outputs(ids, pos, check=False, inputs=extra)
+    return out, time.perf_counter() - t
+
+
+def row_of(out: dict, row: int):
+    """What a generation is sent back: (its logits rows, {name: its rows of each extra output})."""
+    return out[LOGITS][row], {n: a[row] for n, a in out.items() if n != LOGITS}
+
+
 def run_one(co):
     """Drive one generation coroutine, its tokens in row 0 of each call; returns its result."""
     try:
         req = next(co)
         while True:
             r = req.runner
-            ids, pos = rows_of([(0, req)], r.b.batch_size, req.width)
-            t = time.perf_counter()
-            out = r.b.run(ids, pos, check=False)
-            dt = time.perf_counter() - t
+            out, dt = run_rows(r.b, [(0, req)], r.b.batch_size, req.width)
             r.costs.add(req.width, dt)
             r.book(req.width, dt, req.prefill)
-            req = co.send(out[0])
+            req = co.send(row_of(out, 0))
     except StopIteration as e:
         return e.value

@@ -57,6 +57,7 @@ from .calls import run_one
 from .costs import CostModel
 from .drafts import make_draft_source
 from .drafts.dlm import DlmDraft
+from .drafts.feature import FeatureDraft
 from .generation import OnTokens, _check_prompt, _Generation, _TargetGeneration
 from .metrics import GenerationResult
 from .policy import WidthPolicy
@@ -185,7 +186,9 @@ def _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer):
                            "draft source object)")
     if dlm is not None:
         if isinstance(dlm, Backend) or hasattr(dlm, "run"):
-            return DlmDraft(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
+            # a feature draft (its manifest's feature_draft) reads the target's hidden states
+            cls = FeatureDraft if getattr(dlm.artifact, "feature_draft", None) else DlmDraft
+            return cls(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
         return make_draft_source(dlm)
     return make_draft_source(draft, ngram_max=ngram_max)
 

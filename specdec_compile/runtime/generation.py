@@ -73,8 +73,9 @@ class _Generation:
         """A runner for a draft model's calls, booked in this generation's metrics."""
         return Runner(backend, role, self.meter, self.policy.costs.calls(role), ids_map)
 
-    def _verified(self, start: int, tokens, rows) -> None:
-        self.drafter.verified(TargetStep(start, list(tokens), rows[: len(tokens)]))
+    def _verified(self, start: int, tokens, rows, outputs) -> None:
+        n = len(tokens)
+        self.drafter.verified(TargetStep(start, list(tokens), rows[:n], {k: v[:n] for k, v in outputs.items()}))
 
     def result(self, stop: str) -> GenerationResult:
         self.meter.t_end = time.perf_counter()
@@ -159,7 +160,7 @@ class _Generation:
             meter.add_round(kv, a)           # (a round without drafts is no round of drafting)
         if kv:
             policy.note_acceptance(self.row, a, kv)
-        self._verified(start, pending_t + drafts[:a], rows)
+        self._verified(start, pending_t + drafts[:a], rows, self.tlm.outputs)
         self.tlm_valid = q + a
         self.drafter.rollback(q + a)
         n_before = len(self.out)

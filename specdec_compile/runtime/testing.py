@@ -19,6 +19,7 @@ the TLM's function plus ``noise`` times another pseudo-random vector.
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +178,85 @@ def nominal_costs(call_time):
             return self._calls.setdefault(role, _Calls(role))
 
     return _Costs()
+
+
+# ----------------------------------------------------------------------------- feature drafts (FAKE)
+
+def encode_history(hist, width: int) -> np.ndarray:
+    """A FAKE feature: the token history itself, ids + 1, zeros after (width >= len(hist))."""
+    f = np.zeros(width, np.float32)
+    f[: len(hist)] = np.asarray(hist, np.float32) + 1
+    return f
+
+
+def decode_history(f) -> list[int]:
+    """The history a FAKE feature encodes (its leading nonzero entries, minus 1)."""
+    f = np.asarray(f)
+    end = int(np.argmax(f == 0)) if np.any(f == 0) else len(f)
+    return [int(x) - 1 for x in f[:end]]
+
+
+class FakeHiddenTLM(FakeBackend):
+    """FAKE TLM compiled with --hidden-states: the feature at position p is the whole
+    history it attended to (``encode_history(cache[:p+1])``), so a draft can rebuild the
+    text from it."""
+
+    def _run_outputs(self, ids, pos, extra):
+        logits = self._run(ids, pos)
+        B, S = ids.shape
+        W = self.artifact.hidden_states["width"]
+        hs = np.zeros((B, S, W), np.float32)
+        for b in range(B):
+            for s in range(S):
+                if pos[b, s] >= 0:
+                    hs[b, s] = encode_history(self.cache[b, : pos[b, s] + 1], W)
+        return {"logits": logits, "hidden_states": hs}
+
+
+class FakeFeatureDraft(FakeBackend):
+    """FAKE feature draft: the row (x_p, f) rebuilds the history as decode(f) + [x_p] and
+    gives ``lm`` of it (the logits for p+1) and that history encoded as its own feature.
+    Fed the target's f_{p-1} (the contract's pairing) it is the target exactly (with
+    ``lm`` the target's); any other feature gives another history, another guess."""
+
+    def _run_outputs(self, ids, pos, extra):
+        B, S = ids.shape
+        W = self.artifact.feature_draft["width"]
+        feats = extra["hidden_states"]
+        if self.log is not None:
+            self.log.append((self.artifact.role, S, [int(p) for p in pos[0]], [int(t) for t in ids[0]]))
+        V = self.artifact.vocab_size
+        logits = np.full((B, 1, V), np.float32(0.5), np.float32)
+        own = np.zeros((B, S, W), np.float32)
+        for b in range(B):
+            for s in range(S):
+                if pos[b, s] >= 0:
+                    hist = decode_history(feats[b, s]) + [int(ids[b, s])]
+                    own[b, s] = encode_history(hist, W)
+                    logits[b, 0] = self.lm(hist)
+        return {"logits": logits, "draft_hidden_states": own}
+
+
+def fake_feature_pair(*, vocab=23, ctx_len=64, prefill_len=8, k=4, k_list=None, dlm_k=None, batch_size=1,
+                      noise=0.0, call_log=None, layers=(-1,), draft_layers=None, width=None, dlm_vocab=None):
+    """(tlm, feature draft, tlm_lm) fakes: a TLM with hidden states (``layers`` of 2) and a
+    feature draft reading ``draft_layers`` (default the same) whose logits are the target's
+    plus ``noise`` times another pseudo-random vector. ``width``: the draft's feature width
+    (default the TLM's: ctx_len)."""
+    W = ctx_len
+    idx = [x + 2 if x < 0 else x for x in layers]
+    tlm_lm = FakeLM(vocab)
+    dv = vocab if dlm_vocab is None else dlm_vocab
+    hs = {"layers": list(layers), "layer_indices": idx, "hidden_size": W, "width": W, "output": "hidden_states"}
+    t_art = fake_artifact("tlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len, k=k,
+                          k_list=k_list, vocab=vocab, manifest={"hidden_states": hs})
+    t = FakeHiddenTLM(replace(t_art, num_layers=2), tlm_lm, call_log)
+    dk = k if dlm_k is None else dlm_k
+    fw = W if width is None else width
+    fd = {"target_layers": list(draft_layers or layers), "width": fw, "input": "hidden_states",
+          "draft_output": "draft_hidden_states", "draft_width": fw}
+    seq_lens = {prefill_len, 1, dk + 1}
+    d = FakeFeatureDraft(fake_artifact("dlm", batch_size=batch_size, ctx_len=ctx_len, prefill_len=prefill_len,
+                                       vocab=dv, seq_lens=seq_lens, manifest={"feature_draft": fd}),
+                         FakeLM(dv, noise=noise), call_log)
+    return t, d, tlm_lm

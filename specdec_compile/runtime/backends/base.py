@@ -6,6 +6,11 @@ is interchangeable under the decoding loop::
     logits = backend.run(input_ids, position_ids)   # int64 [B, S] each -> float32 logits
     backend.reset()                                 # forget the sequence (zero the cache)
 
+A model with extra tensors (a TLM compiled with ``--hidden-states``, a feature
+draft) names them in ``extra_inputs`` / ``extra_outputs``;
+``run_outputs(ids, pos, inputs={name: [B, S, width]})`` returns every output by
+name (``logits`` and the extras, float32). An extra input not given is zeros.
+
 Every call must match one of the artifact's specializations (batch, seq_len)
 exactly, as the device demands; anything else is a ``SpecdecError``. Positions
 must be in ``[-1, ctx_len)``, with padding (-1) only at the right end of a row.
@@ -19,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...contract import MANIFEST_FILE
+from ...contract import LOGITS, MANIFEST_FILE
 from ...errors import SpecdecError
 from ..artifact import Artifact, embedding_rows, load_artifact
 
@@ -74,6 +79,16 @@ class Backend:
             self._input_vocab = rows or a.vocab_size or 0
         return self._input_vocab or None
 
+    @property
+    def extra_inputs(self) -> dict[str, int]:
+        """Inputs beyond ids, positions and cache: name -> width ([B, S, width] float)."""
+        return self.artifact.extra_inputs
+
+    @property
+    def extra_outputs(self) -> dict[str, int]:
+        """Outputs beyond logits and cache: name -> width ([B, S, width] float32)."""
+        return self.artifact.extra_outputs
+
     # -- calls ----------------------------------------------------------
     def check_inputs(self, input_ids, position_ids) -> tuple[np.ndarray, np.ndarray]:
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
@@ -97,21 +112,45 @@ class Backend:
                 raise SpecdecError(f"{self.artifact.name}: token id out of range [0, {v})")
         return ids, pos
 
-    def run(self, input_ids, position_ids, *, check: bool = True) -> np.ndarray:
+    def run(self, input_ids, position_ids, *, check: bool = True, inputs: dict | None = None) -> np.ndarray:
         """Run one call; returns float32 logits (TLM [B, S, V], DLM [B, 1, V]).
 
         ``check=False``: the caller built int64 [B, S] arrays with valid ids and
         positions (the decoding loop does); only the shape is checked against the
-        specializations, which saves the per-call numpy checks."""
+        specializations, which saves the per-call numpy checks. ``inputs``: the
+        extra inputs (see ``run_outputs``)."""
+        return self.run_outputs(input_ids, position_ids, check=check, inputs=inputs)[LOGITS]
+
+    def run_outputs(self, input_ids, position_ids, *, check: bool = True, inputs: dict | None = None) -> dict:
+        """Run one call; returns {"logits": ..., and each of ``extra_outputs``: [B, S, width]}.
+        ``inputs``: each of ``extra_inputs`` as [B, S, width] (zeros when not given)."""
         if check:
             ids, pos = self.check_inputs(input_ids, position_ids)
         else:
             ids, pos = input_ids, position_ids
             self.artifact.check_call(*ids.shape)
+        extra = self._extra(ids.shape, inputs or {}, check)
         t0 = time.perf_counter()
-        out = self._run(ids, pos)
+        out = self._run_outputs(ids, pos, extra)
         self.time_s += time.perf_counter() - t0
         self.calls += 1
+        return out
+
+    def _extra(self, shape, inputs: dict, check: bool) -> dict:
+        """Every extra input as a [B, S, width] array (zeros when not given); unknown names refused."""
+        want = self.extra_inputs
+        unknown = sorted(set(inputs) - set(want))
+        if unknown:
+            raise SpecdecError(f"{self.artifact.name}: no input {unknown[0]!r} (extra inputs: {sorted(want)})")
+        out = {}
+        for name, width in want.items():
+            a = inputs.get(name)
+            if a is None:
+                a = np.zeros((*shape, width), np.float32)
+            elif check and tuple(np.shape(a)) != (*shape, width):
+                raise SpecdecError(f"{self.artifact.name}: {name} is {list(np.shape(a))}, expected "
+                                   f"{[*shape, width]}")
+            out[name] = a
         return out
 
     def reset(self) -> None:
@@ -127,7 +166,7 @@ class Backend:
                 ids = np.zeros((B, s), np.int64)
                 pos = np.full((B, s), -1, np.int64)
                 pos[:, 0] = 0   # one valid token per row, so every role has logits to give
-                self._run(ids, pos)
+                self._run_outputs(ids, pos, self._extra(ids.shape, {}, False))
         self.reset()
 
     def close(self) -> None:
@@ -135,6 +174,13 @@ class Backend:
 
     def _run(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
+
+    def _run_outputs(self, ids: np.ndarray, pos: np.ndarray, extra: dict) -> dict:
+        """Every output by name; a backend without extra tensors implements ``_run`` alone."""
+        if extra or self.extra_outputs:
+            raise SpecdecError(f"{self.artifact.name}: the {self.kind} backend does not pass extra tensors "
+                               f"({sorted(extra) + sorted(self.extra_outputs)})")
+        return {LOGITS: self._run(ids, pos)}
 
     def _reset(self) -> None:  # pragma: no cover
         raise NotImplementedError

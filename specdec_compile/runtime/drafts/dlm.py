@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import SpecdecError
 from ..artifact import check_pair
 from ..backends import Backend
 from ..sampling import probs
@@ -31,6 +32,13 @@ class DlmDraft:
         self.vocab: PairVocab | None = None
 
     def bind(self, tlm: Backend) -> None:
+        if self.backend.artifact.feature_draft is not None:
+            raise SpecdecError(f"{self.backend.artifact.path}: a feature draft reads the target's hidden states; "
+                               f"run it as FeatureDraft (SpecDecoder picks it from the manifest)")
+        self._bind_pair(tlm)
+
+    def _bind_pair(self, tlm: Backend) -> None:
+        """The pair's shapes and tokenizers (artifact.check_pair), and how they share the vocabulary."""
         check_pair(tlm.artifact, self.backend.artifact, tokenizers=self.tokenizers)
         toks = [len(t) for t in self.tokenizers if t is not None]
         self.vocab = pair_vocab(tlm, self.backend, min(toks) if toks else None)

@@ -74,20 +74,26 @@ class OrtModel:
     kv_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     kv_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     logits_dtype: np.dtype = np.dtype(np.float32)
+    input_dtypes: dict[str, np.dtype] = field(default_factory=dict)   # extra inputs (a feature draft's features)
 
 
-def _check_names(path: Path, ins: dict, outs: dict) -> list[str]:
-    """The cache inputs of a graph with the contract's names; raises for anything else."""
+def _check_names(path: Path, ins: dict, outs: dict, art: Artifact) -> list[str]:
+    """The cache inputs of a graph with the contract's names (and the extra inputs and
+    outputs its manifest declares); raises for anything else."""
     for need in (INPUT_IDS, POSITION_IDS):
         if need not in ins:
             raise SpecdecError(f"{path}: no {need!r} input; not a graph rewritten by specdec-compile")
     if LOGITS not in outs:
         raise SpecdecError(f"{path}: no 'logits' output")
     kv = kv_names(list(ins))
-    extra = sorted(set(ins) - {INPUT_IDS, POSITION_IDS} - set(kv))
+    extra = sorted(set(ins) - {INPUT_IDS, POSITION_IDS} - set(kv) - set(art.extra_inputs))
     if extra:
         raise SpecdecError(f"{path}: unexpected inputs {extra}; the contract allows only "
-                           f"input_ids, position_ids and past_key/past_value")
+                           f"input_ids, position_ids and past_key/past_value (and a feature draft's features)")
+    for names, what, have in ((art.extra_inputs, "input", ins), (art.extra_outputs, "output", outs)):
+        for n in names:
+            if n not in have:
+                raise SpecdecError(f"{path}: the manifest declares the {what} {n!r} but the graph has none")
     if not kv:
         raise SpecdecError(f"{path}: no past_key.{{i}} / past_value.{{i}} inputs")
     for n in kv:
@@ -129,7 +135,7 @@ def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str |
                              intra_op_threads=intra_op_threads)
     ins = {i.name: i for i in session.get_inputs()}
     outs = {o.name: o for o in session.get_outputs()}
-    kv = _check_names(art.model_path, ins, outs)
+    kv = _check_names(art.model_path, ins, outs, art)
     shapes, dtypes = {}, {}
     for n in kv:
         shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
@@ -139,5 +145,6 @@ def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str |
     return OrtModel(artifact=with_vocab(art, vocab, "graph's logits"), session=session, providers=providers,
                     device=device, device_id=device_id if device == "cuda" else 0, kv_names=kv,
                     kv_shapes=shapes, kv_dtypes=dtypes,
-                    logits_dtype=np.dtype(ORT_TYPES.get(outs[LOGITS].type) or np.float32))
+                    logits_dtype=np.dtype(ORT_TYPES.get(outs[LOGITS].type) or np.float32),
+                    input_dtypes={n: np.dtype(ORT_TYPES.get(ins[n].type) or np.float32) for n in art.extra_inputs})
 

@@ -17,14 +17,17 @@ from ..base import Backend
 from .loader import OrtModel, load_ort
 
 
-def output_plan(device: str, kv_names) -> dict[str, str]:
-    """Where each output of a call is bound: the logits on the host (ORT copies
-    just them off the device), every cache buffer on the model's device (written
-    in place, or into the swap buffer). Nothing else crosses to the host: no
-    ``copy_outputs_to_cpu``, which would copy the whole cache each call on CUDA."""
+def output_plan(device: str, kv_names, extra=()) -> dict[str, str]:
+    """Where each output of a call is bound: the logits and the extra outputs
+    (hidden states) on the host (ORT copies just them off the device), every
+    cache buffer on the model's device (written in place, or into the swap
+    buffer). Nothing else crosses to the host: no ``copy_outputs_to_cpu``, which
+    would copy the whole cache each call on CUDA."""
     plan = {LOGITS: "cpu"}
     for n in kv_names:
         plan[f"{n}_RetainedState"] = device
+    for n in extra:
+        plan[n] = "cpu"
     return plan
 
 
@@ -61,12 +64,16 @@ class OrtBackend(Backend):
         self._io = self.session.io_binding()
         self._a = {n: self._zeros(n) for n in self.kv_names}
         self._b = None if self.inplace else {n: self._zeros(n) for n in self.kv_names}
-        self.plan = output_plan(self.device, self.kv_names)
+        self.extra_names = list(self.extra_outputs)
+        self.input_dtypes = model.input_dtypes
+        self.plan = output_plan(self.device, self.kv_names, self.extra_names)
         self._logits: dict = {}     # width -> (OrtValue, the numpy array it wraps)
         self._bound = None          # the width whose buffer is bound now
         # logits is bound first so that it is output 0 of the binding
         self._io.bind_output(LOGITS, self.plan[LOGITS])
         self._bind_cache()
+        for n in self.extra_names:   # after the cache: outputs 1 + 2L.. of the binding (rebound each call)
+            self._io.bind_output(n, self.plan[n])
 
     def _zeros(self, name):
         arr = np.zeros(self.kv_shapes[name], self.kv_dtypes[name])
@@ -81,9 +88,15 @@ class OrtBackend(Backend):
             io.bind_ortvalue_output(f"{n}_RetainedState", dst)
 
     def _run(self, ids, pos):
+        return self._run_outputs(ids, pos, {n: np.zeros((*ids.shape, w), np.float32)
+                                            for n, w in self.extra_inputs.items()})[LOGITS]
+
+    def _run_outputs(self, ids, pos, extra):
         io = self._io
         io.bind_cpu_input(INPUT_IDS, ids)
         io.bind_cpu_input(POSITION_IDS, pos)
+        for n, a in extra.items():
+            io.bind_cpu_input(n, np.ascontiguousarray(a, dtype=self.input_dtypes.get(n, np.float32)))
         S = ids.shape[1]
         buf = self._logits.get(S)      # a host buffer per width, once its shape is known
         if S != self._bound or buf is None:
@@ -92,13 +105,18 @@ class OrtBackend(Backend):
             else:
                 io.bind_ortvalue_output(LOGITS, buf[0])
             self._bound = S
+        for n in self.extra_names:     # shapes change with the width: ORT allocates them afresh each call
+            io.bind_output(n, self.plan[n])
         try:
             self.session.run_with_iobinding(io)
         except Exception as e:
             msg = " ".join(str(e).split())[:300]
             raise SpecdecError(f"{self.artifact.name}: ONNX Runtime failed: {msg}") from None
+        got = io.get_outputs() if (buf is None or self.extra_names) else None
+        extras = {n: got[1 + len(self.kv_names) + i].numpy().astype(np.float32)
+                  for i, n in enumerate(self.extra_names)}
         if buf is None:
-            out = io.get_outputs()[0].numpy()
+            out = got[0].numpy()
             arr = np.zeros(out.shape, out.dtype)
             self._logits[S] = (self._ort.OrtValue.ortvalue_from_numpy(arr), arr)
             self._bound = None                  # bind the new buffer on the next call of this width
@@ -107,7 +125,7 @@ class OrtBackend(Backend):
         if not self.inplace:
             self._a, self._b = self._b, self._a
             self._bind_cache()
-        return np.array(out, dtype=np.float32, copy=True)
+        return {LOGITS: np.array(out, dtype=np.float32, copy=True), **extras}
 
     def _reset(self):
         for bufs in (self._a, self._b):

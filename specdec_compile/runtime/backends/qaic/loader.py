@@ -139,6 +139,9 @@ def load_qaic(artifact, *, device_ids=None, qpc=None, expect_role: str | None = 
     qpc_obj = rt.Qpc(str(qpc_path))
     bindings, allowed, dtypes = _read_iodesc(art, qpc_path, qpc_obj, api, ok)
     index = {b.name: b.index for b in bindings}
+    for n in (*art.extra_inputs, *art.extra_outputs):
+        if n not in index:
+            raise SpecdecError(f"{qpc_path}: the manifest declares {n!r} but the QPC has no such binding")
     lb = bindings[index[LOGITS]]
     art = with_vocab(art, int(lb.dims[-1]), "QPC's logits binding")
     props = rt.QAicProgramProperties()

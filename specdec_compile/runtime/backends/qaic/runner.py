@@ -55,6 +55,10 @@ class QaicBackend(Backend):
         self.dims[i] = (self._dtypes[self.bindings[i].type].itemsize, [0])
 
     def _run(self, ids, pos):
+        return self._run_outputs(ids, pos, {n: np.zeros((*ids.shape, w), np.float32)
+                                            for n, w in self.extra_inputs.items()})[LOGITS]
+
+    def _run_outputs(self, ids, pos, extra):
         rt, lp = self.rt, self.loaded
         B, S = ids.shape
         out_s = S if self.role == "tlm" else 1
@@ -65,6 +69,10 @@ class QaicBackend(Backend):
         self._set(INPUT_IDS, ids)
         self._set(POSITION_IDS, pos)
         self._set(LOGITS, np.zeros(logits_shape, self.logits_dtype))
+        for n, a in extra.items():          # a feature draft's features, in the binding's dtype (float16 per custom IO)
+            self._set(n, np.ascontiguousarray(a, dtype=self._dtype_of(n)))
+        for n, w in self.extra_outputs.items():
+            self._set(n, np.zeros((B, S, w), self._dtype_of(n)))
         for n in self.retained:
             b = self.bindings[self.index[n]]
             if self._zero_next and n.startswith("past_") and not n.endswith("_RetainedState"):
@@ -77,8 +85,14 @@ class QaicBackend(Backend):
         lp.check(lp.exec_obj.waitForCompletion(), "run (waitForCompletion)")
         status, outs = lp.exec_obj.getData()
         lp.check(status, "getData")
-        raw = bytes(outs[self.index[LOGITS]])
-        return np.frombuffer(raw, self.logits_dtype).reshape(logits_shape).astype(np.float32)
+        res = {LOGITS: np.frombuffer(bytes(outs[self.index[LOGITS]]), self.logits_dtype)
+               .reshape(logits_shape).astype(np.float32)}
+        for n, w in self.extra_outputs.items():
+            res[n] = np.frombuffer(bytes(outs[self.index[n]]), self._dtype_of(n)).reshape(B, S, w).astype(np.float32)
+        return res
+
+    def _dtype_of(self, name: str) -> np.dtype:
+        return self._dtypes[self.bindings[self.index[name]].type]
 
     def _reset(self):
         # the next call uploads zero caches once; later calls skip them again
