@@ -96,9 +96,12 @@ def teacher_data(model, tok, instructions: list[str], cfg: dict, rep, label: str
     with rep.progress() as prog:
         task = prog.add_task(label, total=len(batches), info="")
         for bi, idx in enumerate(batches):
-            rows, _, hidden = teacher.greedy_batch(lean, [ps[i] for i in idx], d["gen_len"], eos=eos, topk=1)
-            for i, r, hid in zip(idx, rows, hidden):
-                out[i] = {"prompt": ps[i], "gen": r, "hid": hid}
+            rows, _, hidden, feats = teacher.greedy_batch(lean, [ps[i] for i in idx], d["gen_len"], eos=eos, topk=1,
+                                                          features=True)
+            for i, r, hid, f in zip(idx, rows, hidden, feats):
+                # "feat": SmolLM2's last-layer features (before the final norm) at prompt + answer
+                # positions, for the feature draft (feature_draft.py); captured here for free
+                out[i] = {"prompt": ps[i], "gen": r, "hid": hid, "feat": f}
                 n_tok += len(r)
             info = f"{n_tok:,} tokens, {n_tok / (time.time() - t0):.0f} tok/s"
             prog.update(task, advance=1, info=info)

@@ -64,7 +64,7 @@ CONFIG: dict = {
     "seed": 20261124,
     "head": {"init_layer": -1, "head_rows": 8192},
     "data": {"feature_batch": 16},
-    "train": {"epochs": 6, "batch": 8, "lr": 6e-4, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
+    "train": {"epochs": 3, "batch": 8, "lr": 6e-4, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
               "ce_weight": 0.5, "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
     "eval": {"k_max": 5, "replay_k": [1, 2, 3, 4, 5]},
     "export": {"batch": 2, "seq": 3, "past": 5},
@@ -202,6 +202,11 @@ class FeatureSet:
                 "labels": lab, "sub": self.inv[lab]}
 
 
+def torch_log_softmax(x):
+    import torch
+    return torch.log_softmax(x, -1)
+
+
 def shift(f):
     """Row p gets the feature of p-1 (zeros at p = 0): EAGLE's pairing."""
     import torch
@@ -225,17 +230,23 @@ def unrolled(head, b: dict, passes: int, noise: float = 0.0, scale: float = 1.0,
     return outs
 
 
-def losses(head, pre, b: dict, scale: float, ce_weight: float):
+def target_probs(head, b: dict):
+    """The target's next-token distribution over the head's ids on the answer rows (from its
+    true features through the frozen norm and head)."""
+    import torch
+    with torch.no_grad():
+        return torch.softmax(head.sub_logits(b["f"][b["rows"], b["cols"]]), -1)
+
+
+def losses(head, pre, b: dict, scale: float, ce_weight: float, target=None):
     """(total, feature loss, ce) of one pass: smooth L1 on features / scale over valid positions,
     soft cross-entropy against the target's distribution over the head's ids on answer rows."""
-    import torch
     import torch.nn.functional as F
     v = b["valid"]
     reg = F.smooth_l1_loss(pre[v] / scale, b["f"][v] / scale)
-    p_rows = pre[b["rows"], b["cols"]]
-    with torch.no_grad():
-        target = torch.softmax(head.sub_logits(b["f"][b["rows"], b["cols"]]), -1)
-    logq = torch.log_softmax(head.sub_logits(p_rows), -1)
+    if target is None:
+        target = target_probs(head, b)
+    logq = torch_log_softmax(head.sub_logits(pre[b["rows"], b["cols"]]))
     ce = -(target * logq).sum(-1).mean()
     return reg + ce_weight * ce, reg, ce
 
@@ -260,7 +271,8 @@ def train(head, ds: FeatureSet, scale: float, cfg: dict, rep) -> dict:
                     g["lr"] = train_pair.lr_at(step, mc)
                 b = ds.collate(which)
                 outs = unrolled(head, b, tc["unroll"], tc["noise"], scale, gen)
-                loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"])[0] for j, pre in enumerate(outs))
+                tp = target_probs(head, b)
+                loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"], tp)[0] for j, pre in enumerate(outs))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -408,9 +420,20 @@ def export(head, out: Path, cfg: dict) -> Path:
 # --------------------------------------------------------------------------- main
 
 def _features(tmodel, data: dict, cfg: dict, out: Path, key: str, force: bool, rep, times: dict) -> dict:
-    """The target's features over prompt + answer of every teacher example (cached)."""
+    """The target's features over prompt + answer of every teacher example: captured by the
+    teacher while it generated (``distill``), or else (an older teacher cache) computed here
+    teacher-forced in one batched pass (cached)."""
+    import torch
+
     from . import teacher
     t0 = time.time()
+    if all("feat" in d for part in ("train", "eval") for d in data[part]):
+        # the teacher's features stop before the last generated token: pad one (unused) row
+        res = {part: [torch.cat([d["feat"], torch.zeros_like(d["feat"][:1])]) for d in data[part]]
+               for part in ("train", "eval")}
+        times["features_s"] = round(time.time() - t0, 1)
+        rep.line("[fdraft] target features: captured by the teacher while it answered")
+        return res
 
     def build():
         lean = teacher.LeanLlama(tmodel)

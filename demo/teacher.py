@@ -98,13 +98,16 @@ class LeanLlama:
 
 
 def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos: set[int], topk: int,
-                 pad_id: int = 0):
+                 pad_id: int = 0, features: bool = False):
     """Greedy continuations of ``prompts`` (token lists), left-padded into one batch.
     Returns (rows, tops, hidden): rows[i] = generated ids (up to and including EOS);
     tops[i] = (ids int32 [n, topk], probs float16 [n, topk]) of the model's
     distribution at each generated position (before the token was chosen);
     hidden[i] = the final (normed) hidden state there, float16 [n, hidden]: the
-    logits are ``hidden @ head.T``, so it carries the whole distribution."""
+    logits are ``hidden @ head.T``, so it carries the whole distribution.
+    ``features``: also feats[i], the last layer's output before the final norm (what
+    ``features`` computes teacher-forced) at every position of prompt + generation but the
+    last generated token, float16 [len(prompt) + len(rows[i]) - 1, hidden]: free here."""
     import torch
     B = len(prompts)
     P = max(len(p) for p in prompts)
@@ -123,8 +126,12 @@ def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos
     done = torch.zeros(B, dtype=torch.bool)
     lengths = torch.full((B,), gen_len)
     eos_t = torch.tensor(sorted(eos))
+    t_f = torch.zeros(B, P + gen_len, lean.emb.shape[1], dtype=torch.float16) if features else None
     with torch.inference_mode():
-        hid = lean.forward(ids, pos, cache, 0, key_ok)
+        x = lean.states(ids, pos, cache, 0, key_ok)
+        if features:
+            t_f[:, :P] = x.to(torch.float16)
+        hid = lean._rms(x[:, -1], lean.norm)
         for t in range(gen_len):
             logits = lean.logits(hid)
             p, i = torch.softmax(logits, -1).topk(topk, -1)
@@ -136,10 +143,16 @@ def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos
             done |= hit
             if bool(done.all()) or t == gen_len - 1:
                 break
-            hid = lean.forward(nxt[:, None], (P + t - pad)[:, None], cache, P + t, key_ok)
+            x = lean.states(nxt[:, None], (P + t - pad)[:, None], cache, P + t, key_ok)
+            if features:
+                t_f[:, P + t] = x[:, 0].to(torch.float16)
+            hid = lean._rms(x[:, -1], lean.norm)
     rows = [out[i, : int(lengths[i])].tolist() for i in range(B)]
     tops = [(t_ids[i, : int(lengths[i])].clone(), t_p[i, : int(lengths[i])].clone()) for i in range(B)]
     hidden = [t_h[i, : int(lengths[i])].clone() for i in range(B)]
+    if features:
+        feats = [t_f[i, int(pad[i]): P + int(lengths[i]) - 1].clone() for i in range(B)]
+        return rows, tops, hidden, feats
     return rows, tops, hidden
 
 

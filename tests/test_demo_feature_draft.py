@@ -124,3 +124,17 @@ def test_feature_head_exports_and_compiles_as_a_feature_draft(tmp_path):
     assert res.returncode == 0, res.stdout[-800:] + res.stderr[-800:]
     man = json.loads((out / "manifest.json").read_text())
     assert man["feature_draft"]["width"] == 64 and man["feature_draft"]["target_layers"] == [-1]
+
+
+def test_teacher_captures_the_features_it_would_compute_teacher_forced():
+    from demo import teacher
+    model = _target()
+    lean = teacher.LeanLlama(model)
+    ps = [[5, 9, 11, 40], [7, 8, 9, 10, 11, 12, 3]]           # left padding differs
+    rows, _, hidden, feats = teacher.greedy_batch(lean, ps, 10, eos={2}, topk=1, features=True)
+    ref = teacher.features(lean, [p + r for p, r in zip(ps, rows)])
+    for p, r, f, g in zip(ps, rows, feats, ref):
+        assert f.shape == (len(p) + len(r) - 1, 64)
+        assert np.allclose(f.float().numpy(), g[:-1].float().numpy(), atol=0.05)
+    rows2, _, hidden2 = teacher.greedy_batch(lean, ps, 10, eos={2}, topk=1)
+    assert rows2 == rows and all(torch.equal(a, b) for a, b in zip(hidden, hidden2))
