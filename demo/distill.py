@@ -408,13 +408,11 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
     dlm_dir, exp_full, exp_dir = out / "hf" / "dlm", out / "export" / "dlm-full", out / "export" / "dlm"
     res_path = out / "draft.json"
     k_all = h("draft-all", k_dlm, k_exp if do_export else None, cfg["eval"])
-    if not force and res_path.exists():
-        prev = json.loads(res_path.read_text())
-        if prev.get("key") == k_all and cache.stamp_ok(dlm_dir, k_dlm) and (
-                not do_export or cache.stamp_ok(exp_dir, k_exp)):
-            rep.line(f"[draft] reusing {dlm_dir} (key {k_all})")
-            prev["reused"] = True
-            return prev
+    prev = None if force else cache.reuse_result(
+        res_path, k_all, [(dlm_dir, k_dlm)] + ([(exp_dir, k_exp)] if do_export else []),
+        lambda m: rep.line(f"[draft] {m}"))
+    if prev is not None:
+        return prev
 
     tok = AutoTokenizer.from_pretrained(target["paths"]["tokenizer"])
     tmodel = LlamaForCausalLM.from_pretrained(target["paths"]["hf"], dtype=torch.float32).eval()
@@ -450,15 +448,21 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def stage_args(argv: list[str] | None, doc: str, config: dict):
+    """The command line of a demo stage run alone (``demo.distill``, ``demo.feature_draft``):
+    (arguments, the configuration with ``--set KEY=JSON`` applied)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "demo")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--no-export", action="store_true")
     a = ap.parse_args(argv)
-    cfg = train_pair.apply_sets(copy.deepcopy(CONFIG), a.set)
+    return a, train_pair.apply_sets(copy.deepcopy(config), a.set)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, cfg = stage_args(argv, __doc__, CONFIG)
     target = smollm2.prepare(a.out, threads=a.threads)
     res = run(cfg, a.out, target, threads=a.threads, force=a.force, do_export=not a.no_export)
     print(json.dumps({k: res[k] for k in ("params", "head_rows", "layers", "metrics", "times")}, indent=1))

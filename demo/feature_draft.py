@@ -42,7 +42,6 @@ target's features): tokens per TLM call for each k.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -64,9 +63,9 @@ CONFIG: dict = {
     "seed": 20261124,
     "head": {"init_layer": -1, "head_rows": 8192},
     "data": {"feature_batch": 16},
-    "train": {"epochs": 3, "batch": 8, "lr": 6e-4, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
-              "ce_weight": 0.5, "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
-    "eval": {"k_max": 5, "replay_k": [1, 2, 3, 4, 5]},
+    "train": {"epochs": 3, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
+              "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
+    "eval": {"k_max": 5, "replay_k": [2, 4]},
     "export": {"batch": 2, "seq": 3, "past": 5},
 }
 
@@ -151,9 +150,10 @@ def trainable(head) -> list:
 
 # --------------------------------------------------------------------------- data
 
-class FeatureSet:
+class FeatureSet(distill.Examples):
     """Sequences (prompt + answer), the target's features at every position, and where the
-    answer is: CE rows are the positions n-1 .. n+g-2 (each predicts the next answer token)."""
+    answer is: CE rows are the positions n-1 .. n+g-2 (each predicts the next answer token).
+    Batches as the distilled draft's (length-sorted within chunks)."""
 
     def __init__(self, data: list[dict], feats: list, ids: list[int], vocab: int):
         import torch
@@ -166,17 +166,6 @@ class FeatureSet:
                 continue
             seq = list(d["prompt"]) + list(d["gen"])
             self.items.append({"seq": seq, "n": len(d["prompt"]), "g": len(d["gen"]), "feat": f})
-
-    def batches(self, size: int, rng: random.Random | None):
-        idx = list(range(len(self.items)))
-        if rng is not None:
-            rng.shuffle(idx)
-        chunks = [sorted(idx[s: s + size * 8], key=lambda i: len(self.items[i]["seq"]))
-                  for s in range(0, len(idx), size * 8)]
-        out = [c[s: s + size] for c in chunks for s in range(0, len(c), size)]
-        if rng is not None:
-            rng.shuffle(out)
-        return out
 
     def collate(self, which: list[int]):
         """x [B, T], f [B, T, H] (target features), valid [B, T], rows/cols of the CE positions,
@@ -198,8 +187,9 @@ class FeatureSet:
             cols += list(range(it["n"] - 1, it["n"] - 1 + it["g"]))
             labels += it["seq"][it["n"]: it["n"] + it["g"]]
         lab = torch.tensor(labels)
+        vr, vc = torch.nonzero(valid, as_tuple=True)
         return {"x": x, "f": f, "valid": valid, "rows": torch.tensor(rows), "cols": torch.tensor(cols),
-                "labels": lab, "sub": self.inv[lab]}
+                "labels": lab, "sub": self.inv[lab], "all_rows": vr, "all_cols": vc}
 
 
 def torch_log_softmax(x):
@@ -230,23 +220,28 @@ def unrolled(head, b: dict, passes: int, noise: float = 0.0, scale: float = 1.0,
     return outs
 
 
-def target_probs(head, b: dict):
-    """The target's next-token distribution over the head's ids on the answer rows (from its
-    true features through the frozen norm and head)."""
+def _ce_at(b: dict, where: str):
+    return (b["rows"], b["cols"]) if where == "answer" else (b["all_rows"], b["all_cols"])
+
+
+def target_probs(head, b: dict, where: str = "answer"):
+    """The target's next-token distribution over the head's ids (from its true features through
+    the frozen norm and head) on the answer rows, or (``all``) every position of the sequences:
+    the target's distribution is the label wherever it ran, prompt included."""
     import torch
     with torch.no_grad():
-        return torch.softmax(head.sub_logits(b["f"][b["rows"], b["cols"]]), -1)
+        return torch.softmax(head.sub_logits(b["f"][_ce_at(b, where)]), -1)
 
 
-def losses(head, pre, b: dict, scale: float, ce_weight: float, target=None):
+def losses(head, pre, b: dict, scale: float, ce_weight: float, target=None, where: str = "answer"):
     """(total, feature loss, ce) of one pass: smooth L1 on features / scale over valid positions,
-    soft cross-entropy against the target's distribution over the head's ids on answer rows."""
+    soft cross-entropy against the target's distribution over the head's ids (``where``)."""
     import torch.nn.functional as F
     v = b["valid"]
     reg = F.smooth_l1_loss(pre[v] / scale, b["f"][v] / scale)
     if target is None:
-        target = target_probs(head, b)
-    logq = torch_log_softmax(head.sub_logits(pre[b["rows"], b["cols"]]))
+        target = target_probs(head, b, where)
+    logq = torch_log_softmax(head.sub_logits(pre[_ce_at(b, where)]))
     ce = -(target * logq).sum(-1).mean()
     return reg + ce_weight * ce, reg, ce
 
@@ -271,8 +266,9 @@ def train(head, ds: FeatureSet, scale: float, cfg: dict, rep) -> dict:
                     g["lr"] = train_pair.lr_at(step, mc)
                 b = ds.collate(which)
                 outs = unrolled(head, b, tc["unroll"], tc["noise"], scale, gen)
-                tp = target_probs(head, b)
-                loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"], tp)[0] for j, pre in enumerate(outs))
+                tp = target_probs(head, b, tc["ce_rows"])
+                loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"], tp, tc["ce_rows"])[0]
+                           for j, pre in enumerate(outs))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -475,13 +471,11 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
     hf_dir, exp_dir = out / "hf" / "fdraft", out / "export" / "fdraft"
     res_path = out / "fdraft.json"
     k_all = h("fdraft-all", k_head, k_exp if do_export else None, cfg["eval"])
-    if not force and res_path.exists():
-        prev = json.loads(res_path.read_text())
-        if prev.get("key") == k_all and cache.stamp_ok(hf_dir, k_head) and (
-                not do_export or cache.stamp_ok(exp_dir, k_exp)):
-            rep.line(f"[fdraft] reusing {hf_dir} (key {k_all})")
-            prev["reused"] = True
-            return prev
+    prev = None if force else cache.reuse_result(
+        res_path, k_all, [(hf_dir, k_head)] + ([(exp_dir, k_exp)] if do_export else []),
+        lambda m: rep.line(f"[fdraft] {m}"))
+    if prev is not None:
+        return prev
 
     tok = AutoTokenizer.from_pretrained(target["paths"]["tokenizer"])
     tmodel = LlamaForCausalLM.from_pretrained(target["paths"]["hf"], dtype=torch.float32).eval()
@@ -547,14 +541,7 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "build" / "demo")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--no-export", action="store_true")
-    a = ap.parse_args(argv)
-    cfg = train_pair.apply_sets(copy.deepcopy(CONFIG), a.set)
+    a, cfg = distill.stage_args(argv, __doc__, CONFIG)
     target = smollm2.prepare(a.out, threads=a.threads)
     draft = distill.run(distill.CONFIG, a.out, target, threads=a.threads)
     res = run(cfg, a.out, target, draft, threads=a.threads, force=a.force, do_export=not a.no_export)

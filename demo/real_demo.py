@@ -7,14 +7,19 @@
 2. draft     ``distill.run``: a 1-layer draft with a head over the first 8192 ids,
              distilled from SmolLM2's own greedy answers (``build/demo/hf/dlm``,
              ``build/demo/export/dlm``).
+2b. feature ``feature_draft.run``: an EAGLE-style head over SmolLM2's last-layer features
+             (captured by the distilled draft's teacher), trained with unrolled passes
+             (``build/demo/hf/fdraft``, ``build/demo/export/fdraft``).
 3. compile   ``specdec-compile --target ort``: the DLM, the TLM with verification
              widths 1..9, and the TLM once more with ``--role dlm`` (seq_len 1: the
-             target-only baseline, ``build/demo/tlm-base``).
+             target-only baseline, ``build/demo/tlm-base``); the feature pair: the TLM
+             with ``--hidden-states -1`` (``tlm-hs``) and the head with
+             ``--feature-layers -1`` (``fdlm``).
 4. decode    each demo instruction through SmolLM2's chat template: target-only, then
              speculative with the chosen draft (the text streams, accepted drafts in
              green); greedy speculative output must equal the target-only output.
 5. drafts    the candidates are compared in ``choose_draft`` (the one place that
-             decides): the distilled draft and the runtime's prompt lookup (n-gram,
+             decides): the feature draft, the distilled draft and the runtime's prompt lookup (n-gram,
              ``runtime_ngram_decoder``), both measured on the same prompts, side by
              side. The n-gram replay on the target's own answers (``ngram.py``) is
              reported next to it as a prediction, labelled as such.
