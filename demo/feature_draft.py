@@ -65,7 +65,7 @@ CONFIG: dict = {
     "data": {"feature_batch": 16},
     "train": {"epochs": 3, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
               "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
-    "eval": {"k_max": 5, "replay_k": [2, 4]},
+    "eval": {"k_max": 4, "replay_k": [4]},
     "export": {"batch": 2, "seq": 3, "past": 5},
 }
 
@@ -452,6 +452,36 @@ def _parts(tmodel, ids: list[int]):
             tmodel.lm_head.weight.data[torch.tensor(ids)], sd)
 
 
+def _head_stage(tmodel, parts: tuple, ids: list[int], sets: tuple, scale: float, cfg: dict, hf_dir: Path,
+                key: str, force: bool, rep):
+    """Train (or reuse, by key) the head in ``hf_dir``; returns (head, training stats)."""
+    import torch
+    emb, norm_w, head_w, layer_sd = parts
+    tr, ev = sets
+    if force or not cache.stamp_ok(hf_dir, key):
+        head = build_head(tmodel.config, emb, norm_w, head_w, ids, tmodel.config.vocab_size, layer_sd, cfg["seed"])
+        n_par = sum(p.numel() for p in trainable(head))
+        rep.line(f"[fdraft] EAGLE-style head: fc {2 * emb.shape[1]}->{emb.shape[1]} + SmolLM2's last layer, "
+                 f"frozen embedding/norm/head over {len(ids)} ids; {n_par / 1e6:.2f}M trained parameters; "
+                 f"{sum(it['g'] for it in tr.items):,} answer tokens, "
+                 f"{sum(len(it['seq']) for it in tr.items):,} positions; feature RMS {scale:.3f}")
+        pre = chain_agreement(head, ev, cfg["eval"]["k_max"])
+        stats = train(head, tr, scale, cfg, rep)
+        stats["before_training"] = pre
+        stats["trained_params"] = n_par
+        tmp = cache.fresh_tmp(hf_dir)
+        torch.save({k: v for k, v in head.state_dict().items() if k not in ("embed.weight", "head_w", "columns")},
+                   tmp / "head.pt")
+        (tmp / "fdraft.json").write_text(json.dumps({"head_ids": ids, "scale": scale}))
+        cache.publish(tmp, hf_dir, key, {"train": stats})
+    else:
+        stats = json.loads((hf_dir / cache.STAMP).read_text())["train"]
+    head = build_head(tmodel.config, emb, norm_w, head_w, ids, tmodel.config.vocab_size, None, cfg["seed"])
+    head.load_state_dict(torch.load(hf_dir / "head.pt"), strict=False)
+    head.eval()
+    return head, stats
+
+
 def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, force: bool = False,
         quiet: bool = False, do_export: bool = True) -> dict:
     """Features, training, evaluation, export; each stage cached by key. ``draft``: the distilled
@@ -490,27 +520,8 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
     scale = float(torch.cat([f.float() for f in feats["train"]]).pow(2).mean().sqrt())
 
     t0 = time.time()
-    if force or not cache.stamp_ok(hf_dir, k_head):
-        head = build_head(tmodel.config, emb, norm_w, head_w, ids, V, layer_sd, cfg["seed"])
-        n_par = sum(p.numel() for p in trainable(head))
-        rep.line(f"[fdraft] EAGLE-style head: fc {2 * emb.shape[1]}->{emb.shape[1]} + SmolLM2's last layer, "
-                 f"frozen embedding/norm/head over {len(ids)} ids; {n_par / 1e6:.2f}M trained parameters; "
-                 f"{sum(it['g'] for it in tr.items):,} answer tokens, "
-                 f"{sum(len(it['seq']) for it in tr.items):,} positions; feature RMS {scale:.3f}")
-        pre = chain_agreement(head, ev, cfg["eval"]["k_max"])
-        stats = train(head, tr, scale, cfg, rep)
-        stats["before_training"] = pre
-        stats["trained_params"] = n_par
-        tmp = cache.fresh_tmp(hf_dir)
-        torch.save({k: v for k, v in head.state_dict().items() if k not in ("embed.weight", "head_w", "columns")},
-                   tmp / "head.pt")
-        (tmp / "fdraft.json").write_text(json.dumps({"head_ids": ids, "scale": scale}))
-        cache.publish(tmp, hf_dir, k_head, {"train": stats})
-    else:
-        stats = json.loads((hf_dir / cache.STAMP).read_text())["train"]
-    head = build_head(tmodel.config, emb, norm_w, head_w, ids, V, None, cfg["seed"])
-    head.load_state_dict(torch.load(hf_dir / "head.pt"), strict=False)
-    head.eval()
+    head, stats = _head_stage(tmodel, (emb, norm_w, head_w, layer_sd), ids, (tr, ev), scale, cfg, hf_dir, k_head,
+                              force, rep)
     times["train_s"] = round(time.time() - t0, 1)
 
     t0 = time.time()

@@ -138,3 +138,22 @@ def test_teacher_captures_the_features_it_would_compute_teacher_forced():
         assert np.allclose(f.float().numpy(), g[:-1].float().numpy(), atol=0.05)
     rows2, _, hidden2 = teacher.greedy_batch(lean, ps, 10, eos={2}, topk=1)
     assert rows2 == rows and all(torch.equal(a, b) for a, b in zip(hidden, hidden2))
+
+
+def test_bench_picture_draws_one_line_per_draft_and_mode(tmp_path):
+    """bench/real_model.py's picture (hand-written SVG): speedup and tokens per TLM call against k."""
+    import xml.etree.ElementTree as ET
+
+    from bench import real_model
+    rows = [{"draft": d, "mode": m, "k": k, "speedup": 1.0 + 0.1 * i, "tokens_per_tlm_call": 1.2 + 0.1 * i}
+            for i, (d, m, k) in enumerate((d, m, k) for d in ("feature", "ngram") for m in ("greedy", "sampling")
+                                          for k in (2, 3, 4, "auto"))]
+    path = real_model.picture(rows, tmp_path / "p.svg")
+    root = ET.parse(path).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    lines = root.findall(f"{ns}polyline")
+    assert len(lines) == 2 * 2 * 2                       # 2 panels x 2 drafts x 2 modes
+    assert sum(1 for pl in lines if pl.get("stroke-dasharray")) == 4        # sampling dashed
+    assert len(root.findall(f"{ns}rect")) == 1 + 2 * 4    # background + the adaptive markers
+    with pytest.raises(ValueError):
+        real_model.picture([{"draft": "x", "mode": "greedy", "k": "auto", "speedup": 1.0}], tmp_path / "q.svg")
