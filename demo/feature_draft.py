@@ -35,10 +35,16 @@ to predict the target's features and tokens.
 
 Evaluation on held-out answers: per draft position j = 1..k_max, the
 agreement of draft j with the target's greedy token given drafts 1..j-1
-were right (teacher-forced on the head's own features), and the exact greedy
-loop replayed with a KV cache (draft k tokens from the head's own features,
-verify against the target's answer, ingest the accepted tokens with the
-target's features): tokens per TLM call for each k.
+were right, teacher-forced on the head's own features in parallel (every
+earlier row of pass j reads predicted features too, as in training), and
+the exact greedy loop replayed with a KV cache (draft k tokens from the
+head's own features, verify against the target's answer, ingest the
+accepted tokens with the target's features): tokens per TLM call and the
+acceptance of draft j given drafts 1..j-1 accepted. The replay equals the
+runtime's loop on the compiled pair (same tokens per call on held-out
+answers). The two differ for j >= 2: in the loop the earlier rows hold the
+target's features, in the parallel passes (and in training) they hold the
+head's own, so the unrolled training does not yet match what drafts 2+ see.
 """
 from __future__ import annotations
 
@@ -335,6 +341,8 @@ def replay(head, ds: FeatureSet, k: int) -> dict:
     from transformers.cache_utils import DynamicCache
     ids = torch.nonzero(ds.inv >= 0).squeeze(1)
     produced = calls = drafted = accepted = 0
+    at = [0] * k                  # drafts at index j proposed with drafts 0..j-1 accepted ...
+    hit = [0] * k                 # ... and accepted themselves
     with torch.inference_mode():
         for it in ds.items:
             seq, n, g = it["seq"], it["n"], it["g"]
@@ -357,6 +365,9 @@ def replay(head, ds: FeatureSet, k: int) -> dict:
                 a = 0
                 while a < len(drafts) and drafts[a] == seq[m + 1 + a]:
                     a += 1
+                for j in range(min(a + 1, len(drafts))):
+                    at[j] += 1
+                    hit[j] += j < a
                 step = min(a + 1, L - 1 - m)
                 produced += step
                 calls += 1
@@ -367,7 +378,8 @@ def replay(head, ds: FeatureSet, k: int) -> dict:
                                     torch.arange(m + 1, m + 1 + step)[None], past)
                 m += step
     return {"k": k, "tokens_per_tlm_call": round(produced / max(1, calls), 3),
-            "alpha": round(accepted / max(1, drafted), 4), "calls": calls, "tokens": produced}
+            "alpha": round(accepted / max(1, drafted), 4), "calls": calls, "tokens": produced,
+            "acceptance_given_previous": [round(hit[j] / at[j], 4) if at[j] else None for j in range(k)]}
 
 
 def evaluate(head, ds: FeatureSet, cfg: dict) -> dict:

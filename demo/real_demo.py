@@ -278,7 +278,8 @@ def main(a, console, log) -> int:
         f"head over {fd['head_rows']} ids ({fd['trained_params'] / 1e6:.1f}M trained parameters), trained on "
         f"{fd['train_answer_tokens']:,} answer tokens; held-out agreement of drafts 1..{len(fm['agreement'])} "
         f"given the previous right {fm['acceptance_given_previous']}; replayed tokens per TLM call "
-        + ", ".join(f"k={k} {r['tokens_per_tlm_call']}" for k, r in fm["replay"].items()))
+        + ", ".join(f"k={k} {r['tokens_per_tlm_call']} (draft j accepted given 1..j-1: "
+                    f"{r.get('acceptance_given_previous')})" for k, r in fm["replay"].items()))
 
     t_dec = time.time()
     tok, tlm, dlm, base = open_backends(a.out, a.ort_threads)
