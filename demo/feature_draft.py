@@ -64,13 +64,14 @@ from .progress import Reporter
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT_VERSION = "1"
+EVAL_VERSION = "2"       # what the evaluation reports (re-evaluates a cached head when it changes)
 
 CONFIG: dict = {
     "seed": 20261124,
     "head": {"init_layer": -1, "head_rows": 8192},
     "data": {"feature_batch": 16},
-    "train": {"epochs": 3, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
-              "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
+    "train": {"epochs": 12, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
+              "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "mix": 1.0, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
     "eval": {"k_max": 4, "replay_k": [4]},
     "export": {"batch": 2, "seq": 3, "past": 5},
 }
@@ -209,20 +210,26 @@ def shift(f):
     return torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], dim=1)
 
 
-def unrolled(head, b: dict, passes: int, noise: float = 0.0, scale: float = 1.0, gen=None):
+def unrolled(head, b: dict, passes: int, noise: float = 0.0, scale: float = 1.0, gen=None, mix: float = 1.0):
     """Pass j's predicted features [B, T, H], j = 1..passes: pass 1 reads the target's features
     (plus Gaussian noise of ``noise`` x ``scale``), pass j > 1 the head's own predictions of
-    pass j-1 (detached), as draft j does in the loop."""
+    pass j-1 (detached), as draft j does in the loop; with ``mix`` < 1 only that share of the
+    rows (drawn per row) reads them and the rest the target's, so the context a drafted row
+    attends to holds mostly target features, as in the loop."""
     import torch
     pos = torch.arange(b["x"].shape[1])[None].expand_as(b["x"])
     inp = shift(b["f"])
     if noise:
         inp = inp + torch.randn(inp.shape, generator=gen) * (noise * scale)
     outs = []
+    true = shift(b["f"])
     for j in range(passes):
         pre = head.pre_norm(b["x"], inp, position_ids=pos)
         outs.append(pre)
         inp = shift(pre.detach())
+        if mix < 1.0:
+            pick = torch.rand(inp.shape[:2] + (1,), generator=gen) < mix
+            inp = torch.where(pick, inp, true)
     return outs
 
 
@@ -271,7 +278,7 @@ def train(head, ds: FeatureSet, scale: float, cfg: dict, rep) -> dict:
                 for g in opt.param_groups:
                     g["lr"] = train_pair.lr_at(step, mc)
                 b = ds.collate(which)
-                outs = unrolled(head, b, tc["unroll"], tc["noise"], scale, gen)
+                outs = unrolled(head, b, tc["unroll"], tc["noise"], scale, gen, tc["mix"])
                 tp = target_probs(head, b, tc["ce_rows"])
                 loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"], tp, tc["ce_rows"])[0]
                            for j, pre in enumerate(outs))
@@ -512,7 +519,7 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
     k_exp = h("fdraft-export", k_head, cfg["export"], train_pair.versions())
     hf_dir, exp_dir = out / "hf" / "fdraft", out / "export" / "fdraft"
     res_path = out / "fdraft.json"
-    k_all = h("fdraft-all", k_head, k_exp if do_export else None, cfg["eval"])
+    k_all = h("fdraft-all", k_head, k_exp if do_export else None, cfg["eval"], EVAL_VERSION)
     prev = None if force else cache.reuse_result(
         res_path, k_all, [(hf_dir, k_head)] + ([(exp_dir, k_exp)] if do_export else []),
         lambda m: rep.line(f"[fdraft] {m}"))
