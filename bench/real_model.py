@@ -191,9 +191,12 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
 
 def markdown(rows: list[dict], info: dict) -> list[str]:
     d, sm = info.get("draft") or {}, info.get("sampling") or SAMPLING
-    L = [f"real_model: {info.get('model')}; distilled draft: layer(s) {d.get('layers')}, head {d.get('head_rows')} "
-         f"rows; ngram: the runtime's prompt lookup; sampling T={sm['temperature']}, top-p {sm['top_p']}; "
-         f"all rows measured", "",
+    fd = info.get("fdraft") or {}
+    feat = (f"feature draft: EAGLE-style head over the TLM's last-layer features ({fd['trained_params'] / 1e6:.1f}M "
+            f"trained parameters, head {fd.get('head_rows')} rows); " if fd.get("trained_params") else "")
+    L = [f"real_model: {info.get('model')}; {feat}distilled draft: layer(s) {d.get('layers')}, head "
+         f"{d.get('head_rows')} rows; ngram: the runtime's prompt lookup; sampling T={sm['temperature']}, "
+         f"top-p {sm['top_p']}; all rows measured", "",
          "| draft | mode | k | target tok/s | spec tok/s | speedup | alpha | tok/TLM call | c | predicted | achieved/predicted |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, p=2, s="": "-" if v is None else f"{v:.{p}f}{s}"  # noqa: E731
