@@ -218,36 +218,46 @@ def loss_fn(logits, sub, teacher_logits, soft_weight: float):
 
 def train(body, head, ex: Examples, t_head, cfg: dict, rep) -> dict:
     """``t_head``: the target's own head rows for the draft's ids (fixed), for the soft targets."""
-    import torch
     tc = cfg["train"]
-    rng = random.Random(cfg["seed"] + 1)
-    n_batches = len(ex.batches(tc["batch"], None))
-    total = n_batches * tc["epochs"]
     params = [p for p in body.parameters() if p.requires_grad] + [head]
+
+    def batch_loss(b):
+        return loss_fn(draft_logits(body, head, b), b["sub"], b["hid"] @ t_head.t(), tc["soft_weight"]), len(b["sub"])
+    body.train()
+    res = fit(params, ex, tc, cfg["seed"], rep, "train draft", batch_loss)
+    body.eval()
+    res["answer_tokens"] = res.pop("tokens")
+    return res
+
+
+def fit(params: list, ex, tc: dict, seed: int, rep, label: str, batch_loss) -> dict:
+    """The demo's training loop (the distilled draft, the feature draft): AdamW, warmup + cosine
+    (``train_pair.lr_at``), gradient clipping at 1, ``tc["epochs"]`` passes over ``ex``'s batches
+    (shuffled with ``seed`` + 1). ``batch_loss(collated batch) -> (loss, tokens counted)``."""
+    import torch
+    rng = random.Random(seed + 1)
+    total = len(ex.batches(tc["batch"], None)) * tc["epochs"]
     opt = torch.optim.AdamW(params, lr=tc["lr"], betas=(0.9, 0.95), weight_decay=tc["weight_decay"])
     mc = {"lr": tc["lr"], "min_lr_ratio": tc["min_lr_ratio"], "warmup": tc["warmup"], "steps": total}
-    body.train()
     t0, step, ema, tokens = time.time(), 0, None, 0
     with rep.progress() as prog:
-        task = prog.add_task("train draft", total=total, info="")
+        task = prog.add_task(label, total=total, info="")
         for _ in range(tc["epochs"]):
             for which in ex.batches(tc["batch"], rng):
                 for g in opt.param_groups:
                     g["lr"] = train_pair.lr_at(step, mc)
-                b = ex.collate(which)
-                loss = loss_fn(draft_logits(body, head, b), b["sub"], b["hid"] @ t_head.t(), tc["soft_weight"])
+                loss, n = batch_loss(ex.collate(which))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 step += 1
-                tokens += len(b["sub"])
+                tokens += n
                 ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
                 info = f"loss {ema:.3f}  {tokens / (time.time() - t0):,.0f} tok/s"
                 prog.update(task, advance=1, info=info)
-                rep.tick("train draft", step, total, info)
-    body.eval()
-    return {"steps": step, "answer_tokens": tokens, "final_loss_ema": round(ema or 0.0, 4),
+                rep.tick(label, step, total, info)
+    return {"steps": step, "tokens": tokens, "final_loss_ema": round(ema or 0.0, 4),
             "wall_s": round(time.time() - t0, 1)}
 
 

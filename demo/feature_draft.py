@@ -51,7 +51,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -260,41 +259,23 @@ def losses(head, pre, b: dict, scale: float, ce_weight: float, target=None, wher
 
 
 def train(head, ds: FeatureSet, scale: float, cfg: dict, rep) -> dict:
+    """The unrolled EAGLE-1 training (module doc) through ``distill.fit``'s loop."""
     import torch
     tc = cfg["train"]
-    rng = random.Random(cfg["seed"] + 1)
     gen = torch.Generator().manual_seed(cfg["seed"] + 2)
-    total = len(ds.batches(tc["batch"], None)) * tc["epochs"]
-    params = trainable(head)
-    opt = torch.optim.AdamW(params, lr=tc["lr"], betas=(0.9, 0.95), weight_decay=tc["weight_decay"])
-    mc = {"lr": tc["lr"], "min_lr_ratio": tc["min_lr_ratio"], "warmup": tc["warmup"], "steps": total}
     w = tc["unroll_weights"]
+
+    def batch_loss(b):
+        outs = unrolled(head, b, tc["unroll"], tc["noise"], scale, gen, tc["mix"])
+        tp = target_probs(head, b, tc["ce_rows"])
+        loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"], tp, tc["ce_rows"])[0]
+                   for j, pre in enumerate(outs))
+        return loss, int(b["valid"].sum())
     head.train()
-    t0, step, ema, tokens = time.time(), 0, None, 0
-    with rep.progress() as prog:
-        task = prog.add_task("train fdraft", total=total, info="")
-        for _ in range(tc["epochs"]):
-            for which in ds.batches(tc["batch"], rng):
-                for g in opt.param_groups:
-                    g["lr"] = train_pair.lr_at(step, mc)
-                b = ds.collate(which)
-                outs = unrolled(head, b, tc["unroll"], tc["noise"], scale, gen, tc["mix"])
-                tp = target_probs(head, b, tc["ce_rows"])
-                loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"], tp, tc["ce_rows"])[0]
-                           for j, pre in enumerate(outs))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                step += 1
-                tokens += int(b["valid"].sum())
-                ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-                info = f"loss {ema:.3f}  {tokens / (time.time() - t0):,.0f} tok/s"
-                prog.update(task, advance=1, info=info)
-                rep.tick("train fdraft", step, total, info)
+    res = distill.fit(trainable(head), ds, tc, cfg["seed"], rep, "train fdraft", batch_loss)
     head.eval()
-    return {"steps": step, "positions": tokens, "final_loss_ema": round(ema or 0.0, 4),
-            "wall_s": round(time.time() - t0, 1)}
+    res["positions"] = res.pop("tokens")
+    return res
 
 
 # --------------------------------------------------------------------------- evaluation
