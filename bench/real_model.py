@@ -3,7 +3,9 @@
 Called by ``python -m bench.run_bench`` (``--only real``); needs ``make demo``'s
 build (``build/demo``; built here when missing, which takes the demo's time).
 
-Drafts: ``distilled`` (the demo's distilled draft model) and ``ngram`` (the
+Drafts: ``feature`` (the demo's feature draft, EAGLE-style, over the TLM compiled
+with ``--hidden-states -1``; k = 2..5 and "auto"), ``distilled`` (the demo's
+distilled draft model) and ``ngram`` (the
 runtime's prompt lookup, ``SpecDecoder(tlm, None, draft="ngram")``: no draft
 model), each at fixed k (drafts per round) and ``k = "auto"`` (the runtime's
 adaptive choice over the compiled widths, with the K=0 fallback). Per draft,
@@ -36,6 +38,7 @@ from demo.rates import busy_time_s, decode_rate, decode_time_s
 from .spec import alpha_from, merge_width_times
 
 KS = [2, 4, "auto"]
+FEATURE_KS = [2, 3, 4, 5, "auto"]      # the feature draft: every fixed k the picture draws
 SAMPLING = {"temperature": 0.7, "top_p": 0.95}
 
 
@@ -95,10 +98,15 @@ def _merge_hist(hs: list[dict]) -> dict:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
-def decoders(tlm, dlm, eos) -> dict:
-    """(draft, k) -> decoder; the n-gram ones only when the runtime has n-gram drafts."""
+def decoders(tlm, dlm, eos, tlm_hs=None, fdlm=None) -> dict:
+    """(draft, k) -> decoder; the n-gram ones only when the runtime has n-gram drafts; the feature
+    draft's (``fdlm`` over the TLM with hidden states ``tlm_hs``) when given."""
     from specdec_compile.runtime import SpecDecoder
     out = {}
+    if fdlm is not None:
+        for k in FEATURE_KS:
+            fixed = k if isinstance(k, int) else None
+            out[("feature", k)] = SpecDecoder(tlm_hs, fdlm, eos_token_id=eos, k=fixed, adaptive=fixed is None)
     for k in KS:
         fixed = k if isinstance(k, int) else None
         out[("distilled", k)] = SpecDecoder(tlm, dlm, eos_token_id=eos, k=fixed, adaptive=fixed is None)
@@ -114,10 +122,11 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
 
     built = real_demo.build(out, k=4, prefill_len=64, ctx_len=256, threads=2, log=log)
     tok, tlm, dlm, base = real_demo.open_backends(out, a.ort_threads)
+    tlm_hs, fdlm = real_demo.open_feature_pair(out, a.ort_threads)
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
     target = TargetOnlyDecoder(base, eos_token_id=eos)
-    decs = decoders(tlm, dlm, eos)
-    costs = real_demo.width_costs(tlm, dlm, base)
+    decs = decoders(tlm, dlm, eos, tlm_hs, fdlm)
+    costs = real_demo.width_costs(tlm, dlm, base, tlm_hs=tlm_hs, fdlm=fdlm)
     ids_list = [smollm2.chat_ids(tok, t) for t in prompt_sets.DEMO_PROMPTS[: a.real_prompts]]
     n_new = a.real_max_new_tokens
     log(f"[real] {len(ids_list)} instructions, {n_new} new tokens, drafts x k = {sorted(map(str, decs))}, "
@@ -159,24 +168,35 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
     ng = real_demo.ngram_prediction([(ids_list[i], answers[i]) for i in range(len(ids_list))], costs)
     log(f"  ngram replay on the greedy answers (a prediction, not a measurement): best k {ng['best_k']}, "
         f"{ng['predicted_speedup']}x")
-    for b in (tlm, dlm, base):
+    for b in (tlm, dlm, base, tlm_hs, fdlm):
         b.close()
+    fd = built["fdraft"]
     info = {"model": built["target"]["name"], "source": built["target"]["source"],
             "draft": {k: built["draft"][k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
                                                      "metrics")},
+            "fdraft": {"trained_params": fd["trained_params"], "head_rows": fd["head_rows"],
+                       "train_answer_tokens": fd["train_answer_tokens"],
+                       "acceptance_given_previous": fd["metrics"]["acceptance_given_previous"],
+                       "replay": {k: r["tokens_per_tlm_call"] for k, r in fd["metrics"]["replay"].items()}},
             "prompts": prompt_sets.DEMO_PROMPTS[: a.real_prompts], "max_new_tokens": n_new,
             "repeats": a.real_repeats, "sampling": SAMPLING, "ort_threads": a.ort_threads,
             "costs_ms": {"target_step": round(costs["step_s"] * 1e3, 2), "draft_step": round(costs["dlm_s"] * 1e3, 3),
-                         "verify": {str(w): round(t * 1e3, 2) for w, t in costs["verify_s"].items()}},
+                         "feature_draft_step": round(costs["fdlm_s"] * 1e3, 3),
+                         "verify": {str(w): round(t * 1e3, 2) for w, t in costs["verify_s"].items()},
+                         "verify_with_hidden_states": {str(w): round(t * 1e3, 2)
+                                                       for w, t in costs["verify_hs_s"].items()}},
             "ngram_replay_prediction": ng, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     return rows, info
 
 
 def markdown(rows: list[dict], info: dict) -> list[str]:
     d, sm = info.get("draft") or {}, info.get("sampling") or SAMPLING
-    L = [f"real_model: {info.get('model')}; distilled draft: layer(s) {d.get('layers')}, head {d.get('head_rows')} "
-         f"rows; ngram: the runtime's prompt lookup; sampling T={sm['temperature']}, top-p {sm['top_p']}; "
-         f"all rows measured", "",
+    fd = info.get("fdraft") or {}
+    feat = (f"feature draft: EAGLE-style head over the TLM's last-layer features ({fd['trained_params'] / 1e6:.1f}M "
+            f"trained parameters, head {fd.get('head_rows')} rows); " if fd.get("trained_params") else "")
+    L = [f"real_model: {info.get('model')}; {feat}distilled draft: layer(s) {d.get('layers')}, head "
+         f"{d.get('head_rows')} rows; ngram: the runtime's prompt lookup; sampling T={sm['temperature']}, "
+         f"top-p {sm['top_p']}; all rows measured", "",
          "| draft | mode | k | target tok/s | spec tok/s | speedup | alpha | tok/TLM call | c | predicted | achieved/predicted |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, p=2, s="": "-" if v is None else f"{v:.{p}f}{s}"  # noqa: E731
@@ -186,3 +206,67 @@ def markdown(rows: list[dict], info: dict) -> list[str]:
                  f"{f(r['tokens_per_tlm_call'])} | {f(r['c'], 3)} | {f(r['predicted_speedup'], 2, 'x')} | "
                  f"{f(r['achieved_over_predicted'])} |")
     return L + [""]
+
+
+def picture(rows: list[dict], path: Path) -> Path:
+    """One SVG, drawn by hand (no plotting library needed): speedup (left) and tokens per TLM
+    call (right) against k, one line per draft and mode (greedy solid, sampling dashed); the
+    adaptive rows ("auto") as a marker at the right edge."""
+    colors = {"feature": "#d62728", "distilled": "#1f77b4", "ngram": "#2ca02c"}
+    fixed = sorted({r["k"] for r in rows if isinstance(r["k"], int)})
+    if not fixed:
+        raise ValueError("no fixed-k rows to draw")
+    xs = fixed + ["auto"]
+    W, H, pad, gap = 360, 260, 48, 40
+
+    def panel(x0: int, key: str, title: str) -> list[str]:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        lo, hi = min(vals + [1.0]), max(vals + [1.0])
+        lo, hi = lo - 0.05 * (hi - lo + 0.1), hi + 0.05 * (hi - lo + 0.1)
+        X = lambda k: x0 + pad + (W - pad - 10) * (xs.index(k) / max(1, len(xs) - 1))  # noqa: E731
+        Y = lambda v: 20 + (H - 20 - pad) * (1 - (v - lo) / (hi - lo))  # noqa: E731
+        out = [f'<text x="{x0 + W / 2}" y="14" text-anchor="middle" font-size="13">{title}</text>',
+               f'<line x1="{x0 + pad}" y1="{H - pad}" x2="{x0 + W - 10}" y2="{H - pad}" stroke="#000"/>',
+               f'<line x1="{x0 + pad}" y1="20" x2="{x0 + pad}" y2="{H - pad}" stroke="#000"/>',
+               f'<line x1="{x0 + pad}" y1="{Y(1.0):.1f}" x2="{x0 + W - 10}" y2="{Y(1.0):.1f}" stroke="#999" '
+               f'stroke-dasharray="2,3"/>']
+        for i in range(5):
+            v = lo + (hi - lo) * i / 4
+            out.append(f'<text x="{x0 + pad - 4}" y="{Y(v) + 4:.1f}" text-anchor="end" font-size="10">{v:.2f}</text>')
+        for k in xs:
+            out.append(f'<text x="{X(k):.1f}" y="{H - pad + 14}" text-anchor="middle" font-size="10">{k}</text>')
+        out.append(f'<text x="{x0 + W / 2}" y="{H - pad + 30}" text-anchor="middle" font-size="11">k (drafts per '
+                   f'round)</text>')
+        for (draft, mode) in sorted({(r["draft"], r["mode"]) for r in rows}):
+            pts = [(r["k"], r[key]) for r in rows if r["draft"] == draft and r["mode"] == mode
+                   and r.get(key) is not None]
+            line = [(X(k), Y(v)) for k, v in sorted((p for p in pts if p[0] != "auto"), key=lambda p: p[0])]
+            dash = "" if mode == "greedy" else ' stroke-dasharray="6,4"'
+            c = colors.get(draft, "#555")
+            if len(line) > 1:
+                d = " ".join(f"{x:.1f},{y:.1f}" for x, y in line)
+                out.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
+            for x, y in line:
+                out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>')
+            for k, v in pts:
+                if k == "auto":
+                    shape = "none" if mode == "sampling" else c
+                    out.append(f'<rect x="{X(k) - 4:.1f}" y="{Y(v) - 4:.1f}" width="8" height="8" fill="{shape}" '
+                               f'stroke="{c}"/>')
+        return out
+
+    body = panel(0, "speedup", "speedup over target-only") + panel(W + gap, "tokens_per_tlm_call",
+                                                                   "tokens per TLM call")
+    ly = H + 6
+    legend = []
+    for i, (draft, c) in enumerate(colors.items()):
+        if any(r["draft"] == draft for r in rows):
+            legend.append(f'<line x1="{pad + i * 150}" y1="{ly}" x2="{pad + i * 150 + 24}" y2="{ly}" stroke="{c}" '
+                          f'stroke-width="2"/><text x="{pad + i * 150 + 30}" y="{ly + 4}" font-size="11">{draft}</text>')
+    legend.append(f'<text x="{pad + 450}" y="{ly + 4}" font-size="11">solid: greedy, dashed: sampling; '
+                  f'square: adaptive</text>')
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W + gap}" height="{H + 20}" '
+           f'font-family="sans-serif">', '<rect width="100%" height="100%" fill="#fff"/>', *body, *legend, "</svg>"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(svg) + "\n")
+    return path

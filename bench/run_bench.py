@@ -447,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if "real" in only:
         from . import real_model
         res["real_model"], res["real_model_settings"] = real_model.run(a.real_out, a, log=log)
+        log(f"[bench] picture {real_model.picture(res['real_model'], HERE / 'real_model.svg')}")
     res["wall_s"] = round(time.time() - t_all, 1)
     res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     a.results.write_text(json.dumps(res, indent=1, sort_keys=False) + "\n")

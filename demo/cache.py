@@ -81,3 +81,16 @@ def export_onnx(hf_dir: Path, out: Path) -> tuple[Path, float]:
     if res.returncode != 0 or not (tmp / "model.onnx").exists():
         raise SystemExit(f"optimum export of {hf_dir} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return tmp, time.time() - t0
+
+
+def reuse_result(res_path: Path, key: str, stamps: list, line) -> dict | None:
+    """A stage's saved result (``res_path``, JSON with "key") when it was written under ``key``
+    and every (directory, key) of ``stamps`` still holds; None otherwise."""
+    if not res_path.exists():
+        return None
+    prev = json.loads(res_path.read_text())
+    if prev.get("key") != key or not all(stamp_ok(d, k) for d, k in stamps):
+        return None
+    line(f"reusing {stamps[0][0]} (key {key})")
+    prev["reused"] = True
+    return prev

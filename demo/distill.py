@@ -96,9 +96,12 @@ def teacher_data(model, tok, instructions: list[str], cfg: dict, rep, label: str
     with rep.progress() as prog:
         task = prog.add_task(label, total=len(batches), info="")
         for bi, idx in enumerate(batches):
-            rows, _, hidden = teacher.greedy_batch(lean, [ps[i] for i in idx], d["gen_len"], eos=eos, topk=1)
-            for i, r, hid in zip(idx, rows, hidden):
-                out[i] = {"prompt": ps[i], "gen": r, "hid": hid}
+            rows, _, hidden, feats = teacher.greedy_batch(lean, [ps[i] for i in idx], d["gen_len"], eos=eos, topk=1,
+                                                          features=True)
+            for i, r, hid, f in zip(idx, rows, hidden, feats):
+                # "feat": SmolLM2's last-layer features (before the final norm) at prompt + answer
+                # positions, for the feature draft (feature_draft.py); captured here for free
+                out[i] = {"prompt": ps[i], "gen": r, "hid": hid, "feat": f}
                 n_tok += len(r)
             info = f"{n_tok:,} tokens, {n_tok / (time.time() - t0):.0f} tok/s"
             prog.update(task, advance=1, info=info)
@@ -215,36 +218,46 @@ def loss_fn(logits, sub, teacher_logits, soft_weight: float):
 
 def train(body, head, ex: Examples, t_head, cfg: dict, rep) -> dict:
     """``t_head``: the target's own head rows for the draft's ids (fixed), for the soft targets."""
-    import torch
     tc = cfg["train"]
-    rng = random.Random(cfg["seed"] + 1)
-    n_batches = len(ex.batches(tc["batch"], None))
-    total = n_batches * tc["epochs"]
     params = [p for p in body.parameters() if p.requires_grad] + [head]
+
+    def batch_loss(b):
+        return loss_fn(draft_logits(body, head, b), b["sub"], b["hid"] @ t_head.t(), tc["soft_weight"]), len(b["sub"])
+    body.train()
+    res = fit(params, ex, tc, cfg["seed"], rep, "train draft", batch_loss)
+    body.eval()
+    res["answer_tokens"] = res.pop("tokens")
+    return res
+
+
+def fit(params: list, ex, tc: dict, seed: int, rep, label: str, batch_loss) -> dict:
+    """The demo's training loop (the distilled draft, the feature draft): AdamW, warmup + cosine
+    (``train_pair.lr_at``), gradient clipping at 1, ``tc["epochs"]`` passes over ``ex``'s batches
+    (shuffled with ``seed`` + 1). ``batch_loss(collated batch) -> (loss, tokens counted)``."""
+    import torch
+    rng = random.Random(seed + 1)
+    total = len(ex.batches(tc["batch"], None)) * tc["epochs"]
     opt = torch.optim.AdamW(params, lr=tc["lr"], betas=(0.9, 0.95), weight_decay=tc["weight_decay"])
     mc = {"lr": tc["lr"], "min_lr_ratio": tc["min_lr_ratio"], "warmup": tc["warmup"], "steps": total}
-    body.train()
     t0, step, ema, tokens = time.time(), 0, None, 0
     with rep.progress() as prog:
-        task = prog.add_task("train draft", total=total, info="")
+        task = prog.add_task(label, total=total, info="")
         for _ in range(tc["epochs"]):
             for which in ex.batches(tc["batch"], rng):
                 for g in opt.param_groups:
                     g["lr"] = train_pair.lr_at(step, mc)
-                b = ex.collate(which)
-                loss = loss_fn(draft_logits(body, head, b), b["sub"], b["hid"] @ t_head.t(), tc["soft_weight"])
+                loss, n = batch_loss(ex.collate(which))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 step += 1
-                tokens += len(b["sub"])
+                tokens += n
                 ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
                 info = f"loss {ema:.3f}  {tokens / (time.time() - t0):,.0f} tok/s"
                 prog.update(task, advance=1, info=info)
-                rep.tick("train draft", step, total, info)
-    body.eval()
-    return {"steps": step, "answer_tokens": tokens, "final_loss_ema": round(ema or 0.0, 4),
+                rep.tick(label, step, total, info)
+    return {"steps": step, "tokens": tokens, "final_loss_ema": round(ema or 0.0, 4),
             "wall_s": round(time.time() - t0, 1)}
 
 
@@ -405,13 +418,11 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
     dlm_dir, exp_full, exp_dir = out / "hf" / "dlm", out / "export" / "dlm-full", out / "export" / "dlm"
     res_path = out / "draft.json"
     k_all = h("draft-all", k_dlm, k_exp if do_export else None, cfg["eval"])
-    if not force and res_path.exists():
-        prev = json.loads(res_path.read_text())
-        if prev.get("key") == k_all and cache.stamp_ok(dlm_dir, k_dlm) and (
-                not do_export or cache.stamp_ok(exp_dir, k_exp)):
-            rep.line(f"[draft] reusing {dlm_dir} (key {k_all})")
-            prev["reused"] = True
-            return prev
+    prev = None if force else cache.reuse_result(
+        res_path, k_all, [(dlm_dir, k_dlm)] + ([(exp_dir, k_exp)] if do_export else []),
+        lambda m: rep.line(f"[draft] {m}"))
+    if prev is not None:
+        return prev
 
     tok = AutoTokenizer.from_pretrained(target["paths"]["tokenizer"])
     tmodel = LlamaForCausalLM.from_pretrained(target["paths"]["hf"], dtype=torch.float32).eval()
@@ -447,15 +458,21 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def stage_args(argv: list[str] | None, doc: str, config: dict):
+    """The command line of a demo stage run alone (``demo.distill``, ``demo.feature_draft``):
+    (arguments, the configuration with ``--set KEY=JSON`` applied)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "demo")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--no-export", action="store_true")
     a = ap.parse_args(argv)
-    cfg = train_pair.apply_sets(copy.deepcopy(CONFIG), a.set)
+    return a, train_pair.apply_sets(copy.deepcopy(config), a.set)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, cfg = stage_args(argv, __doc__, CONFIG)
     target = smollm2.prepare(a.out, threads=a.threads)
     res = run(cfg, a.out, target, threads=a.threads, force=a.force, do_export=not a.no_export)
     print(json.dumps({k: res[k] for k in ("params", "head_rows", "layers", "metrics", "times")}, indent=1))

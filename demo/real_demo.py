@@ -7,14 +7,19 @@
 2. draft     ``distill.run``: a 1-layer draft with a head over the first 8192 ids,
              distilled from SmolLM2's own greedy answers (``build/demo/hf/dlm``,
              ``build/demo/export/dlm``).
+2b. feature ``feature_draft.run``: an EAGLE-style head over SmolLM2's last-layer features
+             (captured by the distilled draft's teacher), trained with unrolled passes
+             (``build/demo/hf/fdraft``, ``build/demo/export/fdraft``).
 3. compile   ``specdec-compile --target ort``: the DLM, the TLM with verification
              widths 1..9, and the TLM once more with ``--role dlm`` (seq_len 1: the
-             target-only baseline, ``build/demo/tlm-base``).
+             target-only baseline, ``build/demo/tlm-base``); the feature pair: the TLM
+             with ``--hidden-states -1`` (``tlm-hs``) and the head with
+             ``--feature-layers -1`` (``fdlm``).
 4. decode    each demo instruction through SmolLM2's chat template: target-only, then
              speculative with the chosen draft (the text streams, accepted drafts in
              green); greedy speculative output must equal the target-only output.
 5. drafts    the candidates are compared in ``choose_draft`` (the one place that
-             decides): the distilled draft and the runtime's prompt lookup (n-gram,
+             decides): the feature draft, the distilled draft and the runtime's prompt lookup (n-gram,
              ``runtime_ngram_decoder``), both measured on the same prompts, side by
              side. The n-gram replay on the target's own answers (``ngram.py``) is
              reported next to it as a prediction, labelled as such.
@@ -25,9 +30,9 @@ import json
 import time
 from pathlib import Path
 
-from . import distill, ngram, smollm2
+from . import distill, feature_draft, ngram, smollm2
 from . import prompts as prompt_sets
-from .compiling import compile_trio
+from .compiling import compile_feature_pair, compile_trio
 from .rates import decode_rate
 from .stream import Stream
 
@@ -44,10 +49,15 @@ def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, lo
     t0 = time.time()
     draft = distill.run(distill.CONFIG, out, target, threads=threads)
     t_draft = time.time() - t0
+    t0 = time.time()
+    fdraft = feature_draft.run(feature_draft.CONFIG, out, target, draft, threads=threads)
+    t_fdraft = time.time() - t0
     ctimes = compile_trio(Path(target["paths"]["onnx"]), Path(draft["paths"]["onnx"]), out, k=k, k_list=K_LIST,
                           prefill_len=prefill_len, ctx_len=ctx_len, log=log)
-    return {"target": target, "draft": draft, "compile_s": ctimes,
-            "stage_s": {"target": round(t_target, 1), "draft": round(t_draft, 1),
+    ctimes.update(compile_feature_pair(Path(target["paths"]["onnx"]), Path(fdraft["paths"]["onnx"]), out, k=k,
+                                       k_list=K_LIST, prefill_len=prefill_len, ctx_len=ctx_len, log=log))
+    return {"target": target, "draft": draft, "fdraft": fdraft, "compile_s": ctimes,
+            "stage_s": {"target": round(t_target, 1), "draft": round(t_draft, 1), "fdraft": round(t_fdraft, 1),
                         "compile": round(sum(ctimes.values()), 1)}}
 
 
@@ -59,9 +69,18 @@ def open_backends(out: Path, ort_threads: int):
             OrtBackend(out / "tlm-base", **kw))
 
 
-def width_costs(tlm, dlm, base, *, rounds: int = 6, start: int = 100) -> dict:
+def open_feature_pair(out: Path, ort_threads: int):
+    """(the TLM compiled with --hidden-states -1, the feature draft)."""
+    from specdec_compile.runtime import OrtBackend
+    kw = {"intra_op_threads": ort_threads}
+    return OrtBackend(out / "tlm-hs", **kw), OrtBackend(out / "fdlm", **kw)
+
+
+def width_costs(tlm, dlm, base, *, rounds: int = 6, start: int = 100, tlm_hs=None, fdlm=None) -> dict:
     """Median seconds per call: the target step (seq_len 1, the baseline), the TLM at each
-    verification width, the DLM step. Calls interleaved so load changes hit all alike."""
+    verification width, the DLM step; with ``tlm_hs`` / ``fdlm`` also the TLM that outputs its
+    hidden states at each width and the feature draft's step. Calls interleaved so load changes
+    hit all alike."""
     import statistics
 
     import numpy as np
@@ -70,20 +89,37 @@ def width_costs(tlm, dlm, base, *, rounds: int = 6, start: int = 100) -> dict:
         ids = np.full((b.batch_size, w), 7, np.int64)
         pos = np.full((b.batch_size, w), -1, np.int64)
         pos[0] = np.arange(start, start + w)
+        extra = {n: np.zeros((b.batch_size, w, d), np.float32) for n, d in getattr(b, "extra_inputs", {}).items()}
         t = time.perf_counter()
-        b.run(ids, pos)
+        if extra or getattr(b, "extra_outputs", None):
+            b.run_outputs(ids, pos, inputs=extra or None)
+        else:
+            b.run(ids, pos)
         return time.perf_counter() - t
-    ts: dict = {"step": [], "dlm": [], **{w: [] for w in WIDTHS + [WIDTHS[-1] + 1] if w in tlm.seq_lens}}
+    widths = [w for w in WIDTHS + [WIDTHS[-1] + 1] if w in tlm.seq_lens]
+    ts: dict = {"step": [], "dlm": [], **{w: [] for w in widths}}
+    if tlm_hs is not None:
+        ts.update({"fdlm": [], **{("hs", w): [] for w in widths if w in tlm_hs.seq_lens}})
     for _ in range(rounds):
         ts["step"].append(call(base, 1))
         ts["dlm"].append(call(dlm, 1))
+        if tlm_hs is not None:
+            ts["fdlm"].append(call(fdlm, 1))
         for w in ts:
             if isinstance(w, int):
                 ts[w].append(call(tlm, w))
-    for b in (tlm, dlm, base):
-        b.reset()
+            elif isinstance(w, tuple):
+                ts[w].append(call(tlm_hs, w[1]))
+    for b in (tlm, dlm, base, tlm_hs, fdlm):
+        if b is not None:
+            b.reset()
     med = {w: statistics.median(v[1:]) for w, v in ts.items()}
-    return {"step_s": med.pop("step"), "dlm_s": med.pop("dlm"), "verify_s": med}
+    res = {"step_s": med.pop("step"), "dlm_s": med.pop("dlm")}
+    if tlm_hs is not None:
+        res["fdlm_s"] = med.pop("fdlm")
+        res["verify_hs_s"] = {w[1]: med.pop(w) for w in list(med) if isinstance(w, tuple)}
+    res["verify_s"] = med
+    return res
 
 
 def runtime_ngram_decoder(tlm, eos, k: int | None = None):
@@ -237,19 +273,30 @@ def main(a, console, log) -> int:
     log(f"[draft] distilled: SmolLM2 layer(s) {dr['layers']} + head over {dr['head_rows']} ids "
         f"({dr['params'] / 1e6:.1f}M parameters), trained on {dr['train_answer_tokens']:,} answer tokens; "
         f"held-out greedy agreement {dm['greedy_agreement']}, head coverage {dm['head_coverage']}")
+    fd, fm = built["fdraft"], built["fdraft"]["metrics"]
+    log(f"[fdraft] feature draft: fc + SmolLM2's last layer over [embedding ; SmolLM2's last-layer features], "
+        f"head over {fd['head_rows']} ids ({fd['trained_params'] / 1e6:.1f}M trained parameters), trained on "
+        f"{fd['train_answer_tokens']:,} answer tokens; held-out agreement of drafts 1..{len(fm['agreement'])} "
+        f"given the previous right {fm['acceptance_given_previous']}; replayed tokens per TLM call "
+        + ", ".join(f"k={k} {r['tokens_per_tlm_call']} (draft j accepted given 1..j-1: "
+                    f"{r.get('acceptance_given_previous')})" for k, r in fm["replay"].items()))
 
     t_dec = time.time()
     tok, tlm, dlm, base = open_backends(a.out, a.ort_threads)
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
     target = TargetOnlyDecoder(base, eos_token_id=eos)
-    drafts = {"distilled": SpecDecoder(tlm, dlm, eos_token_id=eos, k=a.decode_k)}
+    tlm_hs, fdlm = open_feature_pair(a.out, a.ort_threads)
+    drafts = {"feature": SpecDecoder(tlm_hs, fdlm, eos_token_id=eos, k=a.decode_k),
+              "distilled": SpecDecoder(tlm, dlm, eos_token_id=eos, k=a.decode_k)}
     ng_dec = runtime_ngram_decoder(tlm, eos, a.decode_k)
     if ng_dec is not None:
         drafts["ngram"] = ng_dec
-    costs = width_costs(tlm, dlm, base)
+    costs = width_costs(tlm, dlm, base, tlm_hs=tlm_hs, fdlm=fdlm)
     log(f"[costs] target step {costs['step_s'] * 1e3:.1f} ms, draft step {costs['dlm_s'] * 1e3:.2f} ms "
-        f"(c = {costs['dlm_s'] / costs['step_s']:.3f}), verification "
-        + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_s"].items())) + " ms")
+        f"(c = {costs['dlm_s'] / costs['step_s']:.3f}), feature draft step {costs['fdlm_s'] * 1e3:.2f} ms "
+        f"(c = {costs['fdlm_s'] / costs['step_s']:.3f}), verification "
+        + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_s"].items())) + " ms; with hidden "
+        "states " + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_hs_s"].items())) + " ms")
     cal = calibrate(drafts, target, tok)
     streamed = max(cal, key=cal.get)
     log("[warm-up] " + ", ".join(f"{n} {v:.2f}x" for n, v in cal.items())
@@ -283,12 +330,15 @@ def main(a, console, log) -> int:
                           "ngram_replay_prediction": ng, "costs": costs,
                           "draft": {k: dr[k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
                                                        "metrics", "times", "train")},
+                          "fdraft": {k: fd[k] for k in ("trained_params", "head_rows", "train_answer_tokens",
+                                                        "train_positions", "metrics", "times", "train", "config")},
                           "stages_s": {**built["stage_s"], "decode": round(time.time() - t_dec, 1)},
                           "settings": vars(a) | {"out": str(a.out)}}}
     result["details"]["stages_s"]["total"] = round(time.time() - t_all, 1)
     (a.out / "demo.json").write_text(json.dumps(result, indent=1, default=str))
     log(f"[demo] {a.out / 'demo.json'}; artifacts {a.out / 'tlm'}, {a.out / 'dlm'}, {a.out / 'tlm-base'} "
-        f"(target-only baseline), exports in {a.out / 'export'} ({result['details']['stages_s']['total']:.0f} s)")
-    for b in (tlm, dlm, base):
+        f"(target-only baseline), {a.out / 'tlm-hs'} + {a.out / 'fdlm'} (the feature pair), exports in "
+        f"{a.out / 'export'} ({result['details']['stages_s']['total']:.0f} s)")
+    for b in (tlm, dlm, base, tlm_hs, fdlm):
         b.close()
     return 0 if identical else 1

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     console = Console(highlight=False)
     if not console.is_terminal:
-        console = Console(highlight=False, width=110)
+        console = Console(highlight=False, width=150)
 
     def log(msg):
         console.print(msg, markup=False, highlight=False)

@@ -63,6 +63,11 @@ class LeanLlama:
     def forward(self, ids, pos, cache, start: int, key_ok):
         """ids, pos [B, S] written at slots start..start+S-1; key_ok [B, start+S] bool (False: padding).
         Returns the last position's final hidden state [B, hidden]."""
+        return self._rms(self.states(ids, pos, cache, start, key_ok)[:, -1], self.norm)
+
+    def states(self, ids, pos, cache, start: int, key_ok):
+        """As ``forward``, but the last layer's output *before* the final norm at every position
+        [B, S, hidden]: the feature a TLM compiled with ``--hidden-states -1`` outputs."""
         import torch
         import torch.nn.functional as F
         B, S = ids.shape
@@ -86,20 +91,23 @@ class LeanLlama:
             x = x + a.transpose(1, 2).reshape(B, S, hq) @ lay["o"]
             g = self._rms(x, lay["ln2"]) @ lay["gu"]
             x = x + (F.silu(g[..., :self.inter]) * g[..., self.inter:]) @ lay["down"]
-        return self._rms(x[:, -1], self.norm)
+        return x
 
     def logits(self, hidden):
         return hidden @ self.head.t()
 
 
 def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos: set[int], topk: int,
-                 pad_id: int = 0):
+                 pad_id: int = 0, features: bool = False):
     """Greedy continuations of ``prompts`` (token lists), left-padded into one batch.
     Returns (rows, tops, hidden): rows[i] = generated ids (up to and including EOS);
     tops[i] = (ids int32 [n, topk], probs float16 [n, topk]) of the model's
     distribution at each generated position (before the token was chosen);
     hidden[i] = the final (normed) hidden state there, float16 [n, hidden]: the
-    logits are ``hidden @ head.T``, so it carries the whole distribution."""
+    logits are ``hidden @ head.T``, so it carries the whole distribution.
+    ``features``: also feats[i], the last layer's output before the final norm (what
+    ``features`` computes teacher-forced) at every position of prompt + generation but the
+    last generated token, float16 [len(prompt) + len(rows[i]) - 1, hidden]: free here."""
     import torch
     B = len(prompts)
     P = max(len(p) for p in prompts)
@@ -118,8 +126,12 @@ def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos
     done = torch.zeros(B, dtype=torch.bool)
     lengths = torch.full((B,), gen_len)
     eos_t = torch.tensor(sorted(eos))
+    t_f = torch.zeros(B, P + gen_len, lean.emb.shape[1], dtype=torch.float16) if features else None
     with torch.inference_mode():
-        hid = lean.forward(ids, pos, cache, 0, key_ok)
+        x = lean.states(ids, pos, cache, 0, key_ok)
+        if features:
+            t_f[:, :P] = x.to(torch.float16)
+        hid = lean._rms(x[:, -1], lean.norm)
         for t in range(gen_len):
             logits = lean.logits(hid)
             p, i = torch.softmax(logits, -1).topk(topk, -1)
@@ -131,11 +143,38 @@ def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos
             done |= hit
             if bool(done.all()) or t == gen_len - 1:
                 break
-            hid = lean.forward(nxt[:, None], (P + t - pad)[:, None], cache, P + t, key_ok)
+            x = lean.states(nxt[:, None], (P + t - pad)[:, None], cache, P + t, key_ok)
+            if features:
+                t_f[:, P + t] = x[:, 0].to(torch.float16)
+            hid = lean._rms(x[:, -1], lean.norm)
     rows = [out[i, : int(lengths[i])].tolist() for i in range(B)]
     tops = [(t_ids[i, : int(lengths[i])].clone(), t_p[i, : int(lengths[i])].clone()) for i in range(B)]
     hidden = [t_h[i, : int(lengths[i])].clone() for i in range(B)]
+    if features:
+        feats = [t_f[i, int(pad[i]): P + int(lengths[i]) - 1].clone() for i in range(B)]
+        return rows, tops, hidden, feats
     return rows, tops, hidden
+
+
+def features(lean: LeanLlama, seqs: list[list[int]], *, batch: int = 16, pad_id: int = 0):
+    """Teacher-forced features: for each token list, the last layer's output before the final
+    norm at every position (float16 [len, hidden]), one batched forward pass per ``batch``
+    sequences of similar length (right-padded: causal attention never sees the padding)."""
+    import torch
+    order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]), i))
+    out: list = [None] * len(seqs)
+    with torch.inference_mode():
+        for s in range(0, len(order), batch):
+            idx = order[s: s + batch]
+            T = max(len(seqs[i]) for i in idx)
+            ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
+            for r, i in enumerate(idx):
+                ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
+            pos = torch.arange(T)[None].expand(len(idx), T)
+            x = lean.states(ids, pos, lean.new_cache(len(idx), T), 0, torch.ones(len(idx), T, dtype=torch.bool))
+            for r, i in enumerate(idx):
+                out[i] = x[r, : len(seqs[i])].to(torch.float16).clone()
+    return out
 
 
 def flops_per_token(lean: LeanLlama) -> float:

@@ -8,14 +8,20 @@ from pathlib import Path
 from demo import compiling
 
 
-def test_compile_trio_compiles_the_draft_the_target_and_the_baseline(monkeypatch):
+def _recorded(monkeypatch, seconds: float) -> list:
+    """compile_artifact replaced by a recorder: (model name, output name, args) per call."""
     calls = []
 
     def fake(model, out, args, *, log=print):
         calls.append((model.name, out.name, args))
-        return 1.5
+        return seconds
 
     monkeypatch.setattr(compiling, "compile_artifact", fake)
+    return calls
+
+
+def test_compile_trio_compiles_the_draft_the_target_and_the_baseline(monkeypatch):
+    calls = _recorded(monkeypatch, 1.5)
     common = ["--target", "ort", "--prefill-len", "32", "--ctx-len", "256"]
     times = compiling.compile_trio(Path("t.onnx"), Path("d.onnx"), Path("out"), k=4, k_list=[2, 3],
                                    prefill_len=32, ctx_len=256)
@@ -27,3 +33,15 @@ def test_compile_trio_compiles_the_draft_the_target_and_the_baseline(monkeypatch
     compiling.compile_trio(Path("t.onnx"), Path("d.onnx"), Path("out"), k=4, k_list=[], prefill_len=32,
                            ctx_len=256)
     assert calls[1][2] == ["--role", "tlm", "--k", "4", *common]          # no extra widths: no --k-list
+
+
+def test_compile_feature_pair_compiles_the_head_and_the_tlm_with_hidden_states(monkeypatch):
+    calls = _recorded(monkeypatch, 2.0)
+    common = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
+    times = compiling.compile_feature_pair(Path("t.onnx"), Path("f.onnx"), Path("out"), k=4, k_list=[0, 1, 2],
+                                           prefill_len=64, ctx_len=256)
+    assert times == {"fdlm": 2.0, "tlm-hs": 2.0}
+    assert calls == [("f.onnx", "fdlm", ["--role", "dlm", "--k", "4", "--k-list", "0,1,2", "--feature-layers", "-1",
+                                         *common]),
+                     ("t.onnx", "tlm-hs", ["--role", "tlm", "--k", "4", "--k-list", "0,1,2", "--hidden-states", "-1",
+                                           *common])]
