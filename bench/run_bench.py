@@ -376,6 +376,16 @@ def markdown(res: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+def _previous_results(path: Path) -> dict:
+    """The last results (a partial run, --only, updates them); {} when there are none."""
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
     ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real",
@@ -412,12 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(a.only.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
 
-    res: dict = {}
-    if a.results.exists():  # a partial run (--only) updates the previous results
-        try:
-            res = json.loads(a.results.read_text())
-        except ValueError:
-            res = {}
+    res = _previous_results(a.results)
     res["machine"] = machine()
     res["command"] = " ".join(["python", "-m", "bench.run_bench", *(argv if argv is not None else sys.argv[1:])])
     t_all = time.time()
