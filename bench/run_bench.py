@@ -2,7 +2,8 @@
 """Benchmarks of the compiler and the runtime, in one run (what `make bench` runs).
 
     python -m bench.run_bench                  # everything; writes bench/results.json and bench/results.md
-    python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, suffix, fallback, real
+    python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, suffix, fallback,
+                                               # real, real-ood
     python -m bench.run_bench --only suffix-real --real-build build/demo   # suffix drafts' SmolLM2 rows alone
                                                # (--only suffix: the toy pair's rows, then SmolLM2's when built)
 
@@ -364,6 +365,9 @@ def markdown(res: dict) -> str:
     if res.get("real_model"):
         from . import real_model
         L.extend(real_model.markdown(res["real_model"], res.get("real_model_settings") or {}))
+    if res.get("real_ood"):
+        from . import real_ood
+        L.extend(real_ood.markdown(res["real_ood"], res.get("real_ood_settings") or {}))
     rs = res.get("rewrite_scale")
     if rs:
         L.append("| model | target | rewrite wall | peak RSS | RSS / weights |")
@@ -388,8 +392,9 @@ def _previous_results(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real",
-                    help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real")
+    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood",
+                    help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
+                         "real-ood")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
@@ -453,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import real_model
         res["real_model"], res["real_model_settings"] = real_model.run(a.real_out, a, log=log)
         log(f"[bench] picture {real_model.picture(res['real_model'], HERE / 'real_model.svg')}")
+    if "real-ood" in only:
+        from . import real_ood
+        res["real_ood"], res["real_ood_settings"] = real_ood.run(a.real_out, a, log=log)
     res["wall_s"] = round(time.time() - t_all, 1)
     res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     a.results.write_text(json.dumps(res, indent=1, sort_keys=False) + "\n")

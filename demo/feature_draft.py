@@ -18,33 +18,27 @@ The head (``FeatureHead``), EAGLE-1's design:
   compiled) predicts f_p, and the frozen norm + head turn it into the logits
   for x_{p+1}: a perfect feature prediction gives exactly the target's logits.
 
-Data: the distilled draft's teacher answers (``distill``: SmolLM2's greedy
-answers to standard-library instructions, cached), prompt + answer, put
-through SmolLM2 once more teacher-forced in batches (``teacher.features``) for
-the features at every position. No text is generated here.
+Data: SmolLM2's own greedy answers to standard-library instructions, with its
+features at every position captured while it answered (``teacher.greedy_batch``):
+the distilled draft's teacher answers (``distill``) plus ``extra_prompts`` more
+instructions answered here in batches (cached). No other text is needed: the
+labels are the target's own next-token distributions.
 
-Training (deterministic, cached by a key over the data and this config):
-loss = smooth L1 of the feature (scaled by the features' RMS) + ``ce_weight``
-x the cross-entropy between the target's next-token distribution (its true
-feature through the frozen norm and head) and the head's, EAGLE-1 style. So
-multi-step drafts do not collapse, each batch is unrolled ``unroll`` times
-(training-time test): pass 1 reads the target's features plus noise, pass j
-reads the head's own (detached) feature predictions of pass j-1 in place of
-the target's, exactly what draft j reads in the loop; every pass is trained
-to predict the target's features and tokens.
+Training (``feature_train``; deterministic, cached by a key over the data and
+this config): loss = smooth L1 of the feature (scaled by the features' RMS) +
+``ce_weight`` x the cross-entropy between the target's next-token distribution
+(its true feature through the frozen norm and head) and the head's, EAGLE-1
+style, summed over ``unroll`` passes: pass j trains draft j of every round at
+once, with exactly the context the loop gives draft j (the target's features
+up to the round's start, the head's own predictions after it; the training-time
+test of EAGLE-3, ``feature_train``'s module doc).
 
-Evaluation on held-out answers: per draft position j = 1..k_max, the
-agreement of draft j with the target's greedy token given drafts 1..j-1
-were right, teacher-forced on the head's own features in parallel (every
-earlier row of pass j reads predicted features too, as in training), and
-the exact greedy loop replayed with a KV cache (draft k tokens from the
-head's own features, verify against the target's answer, ingest the
-accepted tokens with the target's features): tokens per TLM call and the
-acceptance of draft j given drafts 1..j-1 accepted. The replay equals the
-runtime's loop on the compiled pair (same tokens per call on held-out
-answers). The two differ for j >= 2: in the loop the earlier rows hold the
-target's features, in the parallel passes (and in training) they hold the
-head's own, so the unrolled training does not yet match what drafts 2+ see.
+Evaluation on held-out answers (``feature_eval``): the agreement of draft j
+with the target's greedy token (unconditional and given drafts 1..j-1 were
+right, which is draft j's acceptance in the loop), and the exact greedy loop
+replayed with a KV cache: tokens per TLM call and the acceptance of draft j.
+The replay equals the runtime's loop on the compiled pair (same tokens per call
+on held-out answers).
 """
 from __future__ import annotations
 
@@ -58,19 +52,24 @@ from pathlib import Path
 from . import cache, distill, smollm2, train_pair
 from .cache import h
 from .draft_head import PAD_LOGIT
+from .feature_eval import chain_agreement, evaluate
+from .feature_train import FeatureSet, trainable, train
 from .progress import Reporter
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT_VERSION = "1"
-EVAL_VERSION = "2"       # what the evaluation reports (re-evaluates a cached head when it changes)
+SCRIPT_VERSION = "2"      # 2: training matched to the loop (feature_train)
+EVAL_VERSION = "3"       # what the evaluation reports (re-evaluates a cached head when it changes)
 
 CONFIG: dict = {
     "seed": 20261124,
     "head": {"init_layer": -1, "head_rows": 8192},
-    "data": {"feature_batch": 16},
-    "train": {"epochs": 12, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
-              "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "mix": 1.0, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
+    # extra_prompts: instructions SmolLM2 answers here on top of the distilled draft's 160 (the
+    # teacher runs ~400 tok/s at batch 80 on 2 quiet cores: 640 x 128 tokens ~ 3.5 min; 128 new
+    # tokens as the demo decodes, so late answer positions are covered too)
+    "data": {"feature_batch": 16, "extra_prompts": 640, "gen_len": 128, "teacher_batch": 80},
+    "train": {"epochs": 3, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
+              "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
     "eval": {"k_max": 4, "replay_k": [4]},
     "export": {"batch": 2, "seq": 3, "past": 5},
 }
@@ -150,235 +149,6 @@ def build_head(tconf, emb, norm_w, head_w, ids: list[int], vocab: int, layer_sd:
     return FeatureHead()
 
 
-def trainable(head) -> list:
-    return [p for p in head.parameters() if p.requires_grad]
-
-
-# --------------------------------------------------------------------------- data
-
-class FeatureSet(distill.Examples):
-    """Sequences (prompt + answer), the target's features at every position, and where the
-    answer is: CE rows are the positions n-1 .. n+g-2 (each predicts the next answer token).
-    Batches as the distilled draft's (length-sorted within chunks)."""
-
-    def __init__(self, data: list[dict], feats: list, ids: list[int], vocab: int):
-        import torch
-        self.items = []
-        inv = torch.full((vocab,), -1, dtype=torch.long)
-        inv[torch.tensor(ids)] = torch.arange(len(ids))
-        self.inv = inv
-        for d, f in zip(data, feats):
-            if not d["gen"]:
-                continue
-            seq = list(d["prompt"]) + list(d["gen"])
-            self.items.append({"seq": seq, "n": len(d["prompt"]), "g": len(d["gen"]), "feat": f})
-
-    def collate(self, which: list[int]):
-        """x [B, T], f [B, T, H] (target features), valid [B, T], rows/cols of the CE positions,
-        their labels (the target's next token) as head indices (-1 outside the head)."""
-        import torch
-        items = [self.items[i] for i in which]
-        T = max(len(it["seq"]) for it in items)
-        H = items[0]["feat"].shape[1]
-        x = torch.zeros(len(items), T, dtype=torch.long)
-        f = torch.zeros(len(items), T, H)
-        valid = torch.zeros(len(items), T, dtype=torch.bool)
-        rows, cols, labels = [], [], []
-        for r, it in enumerate(items):
-            L = len(it["seq"])
-            x[r, :L] = torch.tensor(it["seq"])
-            f[r, :L] = it["feat"].float()
-            valid[r, :L - 1] = True                       # f_p is a target for p < L-1 (any p really)
-            rows += [r] * it["g"]
-            cols += list(range(it["n"] - 1, it["n"] - 1 + it["g"]))
-            labels += it["seq"][it["n"]: it["n"] + it["g"]]
-        lab = torch.tensor(labels)
-        vr, vc = torch.nonzero(valid, as_tuple=True)
-        return {"x": x, "f": f, "valid": valid, "rows": torch.tensor(rows), "cols": torch.tensor(cols),
-                "labels": lab, "sub": self.inv[lab], "all_rows": vr, "all_cols": vc}
-
-
-def torch_log_softmax(x):
-    import torch
-    return torch.log_softmax(x, -1)
-
-
-def shift(f):
-    """Row p gets the feature of p-1 (zeros at p = 0): EAGLE's pairing."""
-    import torch
-    return torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], dim=1)
-
-
-def unrolled(head, b: dict, passes: int, noise: float = 0.0, scale: float = 1.0, gen=None, mix: float = 1.0):
-    """Pass j's predicted features [B, T, H], j = 1..passes: pass 1 reads the target's features
-    (plus Gaussian noise of ``noise`` x ``scale``), pass j > 1 the head's own predictions of
-    pass j-1 (detached), as draft j does in the loop; with ``mix`` < 1 only that share of the
-    rows (drawn per row) reads them and the rest the target's, so the context a drafted row
-    attends to holds mostly target features, as in the loop."""
-    import torch
-    pos = torch.arange(b["x"].shape[1])[None].expand_as(b["x"])
-    inp = shift(b["f"])
-    if noise:
-        inp = inp + torch.randn(inp.shape, generator=gen) * (noise * scale)
-    outs = []
-    true = shift(b["f"])
-    for j in range(passes):
-        pre = head.pre_norm(b["x"], inp, position_ids=pos)
-        outs.append(pre)
-        inp = shift(pre.detach())
-        if mix < 1.0:
-            pick = torch.rand(inp.shape[:2] + (1,), generator=gen) < mix
-            inp = torch.where(pick, inp, true)
-    return outs
-
-
-def _ce_at(b: dict, where: str):
-    return (b["rows"], b["cols"]) if where == "answer" else (b["all_rows"], b["all_cols"])
-
-
-def target_probs(head, b: dict, where: str = "answer"):
-    """The target's next-token distribution over the head's ids (from its true features through
-    the frozen norm and head) on the answer rows, or (``all``) every position of the sequences:
-    the target's distribution is the label wherever it ran, prompt included."""
-    import torch
-    with torch.no_grad():
-        return torch.softmax(head.sub_logits(b["f"][_ce_at(b, where)]), -1)
-
-
-def losses(head, pre, b: dict, scale: float, ce_weight: float, target=None, where: str = "answer"):
-    """(total, feature loss, ce) of one pass: smooth L1 on features / scale over valid positions,
-    soft cross-entropy against the target's distribution over the head's ids (``where``)."""
-    import torch.nn.functional as F
-    v = b["valid"]
-    reg = F.smooth_l1_loss(pre[v] / scale, b["f"][v] / scale)
-    if target is None:
-        target = target_probs(head, b, where)
-    logq = torch_log_softmax(head.sub_logits(pre[_ce_at(b, where)]))
-    ce = -(target * logq).sum(-1).mean()
-    return reg + ce_weight * ce, reg, ce
-
-
-def train(head, ds: FeatureSet, scale: float, cfg: dict, rep) -> dict:
-    """The unrolled EAGLE-1 training (module doc) through ``distill.fit``'s loop."""
-    import torch
-    tc = cfg["train"]
-    gen = torch.Generator().manual_seed(cfg["seed"] + 2)
-    w = tc["unroll_weights"]
-
-    def batch_loss(b):
-        outs = unrolled(head, b, tc["unroll"], tc["noise"], scale, gen, tc["mix"])
-        tp = target_probs(head, b, tc["ce_rows"])
-        loss = sum(w[j] * losses(head, pre, b, scale, tc["ce_weight"], tp, tc["ce_rows"])[0]
-                   for j, pre in enumerate(outs))
-        return loss, int(b["valid"].sum())
-    head.train()
-    res = distill.fit(trainable(head), ds, tc, cfg["seed"], rep, "train fdraft", batch_loss)
-    head.eval()
-    res["positions"] = res.pop("tokens")
-    return res
-
-
-# --------------------------------------------------------------------------- evaluation
-
-def chain_agreement(head, ds: FeatureSet, k_max: int) -> dict:
-    """Draft j at answer position q reads pass j-1's predicted feature of q-1 (teacher-forced
-    on the head's own features): its agreement with the target's greedy token, unconditional
-    and given drafts 1..j-1 of the same chain were right (the acceptance of draft j)."""
-    import torch
-    hits = [0] * k_max
-    tot = [0] * k_max
-    cond_hit = [0] * k_max
-    cond_tot = [0] * k_max
-    with torch.inference_mode():
-        for which in ds.batches(8, None):
-            b = ds.collate(which)
-            outs = unrolled(head, b, k_max)
-            # match[j][r, q]: draft j+1's argmax at position q equals the target's token at q+1
-            B, T = b["x"].shape
-            m = torch.zeros(k_max, B, T, dtype=torch.bool)
-            ok = torch.zeros(B, T, dtype=torch.bool)
-            ok[b["rows"], b["cols"]] = True
-            nxt = torch.zeros(B, T, dtype=torch.long)
-            nxt[b["rows"], b["cols"]] = b["labels"]
-            ids = torch.nonzero(ds.inv >= 0).squeeze(1)
-            for j, pre in enumerate(outs):
-                arg = ids[head.sub_logits(pre).argmax(-1)]
-                m[j] = (arg == nxt) & ok
-            for j in range(k_max):
-                # draft j+1 of the chain starting at s = q - j: positions s..q all answer rows
-                if j:
-                    okc = ok[:, j:] & ok[:, :-j]
-                    prev = torch.ones_like(okc)
-                    for i in range(j):
-                        prev &= m[i][:, i: T - j + i]
-                else:
-                    okc, prev = ok, torch.ones_like(ok)
-                cur = m[j][:, j:] if j else m[0]
-                hits[j] += int((cur & okc).sum())
-                tot[j] += int(okc.sum())
-                cond_hit[j] += int((cur & okc & prev).sum())
-                cond_tot[j] += int((okc & prev).sum())
-    return {"agreement": [round(hits[j] / max(1, tot[j]), 4) for j in range(k_max)],
-            "acceptance_given_previous": [round(cond_hit[j] / max(1, cond_tot[j]), 4) for j in range(k_max)]}
-
-
-def replay(head, ds: FeatureSet, k: int) -> dict:
-    """The greedy feature-draft loop (docs/CONTRACT.md section 6) replayed exactly with a KV
-    cache against the target's own greedy answers: tokens per TLM call and accepted drafts."""
-    import torch
-    from transformers.cache_utils import DynamicCache
-    ids = torch.nonzero(ds.inv >= 0).squeeze(1)
-    produced = calls = drafted = accepted = 0
-    at = [0] * k                  # drafts at index j proposed with drafts 0..j-1 accepted ...
-    hit = [0] * k                 # ... and accepted themselves
-    with torch.inference_mode():
-        for it in ds.items:
-            seq, n, g = it["seq"], it["n"], it["g"]
-            F = it["feat"].float()[None]
-            x = torch.tensor(seq)[None]
-            L = n + g
-            past = DynamicCache()
-            # prefill: rows 0..n with (x_p, f_{p-1}); the target's prefill gave x_n
-            pos = torch.arange(n + 1)[None]
-            pre = head.pre_norm(x[:, : n + 1], torch.cat([torch.zeros_like(F[:, :1]), F[:, :n]], 1), pos, past)
-            m = n
-            while m < L - 1:
-                last = pre[:, -1:]
-                drafts = []
-                for i in range(min(k, L - 1 - m)):
-                    d = int(ids[head.sub_logits(last)[0, -1].argmax()])
-                    drafts.append(d)
-                    if i + 1 < min(k, L - 1 - m):
-                        last = head.pre_norm(torch.tensor([[d]]), last, torch.tensor([[m + 1 + i]]), past)
-                a = 0
-                while a < len(drafts) and drafts[a] == seq[m + 1 + a]:
-                    a += 1
-                for j in range(min(a + 1, len(drafts))):
-                    at[j] += 1
-                    hit[j] += j < a
-                step = min(a + 1, L - 1 - m)
-                produced += step
-                calls += 1
-                drafted += len(drafts)
-                accepted += a
-                past.crop(m + 1)
-                pre = head.pre_norm(x[:, m + 1: m + 1 + step], F[:, m: m + step],
-                                    torch.arange(m + 1, m + 1 + step)[None], past)
-                m += step
-    return {"k": k, "tokens_per_tlm_call": round(produced / max(1, calls), 3),
-            "alpha": round(accepted / max(1, drafted), 4), "calls": calls, "tokens": produced,
-            "acceptance_given_previous": [round(hit[j] / at[j], 4) if at[j] else None for j in range(k)]}
-
-
-def evaluate(head, ds: FeatureSet, cfg: dict) -> dict:
-    ec = cfg["eval"]
-    res = chain_agreement(head, ds, ec["k_max"])
-    res["replay"] = {str(k): replay(head, ds, k) for k in ec["replay_k"]}
-    res["eval_answers"] = len(ds.items)
-    res["eval_tokens"] = sum(it["g"] for it in ds.items)
-    return res
-
-
 # --------------------------------------------------------------------------- export
 
 def export(head, out: Path, cfg: dict) -> Path:
@@ -445,6 +215,39 @@ def _features(tmodel, data: dict, cfg: dict, out: Path, key: str, force: bool, r
     return feats
 
 
+def _extra_instructions(cfg: dict, dcfg: dict, target: dict) -> tuple[list[str], str]:
+    """``extra_prompts`` instructions the distilled draft's teacher did not use (never the demo's
+    held-out prompts, which ``training_instructions`` leaves out), and the key of their answers."""
+    import random
+
+    from . import prompts
+    used = set().union(*distill.instruction_split(dcfg))
+    xs = prompts.training_instructions()
+    random.Random(cfg["seed"]).shuffle(xs)
+    extra = [x for x in xs if x not in used][: cfg["data"]["extra_prompts"]]
+    return extra, h("fteacher", target["keys"]["hf"], cfg["data"], cfg["seed"], extra, SCRIPT_VERSION)
+
+
+def _extra_teacher(tmodel, tok, extra: list[str], key: str, cfg: dict, out: Path, force: bool, rep,
+                   times: dict) -> tuple[list[dict], list]:
+    """SmolLM2's greedy answers to ``extra`` with its features (data, features), cached in
+    ``OUT/cache``."""
+    import torch
+    d = cfg["data"]
+    t0 = time.time()
+
+    def answer() -> list[dict]:
+        rep.line(f"[fdraft] SmolLM2 answers {len(extra)} more instructions greedily (up to {d['gen_len']} "
+                 f"tokens, batch {d['teacher_batch']}), its features captured")
+        tcfg = {"data": {"batch": d["teacher_batch"], "gen_len": d["gen_len"]}}
+        rows = distill.teacher_data(tmodel, tok, extra, tcfg, rep, "teacher fdraft") if extra else []
+        return [{"prompt": r["prompt"], "gen": r["gen"], "feat": r["feat"]} for r in rows]
+    data = cache.torch_cached(out / "cache" / f"fteacher-{key}.pt", answer, force=force)
+    times["extra_teacher_s"] = round(time.time() - t0, 1)
+    # the teacher's features stop before the last generated token: pad one (unused) row
+    return data, [torch.cat([r["feat"], torch.zeros_like(r["feat"][:1])]) for r in data]
+
+
 def _parts(tmodel, ids: list[int]):
     import torch
     sd = tmodel.model.layers[-1].state_dict()
@@ -495,7 +298,9 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
     rep = Reporter(quiet)
     times: dict = {}
     k_teacher = draft["keys"]["teacher"]
-    k_feat = h("features", k_teacher, cfg["data"], SCRIPT_VERSION)
+    dcfg = copy.deepcopy(draft.get("config") or distill.CONFIG)
+    extra_ins, k_extra = _extra_instructions(cfg, dcfg, target)
+    k_feat = h("features", k_teacher, k_extra, cfg["data"], SCRIPT_VERSION)
     k_head = h("fdraft", k_feat, cfg["head"], cfg["train"], cfg["seed"], torch.__version__, threads, SCRIPT_VERSION)
     k_exp = h("fdraft-export", k_head, cfg["export"], train_pair.versions())
     hf_dir, exp_dir = out / "hf" / "fdraft", out / "export" / "fdraft"
@@ -509,15 +314,16 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
 
     tok = AutoTokenizer.from_pretrained(target["paths"]["tokenizer"])
     tmodel = LlamaForCausalLM.from_pretrained(target["paths"]["hf"], dtype=torch.float32).eval()
+    extra, extra_feats = _extra_teacher(tmodel, tok, extra_ins, k_extra, cfg, out, force, rep, times)
     data = torch.load(out / "cache" / f"teacher-{k_teacher}.pt")
     feats = _features(tmodel, data, cfg, out, k_feat, force, rep, times)
+    data["train"], feats["train"] = list(data["train"]) + extra, list(feats["train"]) + extra_feats
     V = tmodel.config.vocab_size
-    dcfg = copy.deepcopy(draft.get("config") or distill.CONFIG)
     dcfg["draft"]["head_rows"] = cfg["head"]["head_rows"]
     ids = distill.head_ids(data["train"], dcfg, V, [int(tok.eos_token_id)])
     emb, norm_w, head_w, layer_sd = _parts(tmodel, ids)
     tr, ev = FeatureSet(data["train"], feats["train"], ids, V), FeatureSet(data["eval"], feats["eval"], ids, V)
-    scale = float(torch.cat([f.float() for f in feats["train"]]).pow(2).mean().sqrt())
+    scale = float(sum(f.float().pow(2).sum() for f in feats["train"]) / sum(f.numel() for f in feats["train"])) ** 0.5
 
     t0 = time.time()
     head, stats = _head_stage(tmodel, (emb, norm_w, head_w, layer_sd), ids, (tr, ev), scale, cfg, hf_dir, k_head,
@@ -540,7 +346,7 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
         cache.publish(tmp, exp_dir, k_exp)
         rep.line(f"[fdraft] exported {exp_dir / 'model.onnx'} (torch.onnx dynamo)")
     times["export_s"] = round(time.time() - t0, 1)
-    result = {"key": k_all, "keys": {"features": k_feat, "head": k_head, "export": k_exp}, "config": cfg,
+    result = {"key": k_all, "keys": {"extra_teacher": k_extra, "features": k_feat, "head": k_head, "export": k_exp}, "config": cfg,
               "kind": "feature", "trained_params": stats.get("trained_params"), "head_rows": len(ids),
               "init_layer": cfg["head"]["init_layer"], "feature_rms": scale,
               "train_answer_tokens": sum(it["g"] for it in tr.items),

@@ -63,15 +63,18 @@ def _setup(tmp_path=None):
     ids = list(range(64))
     emb, norm_w, head_w, layer_sd = fd._parts(model, ids)
     head = fd.build_head(model.config, emb, norm_w, head_w, ids, 97, layer_sd, 0)
-    return fd, model, head, ids, fd.FeatureSet(train, feats["train"], ids, 97), fd.FeatureSet(ev, feats["eval"], ids, 97)
+    from demo.feature_train import FeatureSet
+    return fd, model, head, ids, FeatureSet(train, feats["train"], ids, 97), FeatureSet(ev, feats["eval"], ids, 97)
 
 
 def test_pairing_unroll_training_and_replay():
+    from demo import feature_eval as fe
+    from demo import feature_train as ft
     from demo.progress import Reporter
     fd, model, head, ids, trs, evs = _setup()
     b = trs.collate([0, 1])
     # row p carries f_{p-1}; zeros at p = 0
-    sh = fd.shift(b["f"])
+    sh = ft.shift(b["f"])
     assert torch.all(sh[:, 0] == 0) and torch.equal(sh[:, 1:], b["f"][:, :-1])
     # the CE rows predict the answer tokens: label at row n-1+i is gen[i]
     it = trs.items[0]
@@ -80,20 +83,51 @@ def test_pairing_unroll_training_and_replay():
     lg = head.sub_logits(b["f"][b["rows"], b["cols"]])
     inside = b["sub"] >= 0                                   # labels the head can propose
     assert bool(inside.any()) and torch.equal(torch.tensor(ids)[lg.argmax(-1)][inside], b["labels"][inside])
-    outs = fd.unrolled(head, b, 3)
+    outs = ft.unrolled(head, b, 3)
     assert len(outs) == 3 and all(o.shape == b["f"].shape for o in outs)
     cfg = copy.deepcopy(fd.CONFIG)
     cfg["train"].update(epochs=3, batch=4)
     cfg["eval"].update(k_max=3, replay_k=[1, 3])
-    before = fd.chain_agreement(head, trs, 3)
-    stats = fd.train(head, trs, 1.0, cfg, Reporter(quiet=True))
-    after = fd.chain_agreement(head, trs, 3)
+    before = fe.chain_agreement(head, trs, 3)
+    stats = ft.train(head, trs, 1.0, cfg, Reporter(quiet=True))
+    after = fe.chain_agreement(head, trs, 3)
     assert stats["steps"] == 9 and after["agreement"][0] >= before["agreement"][0]
-    m = fd.evaluate(head, evs, cfg)
+    m = fe.evaluate(head, evs, cfg)
     assert set(m["replay"]) == {"1", "3"} and len(m["agreement"]) == 3
     for r in m["replay"].values():
         assert 1.0 <= r["tokens_per_tlm_call"] <= r["k"] + 1 and 0 <= r["alpha"] <= 1
     assert m["replay"]["1"]["tokens"] == m["replay"]["3"]["tokens"] == sum(i["g"] - 1 for i in evs.items)
+
+
+def test_unrolled_passes_give_each_draft_exactly_the_loops_context():
+    """Pass j's row p equals draft j of the loop (KV cache) whose round starts after row p-j+1:
+    the target's features up to there, the head's own predictions after."""
+    from demo import feature_train as ft
+    fd, model, head, ids, trs, evs = _setup()
+    with torch.no_grad():                       # a head that is not the identity on features
+        for p_ in ft.trainable(head):
+            p_.add_(torch.randn(p_.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    b = trs.collate([0])
+    J = 4
+    with torch.inference_mode():
+        outs = ft.unrolled(head, b, J)
+        L = len(trs.items[0]["seq"])
+        x, F = b["x"], b["f"]
+        checked = 0
+        for m in (0, 3, L // 2, L - J - 1):
+            past = __import__("transformers").cache_utils.DynamicCache()
+            pre = head.pre_norm(x[:, : m + 1], ft.shift(F)[:, : m + 1], torch.arange(m + 1)[None], past)
+            last = pre[:, -1:]
+            for j in range(1, J + 1):
+                assert torch.allclose(last[0, 0], outs[j - 1][0, m + j - 1], atol=1e-4), (m, j)
+                checked += 1
+                if j < J:
+                    r = m + j
+                    last = head.pre_norm(x[:, r: r + 1], last, torch.tensor([[r]]), past)
+        assert checked == 4 * J
+        # and it is not the all-own-features form: pass 2 differs from a plain causal pass over pass 1's
+        plain = head.pre_norm(x, ft.shift(outs[0]), torch.arange(x.shape[1])[None])
+        assert not torch.allclose(plain[0, 5:L], outs[1][0, 5:L], atol=1e-4)
 
 
 @pytest.mark.slow
