@@ -68,7 +68,7 @@ CONFIG: dict = {
     # teacher runs ~400 tok/s at batch 80 on 2 quiet cores: 640 x 128 tokens ~ 3.5 min; 128 new
     # tokens as the demo decodes, so late answer positions are covered too)
     "data": {"feature_batch": 16, "extra_prompts": 640, "gen_len": 128, "teacher_batch": 80},
-    "train": {"epochs": 3, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
+    "train": {"epochs": 2, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
               "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
     "eval": {"k_max": 4, "replay_k": [4]},
     "export": {"batch": 2, "seq": 3, "past": 5},

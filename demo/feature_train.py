@@ -111,7 +111,7 @@ def _attend(q, ks: list, vs: list, scaling: float):
     T = q.shape[2]
     k1, v1 = rep(ks[0]), rep(vs[0])
     s_main = (q @ k1.transpose(-1, -2)) * scaling                       # [B, h, T, T]
-    p = torch.arange(T)
+    p = torch.arange(T, device=q.device)
     allowed = p[None, :] <= (p[:, None] - (j - 1))
     s_main = s_main.masked_fill(~allowed, float("-inf"))
     extra_s, extra_v = [], []
@@ -135,10 +135,10 @@ def unrolled(head, b: dict, passes: int, noise: float = 0.0, scale: float = 1.0,
     Gaussian noise of ``noise`` x ``scale``), pass j > 1 the head's own predictions of pass j-1
     (detached), at the previous row."""
     import torch
-    pos = torch.arange(b["x"].shape[1])[None].expand_as(b["x"])
+    pos = torch.arange(b["x"].shape[1], device=b["x"].device)[None].expand_as(b["x"])
     inp = shift(b["f"])
     if noise:
-        inp = inp + torch.randn(inp.shape, generator=gen) * (noise * scale)
+        inp = inp + torch.randn(inp.shape, generator=gen, device=inp.device) * (noise * scale)
     scaling = head.model.layers[0].self_attn.scaling
     ks, vs, outs = [], [], []
     for _ in range(passes):
@@ -187,7 +187,8 @@ def train(head, ds: FeatureSet, scale: float, cfg: dict, rep) -> dict:
     """The matched unrolled training (module doc) through ``distill.fit``'s loop."""
     import torch
     tc = cfg["train"]
-    gen = torch.Generator().manual_seed(cfg["seed"] + 2)
+    dev = next(head.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(cfg["seed"] + 2)
     w = tc["unroll_weights"]
 
     def batch_loss(b):
