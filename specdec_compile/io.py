@@ -83,11 +83,21 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path, what: str = "mod
             f = base_dir / loc
             if not f.is_file():
                 raise SpecdecError(f"{what}: missing external data file {f} (needed by tensor {t.name!r})")
+            _refuse_outside(f, base_dir, what)
             sizes[loc] = f.stat().st_size
         end = int(info.get("offset", 0)) + int(info.get("length", 0) or 0)
         if end > sizes[loc]:
             raise SpecdecError(f"{what}: external data file {base_dir / loc} is truncated "
                                f"(tensor {t.name!r} needs bytes up to {end}, file has {sizes[loc]})")
+
+
+def _refuse_outside(f: Path, base_dir: Path, what: str) -> None:
+    """Refuse a data file that resolves (through any symbolic link, of the file
+    or of a directory on its way) outside the model's directory."""
+    real, base = f.resolve(), base_dir.resolve()
+    if real != base and base not in real.parents:
+        raise SpecdecError(f"{what}: external data file {f} resolves to {real}, outside the model's "
+                           f"directory {base} (a symbolic link out of it is refused)")
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
