@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
     g.add_argument("--prompt-ids", metavar="IDS", action="append",
                    help="token ids separated by commas or spaces: 1,2,3 or \"1 2 3\" (repeat for several prompts)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each text prompt as a user message in the tokenizer's chat template "
+                        "(with the generation prompt); needs --tokenizer")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0 = greedy (default); below 1e-5 behaves as greedy")
@@ -121,6 +124,9 @@ def _prompts(args, tok) -> list[list[int]]:
             raise SpecdecError(f"{args.prompt_file}: no prompts in it")
     if tok is None:
         raise SpecdecError("--tokenizer DIR is needed to encode a text prompt (or give --prompt-ids)")
+    if args.chat:
+        from ..runtime.hf_args import prompt_inputs
+        return prompt_inputs(None, tok, messages=[[{"role": "user", "content": t}] for t in texts])[0]
     out = []
     for t in texts:
         ids = list(tok(t)["input_ids"])
@@ -232,6 +238,10 @@ def _check_args(args) -> None:
         raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
         raise SpecdecError("--k has no meaning with --target-only")
+    if args.chat and args.prompt_ids is not None:
+        raise SpecdecError("--chat applies the chat template to text: give --prompt or --prompt-file")
+    if args.chat and not args.tokenizer:
+        raise SpecdecError("--chat needs --tokenizer DIR (its chat template)")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
 

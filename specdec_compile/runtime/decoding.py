@@ -165,7 +165,7 @@ class _Decoder:
 
 def _texted(res: GenerationResult, tok) -> GenerationResult:
     """``res`` with its ``text`` decoded when there is a tokenizer."""
-    if tok is not None and res is not None:
+    if res is not None and callable(getattr(tok, "decode", None)):
         res.text = tok.decode(res.generated_ids, skip_special_tokens=True)
     return res
 

@@ -15,7 +15,7 @@ longest prompt counted, as HF counts a padded batch; ``max_new_tokens`` wins whe
 both are given), ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
 ``stop_strings`` (or ``stop``), ``streamer``, ``tokenizer``, ``attention_mask``,
 ``input_ids``, ``messages``, ``pad_token_id`` (accepted, unused: outputs are not
-padded), and the runtime's own ``sampling``, ``rng``, ``on_tokens``,
+padded), ``token_type_ids`` (a tokenizer's output; all 0, else refused), and the runtime's own ``sampling``, ``rng``, ``on_tokens``,
 ``prompt_index``. Any other keyword is a one-line ``SpecdecError`` naming it.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .sampling import SamplingParams
 #: the HF generation keywords that mean something here
 HF_KEYWORDS = ("max_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p", "seed",
                "stop_strings", "stop", "streamer", "tokenizer", "attention_mask", "input_ids", "messages",
-               "pad_token_id")
+               "pad_token_id", "token_type_ids")
 #: the runtime's own keywords
 OWN_KEYWORDS = ("sampling", "rng", "on_tokens", "prompt_index")
 #: HF's sampling defaults with do_sample=True (GenerationConfig): temperature 1.0, top_k 50, top_p 1.0
@@ -82,6 +82,7 @@ def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Reque
                                         attention_mask=kw.pop("attention_mask", None),
                                         messages=kw.pop("messages", None))
     kw.pop("pad_token_id", None)
+    _one_segment(kw.pop("token_type_ids", None))
     max_new = _max_new_tokens(kw.pop("max_new_tokens", None), kw.pop("max_length", None), prompts)
     sampling = _sampling(kw)
     stop = _stop(kw.pop("stop_strings", None), kw.pop("stop", None), tok)
@@ -93,6 +94,12 @@ def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Reque
             raise SpecdecError("streamer= streams one prompt; give one prompt, or use stream() for several")
     return Request(prompts, single, max_new, sampling, tok, stop, streamer, kw.pop("rng", None),
                    kw.pop("on_tokens", None), int(kw.pop("prompt_index", 0)))
+
+
+def _one_segment(token_type_ids) -> None:
+    """A tokenizer's token_type_ids (``generate(**tok(text))``): all zero, one segment, means nothing here."""
+    if token_type_ids is not None and np.any(as_array(token_type_ids, "token_type_ids") != 0):
+        raise SpecdecError("token_type_ids other than 0 (several segments) mean nothing to a decoder LM")
 
 
 def _max_new_tokens(max_new_tokens, max_length, prompts) -> int:
