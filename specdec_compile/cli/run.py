@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from .common import Parser, run_cli
+from .common import Parser, add_progress_flags, run_cli, start_progress
 from ..errors import SpecdecError
 
 PROG = "specdec-run"
@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip running each specialization once before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
     p.add_argument("--no-color", action="store_true")
+    add_progress_flags(p)
     return p
 
 
@@ -351,6 +352,7 @@ def run(argv: list[str]) -> int:
     from ..runtime.sampling import SamplingParams
 
     args = build_parser().parse_args(argv)
+    start_progress(PROG, args)
     if args.max_new_tokens < 0:
         raise SpecdecError("--max-new-tokens must be >= 0")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
