@@ -12,7 +12,7 @@ from specdec_compile.cache_writes import cache_write_problem
 from specdec_compile.cli import run as run_cli
 from specdec_compile.errors import SpecdecError
 from specdec_compile.options import Options
-from specdec_compile.runtime import load_artifact
+from specdec_compile.runtime import OrtBackend, load_artifact
 from specdec_compile.verify import verify
 
 ir = pytest.importorskip("onnx_ir")
@@ -63,8 +63,9 @@ def test_verify_refuses_an_artifact_optimized_afterwards(fixture_path, optimized
 
 
 def test_the_runtime_refuses_it(optimized_after, capsys):
+    assert load_artifact(optimized_after).target == "qaic"          # the directory itself reads
     with pytest.raises(SpecdecError, match="CtxScatter is gone"):
-        load_artifact(optimized_after)
+        OrtBackend(optimized_after)
     capsys.readouterr()
     code = run_cli.main(["--tlm", str(optimized_after), "--target-only", "--prompt-ids", "1,2,3",
                          "--max-new-tokens", "2"])

@@ -224,10 +224,6 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
         k, k_list = _tlm_widths(p, m, seq_lens, CL)
     if need_model and not (p / MODEL_FILE).is_file():
         raise SpecdecError(f"{p / MODEL_FILE}: missing (the rewritten graph)")
-    if (p / MODEL_FILE).is_file():   # still the target's cache write (no optimizer ran on it since)
-        from ..cache_writes import check_cache_writes
-        from ..io import load_model
-        check_cache_writes(load_model(p / MODEL_FILE), m.target, str(p / MODEL_FILE))
     return Artifact(path=p, role=m.role, target=m.target, batch_size=B, ctx_len=CL, prefill_len=PL,
                     seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=m.vocab_size,
                     num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
