@@ -95,9 +95,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=64)
     p.add_argument("--k", type=int, default=4)
     args = p.parse_args(argv)
+    from specdec_compile.io import save_model
     from specdec_compile.pipeline import rewrite
     from specdec_compile.verify import verify
-    import onnx
     WORK.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     source = _export()
@@ -113,12 +113,9 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         res = rewrite(str(source), role="tlm", target=target, k=args.k, ctx_len=args.ctx_len)
         out = WORK / f"tlm-{target}" / "model.onnx"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        onnx.save(res.model, str(out))
-        for f in source.parent.glob("*.onnx_data"):   # the rewrite references the export's weights
-            link = out.parent / f.name
-            if not link.exists():
-                link.symlink_to(f)
+        # the rewrite references the export's weights: hard-linked (or copied) beside it; a symbolic
+        # link out of the model's directory is refused by the loader (untrusted inputs)
+        save_model(res.model, out, res.source_dir)
         rep = verify(source, out, k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len, tol=tol)
         windows = sorted({layer.window for layer in res.detection.layers if layer.window})
         rows.append({"target": target, "ok": rep.ok, "max_logits_diff": rep.max_logits_diff,

@@ -19,6 +19,7 @@ byte-identical files: no timestamps, no absolute paths, sorted JSON keys.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -40,6 +41,8 @@ from .manifest import Manifest
 from .options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
 from .qaic_ops import op_set
 from .resources import templates_dir
+
+_log = logging.getLogger(__name__)
 
 COMPILERS = ("qaic-compile", "qaic-exec")
 SDK_EXEC_DIR = Path("/opt/qti-aic/exec")
@@ -346,6 +349,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     check_out(shown, force, source)
     out = Path(os.path.abspath(shown))
     values = template_values(result, options)
+    _log.info("writing the artifact %s (model, weights linked, specializations, manifest)", shown)
     source_sha = sha256_file(source) if source else None
 
     created: list[Path] = []  # parent directories this call made, removed again on failure
@@ -388,6 +392,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    _log.info("wrote %s: %d files", shown, len(files))
     before = io_signature(original) if original is not None else None
     return WrittenArtifact(out=shown, files=files, record=record, io_changes=io_changes(before, record.interface),
                            compile_flags=compile_flags(values) if options.target == "qaic" else [])

@@ -9,6 +9,7 @@ model over 2 GB rewrites without its weights entering memory.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +18,58 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import SpecdecError
+
+_log = logging.getLogger(__name__)
+
+
+def is_ir_model(x) -> bool:
+    """An ``onnx_ir.Model`` (checked without importing onnx_ir)."""
+    return type(x).__name__ == "Model" and type(x).__module__.split(".")[0] == "onnx_ir"
+
+
+def read_any(model_or_path, source=None) -> tuple[onnx.ModelProto, Path | None, Path | None, str]:
+    """(proto, source file, directory its external data is relative to, kind) of a path,
+    an ``onnx.ModelProto`` or an ``onnx_ir.Model``; ``kind`` is "path", "proto" or "ir".
+    ``source``: the file a model in memory was read from. An ir model's external tensors
+    name their directory themselves (their ``base_dir``)."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        p = Path(model_or_path)
+        return load_model(p), p, p.resolve().parent, "path"
+    src = Path(source) if source is not None else None
+    src_dir = src.resolve().parent if src is not None else None
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path, src, src_dir, "proto"
+    if is_ir_model(model_or_path):
+        import onnx_ir as ir
+        dirs = {str(t.base_dir) for t in _ir_external(model_or_path) if t.base_dir}
+        if len(dirs) > 1:
+            raise SpecdecError(f"the onnx_ir model's external data lies in several directories ({sorted(dirs)})")
+        if src_dir is None and dirs:
+            src_dir = Path(dirs.pop()).resolve()
+        proto = ir.to_proto(model_or_path)
+        if src_dir is not None:
+            check_external_data(proto, src_dir, what="onnx_ir model")
+        return proto, src, src_dir, "ir"
+    raise SpecdecError(f"expected a model path, an onnx.ModelProto or an onnx_ir.Model, got {type(model_or_path).__name__}")
+
+
+def _ir_external(model):
+    import onnx_ir as ir
+    for v in model.graph.initializers.values():
+        if isinstance(v.const_value, ir.ExternalTensor):
+            yield v.const_value
+
+
+def as_kind(proto: onnx.ModelProto, kind: str, source_dir: Path | None):
+    """``proto`` as the kind a caller gave (``read_any``): an ``onnx_ir.Model`` for "ir"
+    (its external tensors read from ``source_dir``), else the proto itself."""
+    if kind != "ir":
+        return proto
+    import onnx_ir as ir
+    model = ir.from_proto(proto)
+    if source_dir is not None:
+        ir.external_data.set_base_dir(model.graph, source_dir)
+    return model
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -47,6 +100,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if model.ir_version == 0 and not model.opset_import:
         raise SpecdecError(f"{p}: not an ONNX model (no IR version, no opset)")
     check_external_data(model, p.parent, what=str(p))
+    _log.info("loaded %s: %d nodes, %d initializers (weights stay on disk)", p, len(model.graph.node),
+              len(model.graph.initializer))
     return model
 
 
@@ -83,11 +138,21 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path, what: str = "mod
             f = base_dir / loc
             if not f.is_file():
                 raise SpecdecError(f"{what}: missing external data file {f} (needed by tensor {t.name!r})")
+            _refuse_outside(f, base_dir, what)
             sizes[loc] = f.stat().st_size
         end = int(info.get("offset", 0)) + int(info.get("length", 0) or 0)
         if end > sizes[loc]:
             raise SpecdecError(f"{what}: external data file {base_dir / loc} is truncated "
                                f"(tensor {t.name!r} needs bytes up to {end}, file has {sizes[loc]})")
+
+
+def _refuse_outside(f: Path, base_dir: Path, what: str) -> None:
+    """Refuse a data file that resolves (through any symbolic link, of the file
+    or of a directory on its way) outside the model's directory."""
+    real, base = f.resolve(), base_dir.resolve()
+    if real != base and base not in real.parents:
+        raise SpecdecError(f"{what}: external data file {f} resolves to {real}, outside the model's "
+                           f"directory {base} (a symbolic link out of it is refused)")
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

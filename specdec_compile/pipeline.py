@@ -7,8 +7,15 @@ order, derived from it.
 Public API (stable; the CLI, artifact writer, diff --explain and runtime use it):
 
     rewrite(model_or_path, *, role, target="qaic", k=None, record=False, ctx_len=256, source=None,
-            hidden_states=None, feature_layers=None) -> CompileResult
-    compile_model(model_or_path, *, role, target="qaic", k=None, ctx_len=256) -> onnx.ModelProto
+            hidden_states=None, feature_layers=None, options=None) -> CompileResult
+    compile_model(model_or_path, *, role, target="qaic", k=None, ctx_len=256) -> the model, as given
+    prepare(model_or_path, options=None, *, role=..., ...) -> Prepared   (pass by pass:
+            .graph, .ctx, .passes, .run(graph), .finish(graph) -> CompileResult)
+
+``model_or_path``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``;
+``CompileResult.as_given()`` and ``compile_model`` return the rewrite in the kind given
+(an ir model for an ir model, else a proto). Progress is logged (``logging``, INFO,
+logger ``specdec_compile.pipeline``): detection, each pass, the checks.
 
 CompileResult fields:
     model        onnx.ModelProto, the rewritten graph; external weights are still
@@ -23,6 +30,7 @@ CompileResult fields:
     source       Path of the source .onnx (None when given a ModelProto without ``source``)
     source_dir   directory external data locations are relative to (or None)
     snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
+    input_kind   what was given: "path" | "proto" | "ir" (``as_given()`` converts back)
     hidden_layers   TLM --hidden-states: the layers as given (negative from the end); None: none
     feature_layers  feature draft --feature-layers: the target layers it reads; None: not one
 """
@@ -30,6 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,8 +53,11 @@ from .contract import CTX_LEN_KEY, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
-from .io import load_model
+from .io import as_kind, read_any
+from .options import Options
 from .validate import check_model, interface_problems
+
+_log = logging.getLogger(__name__)
 
 #: every registered pass, in order (the registry is the one place the order is written)
 PASS_ORDER: tuple[str, ...] = _passes.names()
@@ -64,6 +77,12 @@ class CompileResult:
     snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
     hidden_layers: tuple[int, ...] | None = None
     feature_layers: tuple[int, ...] | None = None
+    input_kind: str = "proto"        # what rewrite was given: "path" | "proto" | "ir"
+
+    def as_given(self):
+        """The rewritten model in the kind rewrite was given: an ``onnx_ir.Model`` (its
+        external tensors read from ``source_dir``) for one, else the ``onnx.ModelProto``."""
+        return as_kind(self.model, self.input_kind, self.source_dir)
 
 
 def _family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
@@ -96,28 +115,66 @@ def validate_options(role: str, target: str, k: int | None) -> None:
 DEFAULT_CTX_LEN = 256
 
 
-def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
-            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None,
-            hidden_states: tuple[int, ...] | None = None,
-            feature_layers: tuple[int, ...] | None = None) -> CompileResult:
-    """Rewrite a stock decoder-LM export into the contract's retained-state graph.
+@dataclass
+class Prepared:
+    """A model loaded, imported and detected, with the one ``PassContext`` every pass
+    takes: the pass-by-pass API. ``graph`` (onnx-graphsurgeon, unnamed nodes named) is
+    the original; ``passes`` are the registry's for the role and target, in order;
+    ``finish(graph)`` exports a graph the passes made and checks it, as ``rewrite`` does."""
+    graph: gs.Graph
+    ctx: _passes.PassContext
+    passes: list
+    original: onnx.ModelProto
+    source: Path | None
+    source_dir: Path | None
+    kind: str                                   # what was given: "path" | "proto" | "ir"
+    hidden_states: tuple[int, ...] | None = None
+    feature_layers: tuple[int, ...] | None = None
 
-    ``ctx_len``: the context length the graph is compiled for (the qaic rotary
-    tables hold exactly this many rows). ``source``: the file a ModelProto given
-    as ``model_or_path`` was read from (its directory holds the external data and
-    config.json), so a caller that already loaded the model does not parse it again.
-    ``hidden_states`` (TLM): layers whose outputs become the ``hidden_states``
-    output. ``feature_layers`` (DLM): the model is a feature draft reading these
-    layers of its target."""
-    validate_options(role, target, k)
-    if isinstance(model_or_path, onnx.ModelProto):
-        original = model_or_path
-        source = Path(source) if source is not None else None
-        source_dir = source.resolve().parent if source is not None else None
-    else:
-        source = Path(model_or_path)
-        original = load_model(source)
-        source_dir = source.resolve().parent
+    @property
+    def detection(self) -> Detection:
+        return self.ctx.detection
+
+    def run(self, graph: gs.Graph | None = None, record: bool = False):
+        """Every pass in order from ``graph`` (default the original); (graph, snapshots)."""
+        graph = self.graph if graph is None else graph
+        snapshots = [("original", self.original)] if record else None
+        for i, p in enumerate(self.passes, 1):
+            t = time.perf_counter()
+            graph = p.run(graph, self.ctx)
+            _log.info("pass %d/%d %s: %d nodes (%.2f s)", i, len(self.passes), p.name, len(graph.nodes),
+                      time.perf_counter() - t)
+            if record:
+                snapshots.append((p.name, _export(graph, self.original)))
+        return graph, snapshots
+
+    def finish(self, graph: gs.Graph, snapshots=None) -> CompileResult:
+        """The CompileResult of ``graph`` (the passes' output): exported, recorded, checked."""
+        return _finish(self, graph, snapshots)
+
+
+def _from_options(options: Options | None, given: dict) -> dict:
+    """rewrite's keywords from ``options`` (the CLI's Options, validated), else as given."""
+    if options is None:
+        return given
+    if not isinstance(options, Options):
+        raise SpecdecError(f"options= must be a specdec_compile.options.Options, got {type(options).__name__}")
+    options.validate()
+    return {"role": options.role, "target": options.target, "k": options.k, "ctx_len": options.ctx_len,
+            "hidden_states": options.hidden_states or None, "feature_layers": options.feature_layers or None}
+
+
+def prepare(model_or_path, options: Options | None = None, *, role: str | None = None, target: str = "qaic",
+            k: int | None = None, ctx_len: int = DEFAULT_CTX_LEN, source=None,
+            hidden_states: tuple[int, ...] | None = None,
+            feature_layers: tuple[int, ...] | None = None) -> Prepared:
+    """Load (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``), import and detect, and
+    build the pass context once: from ``options`` (the same ``Options`` the CLI builds) or
+    from the keywords. See ``Prepared``."""
+    kw = _from_options(options, {"role": role, "target": target, "k": k, "ctx_len": ctx_len,
+                                 "hidden_states": hidden_states, "feature_layers": feature_layers})
+    validate_options(kw["role"], kw["target"], kw["k"])
+    original, source, source_dir, kind = read_any(model_or_path, source)
     try:
         graph = gs.import_onnx(original)
     except Exception as e:
@@ -125,28 +182,53 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     source_opset = graph.opset
     name_unnamed_nodes(graph)
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
+    _log.info("detecting the decoder's patterns (%d nodes)", len(graph.nodes))
     det = detect(graph, family=_family(source_dir, original), exporter=exporter)
+    i = det.info
+    _log.info("detected %s: %d layers, %d KV heads, head_dim %s, vocab %s", i.family or "a decoder", i.num_layers,
+              i.num_kv_heads, i.head_dim, i.vocab_size)
+    hidden_layers = _features.check(det, kw["role"], kw["hidden_states"], kw["feature_layers"])
+    ctx = _passes.PassContext(detection=det, role=kw["role"], target=kw["target"], k=kw["k"],
+                              source_opset=source_opset, ctx_len=kw["ctx_len"], hidden_layers=hidden_layers)
+    return Prepared(graph, ctx, list(_passes.select(kw["role"], kw["target"])), original, source, source_dir,
+                    kind, kw["hidden_states"], kw["feature_layers"])
 
-    hidden_layers = _features.check(det, role, hidden_states, feature_layers)
-    ctx = _passes.PassContext(detection=det, role=role, target=target, k=k, source_opset=source_opset,
-                              ctx_len=ctx_len, hidden_layers=hidden_layers)
-    selected = _passes.select(role, target)
-    applied = [p.name for p in selected]
-    snapshots = [("original", original)] if record else None
-    for p in selected:
-        graph = p.run(graph, ctx)
-        if record:
-            snapshots.append((p.name, _export(graph, original)))
+
+def rewrite(model_or_path, *, role: str | None = None, target: str = "qaic", k: int | None = None,
+            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None,
+            hidden_states: tuple[int, ...] | None = None,
+            feature_layers: tuple[int, ...] | None = None, options: Options | None = None) -> CompileResult:
+    """Rewrite a stock decoder-LM export into the contract's retained-state graph.
+
+    ``model_or_path``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``
+    (``result.as_given()`` is the rewrite in the same kind). ``ctx_len``: the
+    context length the graph is compiled for (the qaic rotary tables hold exactly
+    this many rows). ``source``: the file a model in memory was read from (its
+    directory holds the external data and config.json), so a caller that already
+    loaded the model does not parse it again. ``hidden_states`` (TLM): layers whose
+    outputs become the ``hidden_states`` output. ``feature_layers`` (DLM): the model
+    is a feature draft reading these layers of its target. ``options``: the CLI's
+    ``Options`` instead of role/target/k/ctx_len/hidden_states/feature_layers."""
+    prep = prepare(model_or_path, options, role=role, target=target, k=k, ctx_len=ctx_len, source=source,
+                   hidden_states=hidden_states, feature_layers=feature_layers)
+    graph, snapshots = prep.run(record=record)
+    return prep.finish(graph, snapshots)
+
+
+def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
+    ctx, original, det = prep.ctx, prep.original, prep.ctx.detection
+    role, target, hidden_states, feature_layers = ctx.role, ctx.target, prep.hidden_states, prep.feature_layers
+    applied = [p.name for p in prep.passes]
     model = _export(graph, original)
     model.metadata_props.add(key="specdec.role", value=role)
     model.metadata_props.add(key="specdec.target", value=target)
     model.metadata_props.add(key="specdec.passes", value=",".join(applied))
     _features.record(model, hidden_states, feature_layers)
     if target == "qaic":  # fixed on the device, and the rotary tables hold exactly this many rows
-        model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx_len))
-    info = det.info
+        model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx.ctx_len))
+    _log.info("checking the rewritten graph (onnx.checker, shape inference, the contract's interface)")
     inferred = check_model(model)
-    info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))
+    info = dataclasses.replace(det.info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
                                   info.vocab_size, value_head_dim=info.value_head_dim,
                                   **_features.widths(det, hidden_states, feature_layers))
@@ -154,8 +236,9 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
-                         passes=applied, ctx_len=ctx_len, source=source, source_dir=source_dir,
-                         snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers)
+                         passes=applied, ctx_len=ctx.ctx_len, source=prep.source, source_dir=prep.source_dir,
+                         snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers,
+                         input_kind=prep.kind)
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
@@ -169,10 +252,12 @@ def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
     return None
 
 
-def compile_model(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
-                  ctx_len: int = DEFAULT_CTX_LEN, **features) -> onnx.ModelProto:
-    """The rewritten ``onnx.ModelProto`` (weights untouched, still external refs)."""
-    return rewrite(model_or_path, role=role, target=target, k=k, ctx_len=ctx_len, **features).model
+def compile_model(model_or_path, *, role: str | None = None, target: str = "qaic", k: int | None = None,
+                  ctx_len: int = DEFAULT_CTX_LEN, **features):
+    """The rewritten model (weights untouched, still external refs), in the kind given: an
+    ``onnx_ir.Model`` for one, else an ``onnx.ModelProto``."""
+    return rewrite(model_or_path, role=role, target=target, k=k, ctx_len=ctx_len, **features).as_given()
 
 
-__all__ = ["rewrite", "compile_model", "CompileResult", "PASS_ORDER", "DEFAULT_CTX_LEN", "validate_options"]
+__all__ = ["rewrite", "compile_model", "prepare", "Prepared", "CompileResult", "PASS_ORDER", "DEFAULT_CTX_LEN",
+           "validate_options"]

@@ -23,6 +23,7 @@ table) is ``specdec_compile.cli.verify``.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from .errors import SpecdecError
 from .io import load_model
 from .options import check_options
 from .verify_hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
+
+_log = logging.getLogger(__name__)
 
 @dataclass
 class ShapeCheck:
@@ -225,7 +228,10 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
     need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size
     if ctx_len < need:
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
+    _check_writes(rewritten)
     req = request_of(rewritten)
+    _log.info("verifying %s against %s on ONNX Runtime (k %d, prefill %d, context %d, batch %d)", rewritten,
+              original, k, prefill_len, ctx_len, batch_size)
     orig = OriginalModel(Path(original), req)
     try:
         new = _Rewritten(Path(rewritten), ctx_len, batch_size, req)
@@ -234,6 +240,13 @@ def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_l
     finally:
         if orig.copy is not None:
             orig.copy.close()
+
+
+def _check_writes(rewritten) -> None:
+    """A rewrite that lost its target's cache write (an optimizer after the compile) is refused."""
+    from .cache_writes import check_cache_writes, graph_target
+    model = load_model(rewritten)
+    check_cache_writes(model, graph_target(model), str(rewritten))
 
 
 def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_len: int, ctx_len: int,

@@ -1,15 +1,20 @@
 """What the command-line tools share: one argument parser and one error wrapper.
 
 Every expected failure is a ``SpecdecError``: one line on stderr, exit 2, never
-a traceback. ``run_cli`` turns it (and interrupts, broken pipes and bugs) into
+a traceback. Progress: the library logs its steps through ``logging`` (loggers
+under ``specdec_compile``, INFO; it configures no handler); ``start_progress``
+shows them on stderr, one line each, while a command runs (``--quiet``: never;
+``--progress``: also when stderr is not a terminal). ``run_cli`` turns it (and interrupts, broken pipes and bugs) into
 that line and an exit status; ``Parser`` makes argparse's usage errors such
 failures instead of argparse's own usage dump and exit.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import time
 
 from ..errors import SpecdecError
 
@@ -32,6 +37,58 @@ class Parser(argparse.ArgumentParser):
 _Parser = Parser  # its older name, kept for callers of the time before cli/ was one package
 
 
+#: the package's logger: every library module logs under it
+LOGGER = "specdec_compile"
+
+
+def add_progress_flags(p: argparse.ArgumentParser) -> None:
+    """--quiet / --progress: whether the library's progress lines go to stderr."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    g.add_argument("--progress", action="store_true",
+                   help="progress lines on stderr (load, detect, each pass, save, verify) even when stderr "
+                        "is not a terminal (default: only on a terminal)")
+
+
+class _Progress(logging.Handler):
+    """One line per record on the current stderr: ``PROG: [  1.2s] message``."""
+
+    def __init__(self, prog: str):
+        super().__init__(logging.INFO)
+        self.prog, self.t0 = prog, time.perf_counter()
+
+    def emit(self, record):
+        try:
+            print(f"{self.prog}: [{time.perf_counter() - self.t0:6.1f}s] {record.getMessage()}",
+                  file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - logging must never break the command
+            self.handleError(record)
+
+
+_active: list = []   # (handler, the logger's level before)
+
+
+def start_progress(prog: str, args) -> None:
+    """Show the library's progress on stderr until ``stop_progress`` (``run_cli`` calls it)."""
+    stop_progress()
+    if getattr(args, "quiet", False) or not (getattr(args, "progress", False) or sys.stderr.isatty()):
+        return
+    logger = logging.getLogger(LOGGER)
+    h = _Progress(prog)
+    _active.append((h, logger.level))
+    logger.addHandler(h)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+
+
+def stop_progress() -> None:
+    logger = logging.getLogger(LOGGER)
+    while _active:
+        h, level = _active.pop()
+        logger.removeHandler(h)
+        logger.setLevel(level)
+
+
 def run_cli(fn, argv, prog: str) -> int:
     """Run ``fn(argv)``, turning expected failures into one line and exit 2."""
     try:
@@ -50,3 +107,5 @@ def run_cli(fn, argv, prog: str) -> int:
         print(f"{prog}: internal error: {type(e).__name__}: {' '.join(str(e).split())[:500]} "
               f"(set SPECDEC_DEBUG=1 for the traceback)", file=sys.stderr)
         return 3
+    finally:
+        stop_progress()

@@ -17,7 +17,7 @@ from .. import __version__
 from ..artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
                         Options, check_out, find_compiler, hw_version_for)
 from ..errors import SpecdecError
-from .common import Parser
+from .common import Parser, add_progress_flags, start_progress
 
 EPILOG = """\
 example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
@@ -92,6 +92,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--explain", action="store_true", help="print what each pass changed in the graph")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_progress_flags(p)
     return p
 
 
@@ -124,6 +125,7 @@ def _layer_values(argv: list[str]) -> list[str]:
 
 def main(argv: list[str], prog: str = "specdec-compile") -> int:
     a = build_parser(prog).parse_args(_layer_values(argv))
+    start_progress(prog, a)
     opts = options_from_args(a)
     opts.validate()
     if a.compile and opts.target != "qaic":

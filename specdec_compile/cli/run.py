@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from .common import Parser, run_cli
+from .common import Parser, add_progress_flags, run_cli, start_progress
 from ..errors import SpecdecError
 
 PROG = "specdec-run"
@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
     g.add_argument("--prompt-ids", metavar="IDS", action="append",
                    help="token ids separated by commas or spaces: 1,2,3 or \"1 2 3\" (repeat for several prompts)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each text prompt as a user message in the tokenizer's chat template "
+                        "(with the generation prompt); needs --tokenizer")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0 = greedy (default); below 1e-5 behaves as greedy")
@@ -81,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip running each specialization once before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
     p.add_argument("--no-color", action="store_true")
+    add_progress_flags(p)
     return p
 
 
@@ -121,6 +125,9 @@ def _prompts(args, tok) -> list[list[int]]:
             raise SpecdecError(f"{args.prompt_file}: no prompts in it")
     if tok is None:
         raise SpecdecError("--tokenizer DIR is needed to encode a text prompt (or give --prompt-ids)")
+    if args.chat:
+        from ..runtime.hf_args import prompt_inputs
+        return prompt_inputs(None, tok, messages=[[{"role": "user", "content": t}] for t in texts])[0]
     out = []
     for t in texts:
         ids = list(tok(t)["input_ids"])
@@ -232,6 +239,10 @@ def _check_args(args) -> None:
         raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
         raise SpecdecError("--k has no meaning with --target-only")
+    if args.chat and args.prompt_ids is not None:
+        raise SpecdecError("--chat applies the chat template to text: give --prompt or --prompt-file")
+    if args.chat and not args.tokenizer:
+        raise SpecdecError("--chat needs --tokenizer DIR (its chat template)")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
 
@@ -341,6 +352,7 @@ def run(argv: list[str]) -> int:
     from ..runtime.sampling import SamplingParams
 
     args = build_parser().parse_args(argv)
+    start_progress(PROG, args)
     if args.max_new_tokens < 0:
         raise SpecdecError("--max-new-tokens must be >= 0")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)

@@ -13,7 +13,7 @@ from ..contract import MANIFEST_FILE
 from ..io import load_model
 from ..manifest import Manifest
 from ..verify import VerifyReport, compiled_ctx_len, history_past_windows, verify
-from .common import Parser
+from .common import Parser, add_progress_flags, start_progress
 
 
 def defaults_from_manifest(rewritten: Path) -> dict:
@@ -61,7 +61,9 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_progress_flags(p)
     args = p.parse_args(argv)
+    start_progress(prog, args)
     for f in (args.original, args.rewritten):
         load_model(f)  # one-line errors for missing/truncated files before ORT sees them
     d = defaults_from_manifest(args.rewritten)

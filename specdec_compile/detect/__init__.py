@@ -58,6 +58,9 @@ from .windows import find_windows
 #: the name of the position input the rewrite adds when the export has none
 POSITION_IDS = "position_ids"
 BF16_REFUSAL = "bfloat16 exports are not supported; export in float32 or float16"
+DYNAMIC_QUANT_REFUSAL = ("per-call dynamic activation quantization ({n} DynamicQuantizeLinear nodes, "
+                         "first {first!r}) is not supported: its scale would span the padded positions "
+                         "of each call; quantize weights only (e.g. MatMulNBits) or export in float")
 
 
 def _named(graph: gs.Graph, layers: list[Attention], windows: list[int | None], dtypes: dict[str, str]
@@ -82,6 +85,7 @@ def detect(graph: gs.Graph, family: str | None = None, exporter: str | None = No
     nodes = topo_nodes(graph)
     require_integer_input(graph)
     _refuse_bfloat16(graph)
+    _refuse_dynamic_quantization(nodes)
     concats = find_cache_concats(graph, nodes)
     logits = find_logits(graph, concats, hints)
     feature = find_feature_input(graph, concats)
@@ -142,5 +146,12 @@ def _refuse_bfloat16(graph: gs.Graph) -> None:
         raise UnsupportedPatternError(BF16_REFUSAL)
 
 
+def _refuse_dynamic_quantization(nodes) -> None:
+    dq = [n for n in nodes if n.op == "DynamicQuantizeLinear"]
+    if dq:
+        raise UnsupportedPatternError(DYNAMIC_QUANT_REFUSAL.format(n=len(dq), first=dq[0].name))
+
+
 __all__ = ["detect", "Detection", "ModelInfo", "LayerKV", "MaskSite", "PositionSource", "RotarySite",
-           "load_hints", "POSITION_IDS", "BF16_REFUSAL"]
+           "load_hints", "POSITION_IDS", "BF16_REFUSAL",
+           "DYNAMIC_QUANT_REFUSAL"]

@@ -5,6 +5,9 @@
     res = SpecDecoder(tlm, dlm, eos_token_id=2).generate([1, 5, 7], max_new_tokens=32)
     res.generated_ids, res.metrics
     SpecDecoder(tlm, draft=NgramDraft()).generate_many(prompts)    # n-gram drafts, every row
+    dec = SpecDecoder(tlm, dlm, tokenizer="TOKDIR")                 # HF-style arguments (hf_args.py):
+    dec.generate("Hello", max_new_tokens=32, do_sample=True, seed=0).text
+    for text in dec.stream(messages=[{"role": "user", "content": "Hi"}]): ...
 
 See docs/runtime.md and docs/serving.md.
 """

@@ -51,9 +51,10 @@ class BatchEngine:
         return out
 
     def stream(self, prompts, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None, rng=None,
-               on_tokens=None):
+               on_tokens=None, stop=None):
         """Yields (index, GenerationResult) as generations end. ``on_tokens(index, ids,
-        sources)`` streams each row's tokens as they are accepted."""
+        sources)`` streams each row's tokens as they are accepted; ``stop``: stop strings
+        (streaming.StopStrings), every row's own."""
         sampling = sampling or SamplingParams()
         waiting = deque(enumerate(self.check_prompts(prompts, max_new_tokens)))
         # prompt i draws from the noise keyed by (seed, i, position): the same text
@@ -69,7 +70,8 @@ class BatchEngine:
             while slots[row] is None and waiting:
                 i, p = waiting.popleft()
                 cb = (lambda ids, src, i=i: on_tokens(i, ids, src)) if on_tokens else None
-                co = self.dec.coroutine(p, max_new_tokens, sampling, None if seed is None else Noise(seed, i), cb)
+                co = self.dec.coroutine(p, max_new_tokens, sampling, None if seed is None else Noise(seed, i), cb,
+                                       stop=stop)
                 try:
                     slots[row] = [i, co, next(co)]
                 except StopIteration as e:         # nothing to run (max_new_tokens 0)

@@ -134,8 +134,10 @@ def row_of(out: dict, row: int):
     return out[LOGITS][row], {n: a[row] for n, a in out.items() if n != LOGITS}
 
 
-def run_one(co):
-    """Drive one generation coroutine, its tokens in row 0 of each call; returns its result."""
+def steps(co):
+    """(generator) Drive one generation coroutine, its tokens in row 0 of each call,
+    yielding (None) after each call; returns its result (what ``run_one`` returns).
+    A caller streaming text reads what ``on_tokens`` gathered at each step."""
     try:
         req = next(co)
         while True:
@@ -144,5 +146,16 @@ def run_one(co):
             r.costs.add(req.width, dt)
             r.book(req.width, dt, req.prefill)
             req = co.send(row_of(out, 0))
+            yield
     except StopIteration as e:
         return e.value
+
+
+def run_one(co):
+    """Drive one generation coroutine, its tokens in row 0 of each call; returns its result."""
+    g = steps(co)
+    while True:
+        try:
+            next(g)
+        except StopIteration as e:
+            return e.value

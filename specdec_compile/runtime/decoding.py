@@ -54,15 +54,17 @@ import numpy as np
 
 from ..errors import SpecdecError
 from .backends import Backend
-from .calls import run_one
+from .calls import run_one, steps
 from .costs import CostModel
 from .drafts import make_draft_source
 from .drafts.dlm import DlmDraft
 from .drafts.feature import FeatureDraft
 from .generation import OnTokens, _check_prompt, _Generation, _TargetGeneration
+from .hf_args import parse, resolve_tokenizer
 from .metrics import GenerationResult
 from .policy import WidthPolicy
 from .sampling import SamplingParams
+from .streaming import TokenSink
 
 
 def eos_set(eos) -> frozenset:
@@ -76,36 +78,96 @@ def eos_set(eos) -> frozenset:
 
 class _Decoder:
     """What both decoders share: one prompt, or many through the rows of a batch.
-    A subclass gives ``backends()`` and ``coroutine(...)``."""
+    A subclass gives ``backends()``, ``coroutine(...)`` and ``tokenizer`` (or None).
 
-    def generate(self, prompt_ids, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-                 rng: np.random.Generator | None = None, on_tokens: OnTokens | None = None,
-                 prompt_index: int = 0) -> GenerationResult:
-        """One generation (row 0 of each call; a batch > 1 artifact's other rows are padding).
-        Sampled text depends on (prompt, ``sampling.seed``, ``prompt_index``) only; without
-        a seed, one is drawn from ``rng`` (or fresh)."""
-        sampling = sampling or SamplingParams()
-        prompt = _check_prompt(prompt_ids, self.tlm, max_new_tokens)
+    Every entry takes a prompt in the forms HF users hold and HF's generation
+    keywords (hf_args.py): a string or strings (with a tokenizer), token ids, a
+    ``[n]`` / ``[batch, n]`` array (NumPy or torch), a tokenizer's output, chat
+    ``messages=``; ``max_new_tokens``, ``max_length``, ``do_sample``, ``temperature``,
+    ``top_k``, ``top_p``, ``seed``, ``stop_strings`` / ``stop``, ``streamer``,
+    ``tokenizer``; or the runtime's ``sampling=SamplingParams(...)``. Another keyword is
+    a one-line SpecdecError naming it."""
+
+    tokenizer = None
+
+    def generate(self, inputs=None, /, **kwargs):
+        """One prompt: its GenerationResult (row 0 of each call; a batch > 1 artifact's other
+        rows are padding); several (a list of strings, a ``[batch, n]`` array): the list of
+        results, through every row (``generate_many``). ``streamer=`` (one prompt): an HF
+        streamer fed as tokens are accepted. Sampled text depends on (prompt, seed,
+        ``prompt_index``) only; without a seed, one is drawn from ``rng`` (or fresh).
+        With a tokenizer, each result's ``text`` is its decoded output."""
+        req = parse(inputs, kwargs, self.tokenizer, "generate")
+        if not req.single:
+            return self._many(req)
+        sink = (TokenSink(req.tokenizer, req.prompts[0], streamer=req.streamer, user=req.on_tokens, chunks=False)
+                if req.streamer is not None else None)
+        try:
+            return _texted(run_one(self._coroutine(req, sink or req.on_tokens)), req.tokenizer)
+        finally:
+            if sink is not None:
+                sink.end()
+
+    def _coroutine(self, req, on_tokens):
+        prompt = _check_prompt(req.prompts[0], self.tlm, req.max_new_tokens)
         for b in self.backends():
             b.reset()
-        noise = sampling.noise(prompt_index, rng)
-        return run_one(self.coroutine(prompt, max_new_tokens, sampling, noise, on_tokens))
+        noise = req.sampling.noise(req.prompt_index, req.rng)
+        return self.coroutine(prompt, req.max_new_tokens, req.sampling, noise, on_tokens, stop=req.stop)
 
-    def stream(self, prompts, *, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-               rng: np.random.Generator | None = None, on_tokens=None):
-        """Several prompts through every row of the batch (continuous batching, batch.py):
-        yields (index, GenerationResult) as each finishes. Every prompt is checked first.
-        Prompt i samples as ``generate(prompts[i], prompt_index=i)`` with the same seed."""
+    def stream(self, inputs=None, /, **kwargs):
+        """One prompt (a string, an id list, a ``[1, n]`` array, one chat): yields its text as it
+        is accepted, in chunks of whole characters, as ``TextIteratorStreamer`` does (token-id
+        lists without a tokenizer); the generator's return value is the GenerationResult.
+        Several prompts: every row of the batch (continuous batching, batch.py), yielding
+        (index, GenerationResult) as each finishes; every prompt is checked first. Prompt i
+        samples as ``generate(prompts[i], prompt_index=i)`` with the same seed."""
+        req = parse(inputs, kwargs, self.tokenizer, "stream")
+        if req.single:
+            return self._stream_one(req)
+        return self._stream_many(req)
+
+    def _stream_one(self, req):
+        sink = TokenSink(req.tokenizer, req.prompts[0], streamer=req.streamer, user=req.on_tokens)
+        try:
+            steps_ = steps(self._coroutine(req, sink))
+            while True:
+                try:
+                    next(steps_)
+                except StopIteration as e:
+                    yield from sink.take()
+                    return _texted(e.value, req.tokenizer)
+                yield from sink.take()
+        finally:
+            sink.end()
+
+    def _stream_many(self, req):
         from .batch import BatchEngine
-        return BatchEngine(self).stream(prompts, max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
-                                        on_tokens=on_tokens)
+        on_tokens = req.on_tokens
+        for i, r in BatchEngine(self).stream(req.prompts, max_new_tokens=req.max_new_tokens, sampling=req.sampling,
+                                             rng=req.rng, on_tokens=on_tokens, stop=req.stop):
+            yield i, _texted(r, req.tokenizer)
 
-    def generate_many(self, prompts, **kw) -> list[GenerationResult]:
-        """Several prompts through every row of the batch; the results in input order."""
-        out = [None] * len(prompts)
-        for i, r in self.stream(prompts, **kw):
+    def generate_many(self, inputs=None, /, **kwargs) -> list[GenerationResult]:
+        """Several prompts (any form ``generate`` takes; one prompt is a batch of one) through
+        every row of the batch; the results in input order."""
+        req = parse(inputs, kwargs, self.tokenizer, "generate_many")
+        if req.streamer is not None:
+            raise SpecdecError("streamer= streams one prompt: use generate()")
+        return self._many(req)
+
+    def _many(self, req) -> list[GenerationResult]:
+        out = [None] * len(req.prompts)
+        for i, r in self._stream_many(req):
             out[i] = r
         return out
+
+
+def _texted(res: GenerationResult, tok) -> GenerationResult:
+    """``res`` with its ``text`` decoded when there is a tokenizer."""
+    if res is not None and callable(getattr(tok, "decode", None)):
+        res.text = tok.decode(res.generated_ids, skip_special_tokens=True)
+    return res
 
 
 class TargetOnlyDecoder(_Decoder):
@@ -117,8 +179,9 @@ class TargetOnlyDecoder(_Decoder):
     seq_len-1 baseline instead.
     """
 
-    def __init__(self, tlm: Backend, *, eos_token_id=None, record_calls: bool = False):
+    def __init__(self, tlm: Backend, *, eos_token_id=None, record_calls: bool = False, tokenizer=None):
         self.tlm = tlm
+        self.tokenizer = resolve_tokenizer(tokenizer)
         self.eos_token_id = eos_token_id
         self.eos = eos_set(eos_token_id)
         self.record_calls = record_calls
@@ -129,9 +192,9 @@ class TargetOnlyDecoder(_Decoder):
         return [self.tlm]
 
     def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, noise,
-                  on_tokens: OnTokens | None = None):
+                  on_tokens: OnTokens | None = None, stop=None):
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
-        return _TargetGeneration(self, prompt, max_new_tokens, sampling, noise, on_tokens).run()
+        return _TargetGeneration(self, prompt, max_new_tokens, sampling, noise, on_tokens, stop).run()
 
 
 class SpecDecoder(_Decoder):
@@ -141,8 +204,9 @@ class SpecDecoder(_Decoder):
     :class:`~.drafts.suffix.SuffixDraft`, :class:`~.drafts.dlm.DlmDraft`, or your own), or
     "ngram" (``ngram_max`` its longest n-gram) or "suffix" (its defaults). ``dlm=`` (the older spelling, also the second positional
     argument): a DLM backend, or a source object.
-    ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own): the
-    pair must agree on them (else on the manifests' special token ids), and the
+    ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own; a
+    tokenizer object or a local directory): text prompts, stop strings and results'
+    ``text`` use it; the pair must agree on them (else on the manifests' special token ids), and the
     draft proposes only ids the tokenizers have. TLM and DLM tables may differ
     in size (see vocab.py).
     ``policy``: the width policy (policy.py); or build one from ``k`` (drafts per
@@ -155,7 +219,8 @@ class SpecDecoder(_Decoder):
                  eos_token_id=None, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
                  policy: WidthPolicy | None = None, record_calls: bool = False, tokenizer=None,
                  dlm_tokenizer=None):
-        self.source = _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer)
+        self.tokenizer = tokenizer = resolve_tokenizer(tokenizer)
+        self.source = _source(dlm, draft, ngram_max, tokenizer, resolve_tokenizer(dlm_tokenizer))
         self.source.bind(tlm)
         self.dlm = self.source.backend if isinstance(self.source, DlmDraft) else None
         self.vocab = getattr(self.source, "vocab", None) if self.dlm is not None else None
@@ -173,9 +238,9 @@ class SpecDecoder(_Decoder):
         return [self.tlm] + list(self.source.backends())
 
     def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, noise,
-                  on_tokens: OnTokens | None = None):
+                  on_tokens: OnTokens | None = None, stop=None):
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
-        return _Generation(self, prompt, max_new_tokens, sampling, noise, on_tokens).run()
+        return _Generation(self, prompt, max_new_tokens, sampling, noise, on_tokens, stop).run()
 
 
 def _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer):
@@ -201,7 +266,7 @@ def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: i
     """One generation: speculative when ``dlm`` (or ``draft``) is given, target-only otherwise."""
     sp = SamplingParams(temperature, top_k, top_p, seed)
     if dlm is None and draft is None:
-        dec = TargetOnlyDecoder(tlm, eos_token_id=eos_token_id)
+        dec = TargetOnlyDecoder(tlm, eos_token_id=eos_token_id, tokenizer=tokenizer)
     else:
         dec = SpecDecoder(tlm, dlm, draft=draft, eos_token_id=eos_token_id, k=k, tokenizer=tokenizer)
     return dec.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sp, on_tokens=on_tokens)

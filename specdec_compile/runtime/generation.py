@@ -50,8 +50,9 @@ class _Generation:
     """One speculative generation: the state carried from round to round."""
 
     def __init__(self, dec, prompt: list[int], max_new_tokens: int, sampling: SamplingParams,
-                 noise: Noise | None, on_tokens: OnTokens | None):
+                 noise: Noise | None, on_tokens: OnTokens | None, stop=None):
         self.dec = dec
+        self.stop = stop   # stop strings (streaming.StopStrings): .cut(out, n_new) -> tokens kept or None
         self.policy = policy = dec.policy
         self.prompt = prompt
         self.max_new = max_new_tokens
@@ -92,6 +93,9 @@ class _Generation:
             cut = hits[0] + 1
             tokens, srcs = tokens[:cut], srcs[:cut]
             reason = "eos"
+        keep = self.stop.cut(self.out + tokens, len(tokens)) if self.stop is not None and tokens else None
+        if keep is not None:
+            tokens, srcs, reason = tokens[:keep], srcs[:keep], "stop_string"
         self.out.extend(tokens)
         self.sources.extend(srcs)
         self.seq.extend(tokens)
@@ -179,8 +183,8 @@ class _TargetGeneration:
     """One target-only generation (the baseline): prefill, then one token per call."""
 
     def __init__(self, dec, prompt: list[int], max_new_tokens: int, sampling: SamplingParams,
-                 noise: Noise | None, on_tokens: OnTokens | None):
-        self.dec, self.prompt, self.max_new = dec, prompt, max_new_tokens
+                 noise: Noise | None, on_tokens: OnTokens | None, stop=None):
+        self.dec, self.prompt, self.max_new, self.stop = dec, prompt, max_new_tokens, stop
         self.sampling, self.noise, self.on_tokens = sampling, noise, on_tokens
         self.meter = _Meter(0, dec.record_calls)
         self.tlm = Runner(dec.tlm, "tlm", self.meter, dec.costs.calls("tlm"))
@@ -204,6 +208,9 @@ class _TargetGeneration:
                 meter.callback(self.on_tokens, [tok], ["target"])
             if tok in self.dec.eos:
                 stop = "eos"
+                break
+            if self.stop is not None and self.stop.cut(out, 1) is not None:
+                stop = "stop_string"
                 break
             if remaining == 1:
                 stop = "max_new_tokens" if len(out) >= self.max_new else "ctx_len"

@@ -157,7 +157,7 @@ class GenerationResult:
     prompt_ids: list[int]
     generated_ids: list[int]          # includes the EOS that ended the text
     sources: list[str]                # per generated token: "draft" (accepted draft) or "target"
-    stop_reason: str                  # "eos" | "max_new_tokens" | "ctx_len"
+    stop_reason: str                  # "eos" | "max_new_tokens" | "ctx_len" | "stop_string"
     metrics: GenerationMetrics | None = None
     text: str | None = None
 

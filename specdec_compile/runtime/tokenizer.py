@@ -17,9 +17,7 @@ def load_tokenizer(path):
         from transformers import AutoTokenizer
     except ImportError:
         raise SpecdecError("--tokenizer needs the transformers package (pip install transformers)") from None
-    try:
-        import logging
-        logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:   # transformers' own warnings stay under the application's logging settings
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except Exception as e:  # transformers raises many kinds
         msg = " ".join(str(e).split())[:200]

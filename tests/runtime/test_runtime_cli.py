@@ -222,3 +222,21 @@ def test_console_script(arts):
     bad = subprocess.run(cmd + ["--tlm", "/nonexistent", "--target-only", "--prompt-ids", "1"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("specdec-run: error:")
+
+
+def test_chat_applies_the_chat_template(arts, capsys, tmp_path):
+    from transformers import AutoTokenizer
+    get, tok, _ = arts
+    t = AutoTokenizer.from_pretrained(str(tok), local_files_only=True)
+    t.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w3{% endif %}"
+    chat_tok = tmp_path / "chat_tok"
+    t.save_pretrained(str(chat_tok))
+    base = ["--tlm", get("llama_gqa", "tlm", k=4), "--target-only", "--max-new-tokens", 5, "--json"]
+    code, out, err = run(base + ["--tokenizer", chat_tok, "--prompt", "w5 w9", "--chat"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["results"][0]["prompt_ids"] == t("w5 w9 w3")["input_ids"]
+    one_line_error(*run(base[:-1] + ["--tokenizer", tok, "--prompt", "w5", "--chat"], capsys)[::2],
+                   "no chat template")
+    one_line_error(*run(base + ["--tokenizer", chat_tok, "--prompt-ids", "5,9", "--chat"], capsys)[::2],
+                   "--chat applies the chat template to text")
+    one_line_error(*run(base + ["--prompt", "w5", "--chat"], capsys)[::2], "--chat needs --tokenizer")

@@ -24,6 +24,8 @@ __all__ = ["Backend", "OrtBackend", "OrtModel", "QaicBackend", "QaicProgram", "f
 
 def open_backend(artifact, kind: str = "ort", *, expect_role=None, device_ids=None, **kw) -> Backend:
     """Open an artifact directory with the named backend (``ort`` or ``qaic``)."""
+    import logging
+    logging.getLogger(__name__).info("loading %s on %s", getattr(artifact, "path", artifact), kind)
     if kind == "ort":
         if device_ids:
             kw.setdefault("device_id", int(device_ids[0]))

@@ -124,6 +124,13 @@ def _cache_geometry(art: Artifact, name: str, arg) -> tuple[tuple[int, ...], np.
     return tuple(fixed), np.dtype(dt)
 
 
+def _check_cache_writes(art: Artifact) -> None:
+    """The graph still writes its cache the target's way (no optimizer inlined CtxScatter since)."""
+    from ....cache_writes import check_cache_writes
+    from ....io import load_model
+    check_cache_writes(load_model(art.model_path), art.target, str(art.model_path))
+
+
 def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str | None = None,
              session_options=None, intra_op_threads: int | None = None) -> OrtModel:
     """Open an artifact (directory or ``Artifact``) in ONNX Runtime and check its interface."""
@@ -133,6 +140,7 @@ def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str |
         intra_op_threads = int(os.environ[THREADS_ENV])
     session = create_session(art.model_path, providers=providers, session_options=session_options,
                              intra_op_threads=intra_op_threads)
+    _check_cache_writes(art)
     ins = {i.name: i for i in session.get_inputs()}
     outs = {o.name: o for o in session.get_outputs()}
     kv = _check_names(art.model_path, ins, outs, art)

@@ -1,0 +1,144 @@
+"""An Olive pass: ``SpecdecCompile`` rewrites an ONNX decoder LM into the
+speculative-decoding artifact, as a step of an Olive workflow (``pip install
+specdec-compile[olive]``; Olive is microsoft/Olive, ``olive-ai`` on PyPI).
+
+Its parameters are the compile's options (``Options``: ``role``, ``target``,
+``k``, ``k_list``, ``prefill_len``, ``ctx_len``, ``batch_size``, ``kv_dtype``,
+``logits_dtype``, ``precision``, ``num_cores``, ``num_devices``, ``hw_version``,
+``hidden_states``, ``feature_layers``), checked by the same validator as the CLI.
+It hands Olive an ``ONNXModelHandler`` for ``OUT/model.onnx`` whose model
+directory is the whole artifact; the other artifact files (specializations,
+custom IO, manifest, compile script) are listed as the model's
+``additional_files``, which Olive carries to later outputs.
+
+Olive finds passes through its package configuration; ``package_config()`` is
+Olive's own with this pass added, for ``olive.workflows.run(config,
+package_config=package_config())``. The pass class is built when first asked for
+(``specdec_compile.olive_pass.SpecdecCompile``), so this module imports without
+Olive installed; asking for the class without Olive is a one-line error.
+
+Put it after Olive's export and optimization passes: a graph-changing pass after
+it (onnxscript's optimizer inlines the qaic ``CtxScatter``) is refused by
+``specdec-compile verify`` and the runtime (``cache_writes.py``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from .contract import MODEL_FILE
+from .errors import SpecdecError
+from .options import Options
+
+_log = logging.getLogger(__name__)
+
+#: pass parameter -> (type, default, description); ``None``: not given (the option's own default)
+PARAMS = {
+    "role": (str, None, "tlm (target) or dlm (draft); required"),
+    "target": (str, "qaic", "qaic (Cloud AI 100, CtxScatter, opset 17) or ort (ONNX Runtime, TensorScatter)"),
+    "k": (int, None, "TLM: drafted tokens per round (required for a TLM and a feature draft)"),
+    "k_list": (list, None, "TLM: extra verification widths"),
+    "prefill_len": (int, 32, "prompt chunk length"),
+    "ctx_len": (int, 256, "context length / KV slots"),
+    "batch_size": (int, 1, "rows per call"),
+    "kv_dtype": (str, "float16", "KV cache precision in custom_io.yaml"),
+    "logits_dtype": (str, None, "also list logits in custom_io.yaml at this precision"),
+    "precision": (str, "fp16", "fp16 or mx6"),
+    "num_cores": (int, 16, "AI 100 cores per device"),
+    "num_devices": (int, 1, "devices to partition the model over"),
+    "hw_version": (str, None, "ai100 or 2.0 (default: chosen by compile.sh)"),
+    "hidden_states": (list, None, "TLM: layers whose outputs become hidden_states"),
+    "feature_layers": (list, None, "DLM: a feature draft reading these target layers"),
+}
+PASS_NAME = "SpecdecCompile"
+
+
+def options_of(params: dict) -> Options:
+    """The ``Options`` of a pass configuration (unknown keys ignored: Olive adds its own)."""
+    kw = {k: v for k, v in params.items() if k in PARAMS and v is not None}
+    if "role" not in kw:
+        raise SpecdecError(f"{PASS_NAME}: 'role' is required (tlm or dlm)")
+    for key in ("k_list", "hidden_states", "feature_layers"):
+        if key in kw:
+            kw[key] = tuple(int(x) for x in kw[key])
+    opts = Options(**kw)
+    opts.validate()
+    return opts
+
+
+def compile_artifact(model_path, params: dict, out_dir) -> tuple[Path, list[Path]]:
+    """Rewrite ``model_path`` with the pass's options and write the artifact to ``out_dir``
+    (replaced when there). Returns (the model file, the artifact's other files)."""
+    from .artifacts import write_artifact
+    from .pipeline import rewrite
+    opts = options_of(params)
+    res = rewrite(model_path, options=opts)
+    out = Path(out_dir)
+    written = write_artifact(res, opts, out, force=True)
+    model = out / MODEL_FILE
+    data = {out / f for f in _data_files(res)}
+    others = sorted(f for f in (out / Path(x).name for x in _names(written.files)) if f != model and f not in data)
+    _log.info("%s: wrote %s (%d more files)", PASS_NAME, out, len(others))
+    return model, others
+
+
+def _names(files) -> list[str]:
+    return [str(f) for f in files]
+
+
+def _data_files(res) -> list[str]:
+    from .io import external_data_files
+    return external_data_files(res.model)
+
+
+def package_config() -> dict:
+    """Olive's default package configuration with ``SpecdecCompile`` added."""
+    from olive.package_config import OlivePackageConfig
+    data = json.loads(Path(OlivePackageConfig.get_default_config_path()).read_text())
+    data["passes"][PASS_NAME] = {"module_path": f"{__name__}.{PASS_NAME}", "supported_providers": ["*"],
+                                 "supported_accelerators": ["*"], "supported_precisions": ["*"],
+                                 "extra_dependencies": []}
+    return data
+
+
+def _build_pass_class():
+    try:
+        from olive.model import ONNXModelHandler
+        from olive.passes import Pass
+        from olive.passes.pass_config import PassConfigParam
+    except ImportError:
+        raise SpecdecError("the Olive pass needs Olive: pip install specdec-compile[olive]") from None
+
+    class SpecdecCompile(Pass):
+        """Rewrite the ONNX model into a specdec-compile artifact (role, target, k, shapes)."""
+
+        @classmethod
+        def _default_config(cls, accelerator_spec) -> dict:
+            return {name: PassConfigParam(type_=typ, default_value=default, required=name == "role",
+                                          description=desc)
+                    for name, (typ, default, desc) in PARAMS.items()}
+
+        def _run_for_config(self, model, config, output_model_path: str):
+            params = config.dict() if hasattr(config, "dict") else dict(config)
+            out = Path(output_model_path).with_suffix("")
+            model_file, others = compile_artifact(model.model_path, params, out)
+            attrs = dict(model.model_attributes or {})
+            attrs["additional_files"] = sorted(set(attrs.get("additional_files") or []) | {str(f) for f in others})
+            attrs["specdec_artifact"] = str(out)
+            return ONNXModelHandler(model_path=str(out), onnx_file_name=model_file.name, model_attributes=attrs)
+
+    SpecdecCompile.__module__ = __name__
+    return SpecdecCompile
+
+
+_built: dict = {}
+
+
+def __getattr__(name: str):
+    """``SpecdecCompile``: the Olive Pass class, built on first use (Olive imported then)."""
+    if name != PASS_NAME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _built:
+        _built[name] = _build_pass_class()
+    return _built[name]

@@ -1,0 +1,304 @@
+"""What ``generate`` / ``generate_many`` / ``stream`` accept, in the forms Hugging
+Face users hold, turned into the loop's own terms (token-id lists, a max new
+token count, ``SamplingParams``, stop strings).
+
+Prompts (``prompt_inputs``): a string or a list of strings (encoded with the
+tokenizer), a list of token ids or a list of such lists, a ``[n]`` or
+``[batch, n]`` integer array (NumPy, or anything with ``__array__`` / ``.numpy()``:
+a torch tensor is read without importing torch), a tokenizer's output
+(``{"input_ids": ..., "attention_mask": ...}``: the masked positions are
+dropped), or chat ``messages`` (a list of ``{"role", "content"}`` dicts, or a
+list of such lists) through the tokenizer's chat template.
+
+Keywords (``parse``): ``max_new_tokens``, ``max_length`` (prompt + new tokens, the
+longest prompt counted, as HF counts a padded batch; ``max_new_tokens`` wins when
+both are given), ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
+``stop_strings`` (or ``stop``), ``streamer``, ``tokenizer``, ``attention_mask``,
+``input_ids``, ``messages``, ``pad_token_id`` (accepted, unused: outputs are not
+padded), ``token_type_ids`` (a tokenizer's output; all 0, else refused), and the runtime's own ``sampling``, ``rng``, ``on_tokens``,
+``prompt_index``. Any other keyword is a one-line ``SpecdecError`` naming it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SpecdecError
+from .sampling import SamplingParams
+
+#: the HF generation keywords that mean something here
+HF_KEYWORDS = ("max_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p", "seed",
+               "stop_strings", "stop", "streamer", "tokenizer", "attention_mask", "input_ids", "messages",
+               "pad_token_id", "token_type_ids")
+#: the runtime's own keywords
+OWN_KEYWORDS = ("sampling", "rng", "on_tokens", "prompt_index")
+#: HF's sampling defaults with do_sample=True (GenerationConfig): temperature 1.0, top_k 50, top_p 1.0
+HF_SAMPLE_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+DEFAULT_MAX_NEW_TOKENS = 64
+
+
+def resolve_tokenizer(tok):
+    """A tokenizer object from a directory (str or PathLike: loaded locally); any other
+    object is taken as a tokenizer (what a feature needs of it is used when needed:
+    calling it to encode, ``decode``, ``apply_chat_template``); None stays None."""
+    if tok is None:
+        return None
+    if isinstance(tok, (str, os.PathLike)):
+        from .tokenizer import load_tokenizer
+        return load_tokenizer(tok)
+    return tok
+
+
+@dataclass
+class Request:
+    """One call's arguments in the loop's terms."""
+    prompts: list[list[int]]
+    single: bool                      # one prompt given (a string, an id list, a [1, n] array, one chat)
+    max_new_tokens: int
+    sampling: SamplingParams
+    tokenizer: object = None
+    stop: object = None               # streaming.StopStrings or None
+    streamer: object = None           # an HF-style streamer (put / end) or None
+    rng: object = None
+    on_tokens: object = None
+    prompt_index: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Request:
+    """``inputs`` and the keywords of one ``what(...)`` call, checked; ``tokenizer``: the decoder's."""
+    unknown = sorted(set(kwargs) - set(HF_KEYWORDS) - set(OWN_KEYWORDS))
+    if unknown:
+        raise SpecdecError(f"{what}() does not support {', '.join(repr(k) for k in unknown)} (supported: "
+                           f"{', '.join(HF_KEYWORDS + OWN_KEYWORDS)})")
+    kw = dict(kwargs)
+    tok = resolve_tokenizer(kw.pop("tokenizer", None)) or tokenizer
+    if isinstance(inputs, (list, tuple)) and not inputs and what != "generate":
+        prompts, single = [], False   # no prompts: no results
+    else:
+        prompts, single = prompt_inputs(inputs, tok, input_ids=kw.pop("input_ids", None),
+                                        attention_mask=kw.pop("attention_mask", None),
+                                        messages=kw.pop("messages", None))
+    kw.pop("pad_token_id", None)
+    _one_segment(kw.pop("token_type_ids", None))
+    max_new = _max_new_tokens(kw.pop("max_new_tokens", None), kw.pop("max_length", None), prompts)
+    sampling = _sampling(kw)
+    stop = _stop(kw.pop("stop_strings", None), kw.pop("stop", None), tok)
+    streamer = kw.pop("streamer", None)
+    if streamer is not None:
+        if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+            raise SpecdecError("streamer= must have put() and end() (a transformers streamer)")
+        if not single:
+            raise SpecdecError("streamer= streams one prompt; give one prompt, or use stream() for several")
+    return Request(prompts, single, max_new, sampling, tok, stop, streamer, kw.pop("rng", None),
+                   kw.pop("on_tokens", None), int(kw.pop("prompt_index", 0)))
+
+
+def _one_segment(token_type_ids) -> None:
+    """A tokenizer's token_type_ids (``generate(**tok(text))``): all zero, one segment, means nothing here."""
+    if token_type_ids is not None and np.any(as_array(token_type_ids, "token_type_ids") != 0):
+        raise SpecdecError("token_type_ids other than 0 (several segments) mean nothing to a decoder LM")
+
+
+def _max_new_tokens(max_new_tokens, max_length, prompts) -> int:
+    if max_new_tokens is not None:
+        n = max_new_tokens
+    elif max_length is not None:
+        longest = max((len(p) for p in prompts), default=0)
+        if _bad_int(max_length) or max_length <= longest:
+            raise SpecdecError(f"max_length={max_length!r} leaves no room to generate after the "
+                               f"{longest}-token prompt (max_length counts the prompt)")
+        n = max_length - longest
+    else:
+        n = DEFAULT_MAX_NEW_TOKENS
+    if _bad_int(n) or n < 0:
+        raise SpecdecError(f"max_new_tokens must be an integer >= 0 (got {n!r})")
+    return int(n)
+
+
+def _bad_int(v) -> bool:
+    return isinstance(v, bool) or not isinstance(v, (int, np.integer))
+
+
+def _sampling(kw: dict) -> SamplingParams:
+    """``sampling=`` as given, or SamplingParams from HF's keywords. ``do_sample=False``:
+    greedy whatever the temperature (HF ignores it); ``do_sample=True``: HF's defaults for
+    what is not given (temperature 1, top_k 50); neither: sampling when temperature > 0."""
+    hf = {k: kw.pop(k) for k in ("do_sample", "temperature", "top_k", "top_p", "seed") if k in kw}
+    hf = {k: v for k, v in hf.items() if v is not None}
+    given = kw.pop("sampling", None)
+    if given is not None:
+        if hf:
+            raise SpecdecError(f"give either sampling= or {', '.join(sorted(hf))}, not both")
+        return given
+    do_sample = hf.pop("do_sample", None)
+    if do_sample not in (None, True, False):
+        raise SpecdecError(f"do_sample must be True or False (got {do_sample!r})")
+    seed = hf.pop("seed", None)
+    vals = hf
+    if do_sample is False:
+        return SamplingParams(seed=seed)
+    if do_sample:
+        vals = {**HF_SAMPLE_DEFAULTS, **vals}
+        if not vals["temperature"] > 0:
+            raise SpecdecError(f"do_sample=True needs temperature > 0 (got {vals['temperature']!r})")
+    try:
+        return SamplingParams(float(vals.get("temperature", 0.0)), vals.get("top_k", 0),
+                              float(vals.get("top_p", 1.0)), seed)
+    except (TypeError, ValueError) as e:
+        raise SpecdecError(f"bad sampling keyword: {e}") from None
+
+
+def _stop(stop_strings, stop, tok):
+    if stop_strings is not None and stop is not None:
+        raise SpecdecError("give stop_strings= or stop=, not both (they mean the same)")
+    strings = stop_strings if stop_strings is not None else stop
+    if strings is None:
+        return None
+    strings = [strings] if isinstance(strings, str) else list(strings)
+    if not strings or not all(isinstance(s, str) and s for s in strings):
+        raise SpecdecError(f"stop_strings must be a non-empty string or a list of them (got {strings!r})")
+    if tok is None:
+        raise SpecdecError("stop_strings needs a tokenizer (tokenizer= on the decoder or the call)")
+    from .streaming import StopStrings
+    return StopStrings(tok, strings)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def prompt_inputs(inputs, tok, *, input_ids=None, attention_mask=None, messages=None
+                  ) -> tuple[list[list[int]], bool]:
+    """(prompts as token-id lists, whether one prompt was given) from any accepted form."""
+    if input_ids is not None:
+        if inputs is not None:
+            raise SpecdecError("give the prompt once: positionally or as input_ids=, not both")
+        inputs = input_ids
+    if messages is not None:
+        if inputs is not None:
+            raise SpecdecError("give either a prompt or messages=, not both")
+        return _chat(messages, tok)
+    if _is_mapping(inputs):
+        if "input_ids" not in inputs:
+            raise SpecdecError(f"a mapping prompt needs 'input_ids' (got keys {sorted(inputs.keys())})")
+        if attention_mask is None:
+            attention_mask = inputs.get("attention_mask")
+        inputs = inputs["input_ids"]
+    if inputs is None:
+        raise SpecdecError("no prompt given")
+    if isinstance(inputs, str):
+        return [_encode(inputs, tok)], True
+    if isinstance(inputs, (list, tuple)):
+        prompts, single = _from_list(inputs, tok)
+    else:
+        arr = as_array(inputs, "the prompt")
+        prompts, single = _from_array(arr)
+    if attention_mask is not None:
+        prompts = _unmask(prompts, as_array(attention_mask, "attention_mask"))
+    return prompts, single
+
+
+def _is_mapping(x) -> bool:
+    return hasattr(x, "keys") and hasattr(x, "__getitem__") and not isinstance(x, (str, list, tuple, np.ndarray))
+
+
+def as_array(x, what: str) -> np.ndarray:
+    """A NumPy array from an array-like: NumPy, a torch tensor (``.detach().cpu().numpy()``,
+    duck-typed), anything with ``__array__``."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x)
+    for step in ("detach", "cpu"):
+        if callable(getattr(x, step, None)):
+            x = getattr(x, step)()
+    if callable(getattr(x, "numpy", None)):
+        x = x.numpy()
+    if not hasattr(x, "__array__"):
+        raise SpecdecError(f"{what}: expected a string, token ids or an integer array, got {type(x).__name__}")
+    return np.asarray(x)
+
+
+def _from_array(arr: np.ndarray) -> tuple[list[list[int]], bool]:
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise SpecdecError(f"the prompt array must hold integer token ids, got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        return [arr.tolist()], True
+    if arr.ndim == 2:
+        if arr.shape[0] == 0:
+            raise SpecdecError("the prompt array has no rows")
+        return [r.tolist() for r in arr], arr.shape[0] == 1
+    raise SpecdecError(f"the prompt array must be [n] or [batch, n], got shape {list(arr.shape)}")
+
+
+def _from_list(items, tok) -> tuple[list[list[int]], bool]:
+    if not items:
+        raise SpecdecError("empty prompt: at least one token is needed")
+    if all(isinstance(x, str) for x in items):
+        return [_encode(x, tok) for x in items], False
+    if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
+        return [[int(x) for x in items]], True
+    out = []
+    for i, x in enumerate(items):
+        if isinstance(x, str):
+            out.append(_encode(x, tok))
+        elif isinstance(x, (list, tuple)) or hasattr(x, "__array__") or callable(getattr(x, "numpy", None)):
+            arr = as_array(x, f"prompt {i + 1}")
+            if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+                raise SpecdecError(f"prompt {i + 1}: expected a list of integer token ids")
+            out.append([int(t) for t in arr.tolist()])
+        else:
+            raise SpecdecError(f"prompt {i + 1}: expected a string or token ids, got {type(x).__name__}")
+    return out, False
+
+
+def _unmask(prompts: list[list[int]], mask: np.ndarray) -> list[list[int]]:
+    """Drop the positions a tokenizer's attention_mask marks as padding (left or right)."""
+    mask = mask.reshape(len(prompts), -1) if mask.ndim == 1 and len(prompts) == 1 else mask
+    if mask.ndim != 2 or mask.shape[0] != len(prompts) or any(mask.shape[1] != len(p) for p in prompts):
+        raise SpecdecError(f"attention_mask has shape {list(mask.shape)}, the prompts "
+                           f"{[len(p) for p in prompts]} tokens")
+    out = []
+    for i, (p, m) in enumerate(zip(prompts, mask)):
+        keep = np.flatnonzero(m != 0)
+        if keep.size and keep[-1] - keep[0] + 1 != keep.size:
+            raise SpecdecError(f"prompt {i + 1}: attention_mask has padding between tokens; only left or "
+                               f"right padding is understood")
+        out.append([p[j] for j in keep])
+    return out
+
+
+def _encode(text: str, tok) -> list[int]:
+    if tok is None:
+        raise SpecdecError("a text prompt needs a tokenizer (tokenizer= on the decoder or the call)")
+    ids = list(tok(text)["input_ids"])
+    if not ids:
+        raise SpecdecError(f"prompt {text[:40]!r} encodes to no tokens")
+    return [int(i) for i in ids]
+
+
+def _chat(messages, tok) -> tuple[list[list[int]], bool]:
+    """Chat messages through the tokenizer's chat template (with the generation prompt)."""
+    if tok is None:
+        raise SpecdecError("messages= needs a tokenizer (tokenizer= on the decoder or the call)")
+    if not getattr(tok, "chat_template", None):
+        raise SpecdecError("the tokenizer has no chat template (its tokenizer_config.json sets no "
+                           "chat_template); give a plain prompt instead")
+    if isinstance(messages, (list, tuple)) and messages and all(isinstance(m, dict) for m in messages):
+        chats, single = [messages], True
+    elif isinstance(messages, (list, tuple)) and messages and all(isinstance(c, (list, tuple)) for c in messages):
+        chats, single = list(messages), False
+    else:
+        raise SpecdecError("messages= must be a list of {'role': ..., 'content': ...} dicts, or a list of such lists")
+    out = []
+    for c in chats:
+        try:
+            ids = tok.apply_chat_template(list(c), add_generation_prompt=True, tokenize=True)
+        except Exception as e:  # jinja and transformers raise many kinds
+            raise SpecdecError(f"the chat template failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}") \
+                from None
+        if _is_mapping(ids):
+            ids = ids["input_ids"]
+        out.append([int(i) for i in ids])
+    return out, single
