@@ -39,7 +39,7 @@ import onnx_graphsurgeon as gs
 from . import __version__
 from . import features as _features
 from . import passes as _passes
-from .contract import CTX_LEN_KEY, TARGET_OPSET
+from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
@@ -64,6 +64,7 @@ class CompileResult:
     snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
     hidden_layers: tuple[int, ...] | None = None
     feature_layers: tuple[int, ...] | None = None
+    interface: str = "default"
 
 
 def _family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
@@ -99,7 +100,7 @@ DEFAULT_CTX_LEN = 256
 def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = None,
             record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None,
             hidden_states: tuple[int, ...] | None = None,
-            feature_layers: tuple[int, ...] | None = None) -> CompileResult:
+            feature_layers: tuple[int, ...] | None = None, interface: str = "default") -> CompileResult:
     """Rewrite a stock decoder-LM export into the contract's retained-state graph.
 
     ``ctx_len``: the context length the graph is compiled for (the qaic rotary
@@ -108,8 +109,11 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     config.json), so a caller that already loaded the model does not parse it again.
     ``hidden_states`` (TLM): layers whose outputs become the ``hidden_states``
     output. ``feature_layers`` (DLM): the model is a feature draft reading these
-    layers of its target."""
+    layers of its target. ``interface``: "default", or "qeff" for QEfficient's (contract
+    section 7: ``batch_index``, a TLM's ``num_logits_to_keep``)."""
     validate_options(role, target, k)
+    if interface not in INTERFACES:
+        raise SpecdecError(f"--interface {interface!r} is not one of {', '.join(INTERFACES)}")
     if isinstance(model_or_path, onnx.ModelProto):
         original = model_or_path
         source = Path(source) if source is not None else None
@@ -129,8 +133,8 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
 
     hidden_layers = _features.check(det, role, hidden_states, feature_layers)
     ctx = _passes.PassContext(detection=det, role=role, target=target, k=k, source_opset=source_opset,
-                              ctx_len=ctx_len, hidden_layers=hidden_layers)
-    selected = _passes.select(role, target)
+                              ctx_len=ctx_len, hidden_layers=hidden_layers, interface=interface)
+    selected = _passes.select(role, target, interface)
     applied = [p.name for p in selected]
     snapshots = [("original", original)] if record else None
     for p in selected:
@@ -141,6 +145,8 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     model.metadata_props.add(key="specdec.role", value=role)
     model.metadata_props.add(key="specdec.target", value=target)
     model.metadata_props.add(key="specdec.passes", value=",".join(applied))
+    if interface != "default":
+        model.metadata_props.add(key=INTERFACE_KEY, value=interface)
     _features.record(model, hidden_states, feature_layers)
     if target == "qaic":  # fixed on the device, and the rotary tables hold exactly this many rows
         model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx_len))
@@ -149,13 +155,14 @@ def rewrite(model_or_path, *, role: str, target: str = "qaic", k: int | None = N
     info = dataclasses.replace(info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
                                   info.vocab_size, value_head_dim=info.value_head_dim,
-                                  **_features.widths(det, hidden_states, feature_layers))
+                                  **_features.widths(det, hidden_states, feature_layers), qeff=interface == "qeff")
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
                          passes=applied, ctx_len=ctx_len, source=source, source_dir=source_dir,
-                         snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers)
+                         snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers,
+                         interface=interface)
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
