@@ -162,10 +162,10 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from ..io import load_model
 
     original = load_model(model_path)   # parsed once: the rewrite starts from it, the summary compares with it
-    features = {key: v for key, v in (("hidden_states", opts.hidden_states),
-                                      ("feature_layers", opts.feature_layers)) if v}
+    features = {key: v for key, v in (("hidden_states", opts.hidden_states), ("feature_layers", opts.feature_layers),
+                                      ("interface", opts.interface if opts.interface != "default" else None)) if v}
     res = pipeline.rewrite(original, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
-                           ctx_len=opts.ctx_len, source=model_path, interface=opts.interface, **features)
+                           ctx_len=opts.ctx_len, source=model_path, **features)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)
@@ -256,8 +256,10 @@ def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str,
     fam = m.get("family") or "decoder"
     rows.append(("model", [(f"{fam}, {m['num_layers']} layers, {m['num_heads']} heads ({m['num_kv_heads']} kv), "
                             f"head_dim {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}", "")]))
-    shapes = (f"batch {m['batch_size']}, ctx_len {m['ctx_len']}, seq_len "
-              f"{'/'.join(str(s) for s in m['specializations'])}; KV {m['kv_dtype']}")
+    kv = "mxint8" if (m.get("compile_options") or {}).get("mxint8_kv_cache") else m["kv_dtype"]
+    batch = f"full_batch_size {m['batch_size']} (--interface qeff)" if m.get("qeff") else f"batch {m['batch_size']}"
+    shapes = (f"{batch}, ctx_len {m['ctx_len']}, seq_len "
+              f"{'/'.join(str(s) for s in m['specializations'])}; KV {kv}")
     if m["logits_dtype"]:
         shapes += f", logits {m['logits_dtype']}"
     if m["target"] == "qaic":
