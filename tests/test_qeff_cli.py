@@ -7,9 +7,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from pathlib import Path
+
 from test_artifacts import _fake_compiler
 
 from specdec_compile.manifest import Manifest
