@@ -154,7 +154,13 @@ def _read_dir(p: Path) -> tuple[Manifest, list[dict]]:
         raise SpecdecError(f"{p}: no such artifact directory")
     if not p.is_dir():
         raise SpecdecError(f"{p}: not a directory (expected an artifact directory from specdec-compile)")
-    return Manifest.read(p), read_specializations(p / SPECIALIZATIONS_FILE)
+    m = Manifest.read(p)
+    if m.qeff is not None:
+        raise SpecdecError(f"{p}: compiled with --interface qeff (QEfficient's interface: batch_index, "
+                           f"num_logits_to_keep), which this runtime does not drive yet: serve it with "
+                           f"QEfficient's runtime or vLLM's qaic backend (docs/serving.md), or compile it "
+                           f"again without --interface qeff")
+    return m, read_specializations(p / SPECIALIZATIONS_FILE)
 
 
 def _check_role(p: Path, m: Manifest, expect_role: str | None) -> None:
