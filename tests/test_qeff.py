@@ -72,3 +72,19 @@ def test_specializations_are_qeffs(fixture_path, tmp_path, role):
         assert got == want
         assert art.record.qeff["full_batch_size"] == FBS and art.record.batch_size == FBS
         assert list(art.record.specializations) == [int(s["seq_len"]) for s in got]
+
+
+@pytest.mark.parametrize("fixture", ["llama_gqa", "gpt2", "codegen", "qwen2", "mistral", "phi3"])
+@pytest.mark.parametrize("role", ["tlm", "dlm"])
+def test_qaic_qeff_graph_uses_only_ops_with_device_precedent(fixture_path, fixture, role):
+    """The qaic lowering of --interface qeff: the cache ops are QEfficient's own continuous-batching
+    custom ops (CtxScatterCB, CtxGatherCB), and every op, in the graph and in their bodies, has
+    device precedent (specdec_compile/qaic_precedent.tsv)."""
+    from specdec_compile.qaic_ops import op_set, without_precedent
+
+    model = rewrite(fixture_path(fixture), role, "qaic").model
+    assert without_precedent(model) == []
+    ops = op_set(model)
+    assert {"com.qualcomm.cloud::CtxScatterCB", "com.qualcomm.cloud::CtxGatherCB"} <= set(ops["graph"])
+    assert "ScatterND" in ops["functions"]["com.qualcomm.cloud::CtxScatterCB"]
+    assert "GatherND" in ops["functions"]["com.qualcomm.cloud::CtxGatherCB"]

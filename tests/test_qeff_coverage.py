@@ -1,10 +1,11 @@
 """--interface qeff over the coverage matrix's families (tests/coverage): for each row, both roles
-on ONNX Runtime, QEfficient's continuous-batching calls give, row by row, the logits of the default
-interface's graph (itself verified against the export by the matrix) run on each prompt alone.
+and both targets (run on ONNX Runtime), QEfficient's continuous-batching calls give, row by row, the
+logits of the default interface's graph for the same target (itself verified against the export by
+the matrix) run on each prompt alone.
 
 A quick selection of rows by default (plain, ALiBi, sliding window, synthesized positions, MoE,
 latent attention, dynamo, partial rotary, learned positions); SPECDEC_QEFF_ALL=1 runs every row
-(docs/coverage.md has the run's result)."""
+(all 39 passed on ort, 2026-11-24; CONTRACT.md section 7)."""
 from __future__ import annotations
 
 import os
@@ -65,8 +66,9 @@ def _run_default(model, role, prompts, wide, pos, order):
     return out
 
 
+@pytest.mark.parametrize("target", ["ort", "qaic"])
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: r.id)
-def test_qeff_rows_equal_the_default_interface(row):
+def test_qeff_rows_equal_the_default_interface(row, target):
     from matrix import export_row
     try:
         source = export_row(row)
@@ -74,10 +76,10 @@ def test_qeff_rows_equal_the_default_interface(row):
         pytest.skip(f"export failed: {' '.join(str(e).split())[:120]}")
     for role in ("tlm", "dlm"):
         try:
-            ours = rewrite(str(source), role=role, target="ort", k=K if role == "tlm" else None, ctx_len=CL)
+            ours = rewrite(str(source), role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL)
         except SpecdecError as e:
             pytest.skip(f"refused by the default interface too: {e}")
-        qeff = rewrite(str(source), role=role, target="ort", k=K if role == "tlm" else None, ctx_len=CL,
+        qeff = rewrite(str(source), role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL,
                        interface="qeff")
         prompts, wide, pos = _calls(np.random.default_rng(7), ours.info.vocab_size)
         got, order = _run_qeff(qeff.model, role, prompts, wide, pos)
