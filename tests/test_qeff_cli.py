@@ -79,15 +79,3 @@ def test_bad_input_is_one_line_exit_2(fixture_path, tmp_path, args, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert not (tmp_path / "o").exists()
 
-
-def test_specdec_run_refuses_a_qeff_artifact_in_one_line(fixture_path, tmp_path):
-    """Our runtime drives the default interface only (for now): a qeff artifact is named, not misread."""
-    from specdec_compile.errors import SpecdecError
-    from specdec_compile.runtime.artifact import load_artifact
-
-    out = tmp_path / "tlm"
-    r = _cli(fixture_path("llama_gqa"), "--role", "tlm", "--k", "3", *QEFF, "--target", "ort", "-o", out)
-    assert r.returncode == 0, r.stderr
-    with pytest.raises(SpecdecError, match="compiled with --interface qeff") as e:
-        load_artifact(out)
-    assert "\n" not in str(e.value)
