@@ -11,8 +11,9 @@ run in, the ``specdec.passes`` metadata written into the model, the pass names
 ``--explain`` and ``diff --passes`` show, and the pass table of
 docs/compiler.md (``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
 
-Which passes run (the rule): an entry names the roles and targets it is for
-(default: all of them). ``select(role, target)`` keeps the entries that match,
+Which passes run (the rule): an entry names the roles, targets and interfaces it
+is for (default: all of them; ``batch_index`` and ``logits_to_keep`` are for
+``--interface qeff`` only). ``select(role, target, interface)`` keeps the entries that match,
 in registry order; the pipeline runs exactly those and records exactly those.
 So the list of passes a compile applies depends on the options alone, never on
 the model. Whether a selected pass changes a given model is the pass's own
