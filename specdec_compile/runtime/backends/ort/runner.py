@@ -60,9 +60,9 @@ class OrtBackend(Backend):
         self.device, self.device_id = model.device, model.device_id
         self.kv_names, self.kv_shapes, self.kv_dtypes = model.kv_names, model.kv_shapes, model.kv_dtypes
         self.logits_dtype = model.logits_dtype
-        # an --interface qeff graph writes with ScatterND: swap buffers (no in-place TensorScatter)
-        ort_inplace = self.artifact.target == "ort" and not self.artifact.qeff
-        self.inplace = ort_inplace if inplace is None else bool(inplace)
+        # an --interface qeff ort graph writes with ScatterND, bound in place too: the slots' old values
+        # it reads (GatherND) feed the write, so they are read first, and attention reads its output
+        self.inplace = (self.artifact.target == "ort") if inplace is None else bool(inplace)
         self._io = self.session.io_binding()
         self._a = {n: self._zeros(n) for n in self.kv_names}
         self._b = None if self.inplace else {n: self._zeros(n) for n in self.kv_names}
