@@ -238,8 +238,6 @@ def nonnegative(t: gs.Tensor, depth: int = 0) -> bool:
         return any(nonnegative(x, depth + 1) for x in p.inputs)
     if p.op in ("Add", "Mul", "Min", "Concat"):
         return all(nonnegative(x, depth + 1) for x in p.inputs)
-    if p.op == "Range":  # start, start + delta, ...: below the limit, so >= 0 when start and delta are
-        return nonnegative(p.inputs[0], depth + 1) and nonnegative(p.inputs[2], depth + 1)
     if p.op == "Mod":  # fmod=0: the result has the divisor's sign
         return not p.attrs.get("fmod", 0) and nonnegative(p.inputs[1], depth + 1)
     if p.op == "Where":
