@@ -79,3 +79,16 @@ def test_bad_input_is_one_line_exit_2(fixture_path, tmp_path, args, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert not (tmp_path / "o").exists()
 
+
+
+@pytest.mark.parametrize("role,target", [("tlm", "ort"), ("dlm", "qaic")])
+def test_verify_checks_a_qeff_graph_against_the_export(fixture_path, tmp_path, role, target):
+    """verify feeds a qeff graph batch_index 0..B-1 and num_logits_to_keep = the call's width: the
+    default interface's calls, so its report compares with the export as for any artifact."""
+    src = fixture_path("llama_gqa")
+    k = ["--k", "3"] if role == "tlm" else []
+    r = _cli(src, "--role", role, *k, "--target", target, *QEFF, "--ctx-len", "64", "-o", tmp_path / "a")
+    assert r.returncode == 0, r.stderr
+    v = _cli("verify", src, tmp_path / "a" / "model.onnx")
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "PASS" in v.stdout
