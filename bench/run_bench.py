@@ -301,17 +301,19 @@ def bench_rewrite(out: Path, a) -> dict:
 def serving_markdown(res: dict) -> list[str]:
     L = []
     if res.get("batch_throughput"):
-        L.append("| batch size | target tok/s | spec tok/s | spec / target | acceptance |")
-        L.append("|---|---|---|---|---|")
+        L.append("| batch size | TLM interface | target tok/s | spec tok/s | spec / target | acceptance |")
+        L.append("|---|---|---|---|---|---|")
         for r in res["batch_throughput"]:
-            L.append(f"| {r['batch_size']} | {r['target_tokens_per_s']:.1f} | {r['spec_tokens_per_s']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['acceptance_rate']:.3f} |")
-        by_b = {r["batch_size"]: r for r in res["batch_throughput"]}
-        if 1 in by_b and 4 in by_b:
-            s1, s4 = by_b[1], by_b[4]
-            L.append("")
-            L.append(f"Scaling B=1 -> B=4: speculative {s4['spec_tokens_per_s'] / s1['spec_tokens_per_s']:.2f}x "
-                     f"(goal 2x), target-only {s4['target_tokens_per_s'] / s1['target_tokens_per_s']:.2f}x.")
+            L.append(f"| {r['batch_size']} | {r.get('interface', 'default')} | {r['target_tokens_per_s']:.1f} | "
+                     f"{r['spec_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['acceptance_rate']:.3f} |")
+        for iface in ("default", "qeff"):
+            by_b = {r["batch_size"]: r for r in res["batch_throughput"] if r.get("interface", "default") == iface}
+            if 1 in by_b and 4 in by_b:
+                s1, s4 = by_b[1], by_b[4]
+                L.append("")
+                L.append(f"Scaling B=1 -> B=4 ({iface} TLM): speculative "
+                         f"{s4['spec_tokens_per_s'] / s1['spec_tokens_per_s']:.2f}x (goal 2x), target-only "
+                         f"{s4['target_tokens_per_s'] / s1['target_tokens_per_s']:.2f}x.")
         L.append("")
     for key in ("ngram", "fallback_dlm"):
         if res.get(key):

@@ -4,7 +4,9 @@
 batch_throughput  B = 1, 2, 4, 8 rows; 16 held-out prompts through continuous
                   batching; target-only (the TLM's width-1 specialization) and
                   speculative (DLM, adaptive widths with the K=0 fallback); total
-                  new tokens / wall time. Greedy outputs are checked equal.
+                  new tokens / wall time; each B with the default TLM and with the
+                  --interface qeff TLM (a prompt prefilled at batch 1 into its row).
+                  Greedy outputs are checked equal.
 ngram             n-gram (prompt lookup) drafts, no DLM: "grounded" prompts (a
                   held-out function, then the instruction to write it again with
                   a new name and its def line restated, so the continuation
@@ -62,20 +64,23 @@ def grounded(fn_text: str) -> str:
     return f"{fn_text}\n\n\n# The same function again, renamed to {name}_v2:\n{first}\n"
 
 
-def _art(pair, out, name, role, B, a, k_list=None, k=4):
+def _art(pair, out, name, role, B, a, k_list=None, k=4, interface="default"):
     onnx = Path(pair["paths"]["tlm_onnx" if role == "tlm" else "dlm_onnx"])
     args = ["--role", role, "--target", "ort", "--prefill-len", "32", "--ctx-len", str(a.ctx_len),
-            "--batch-size", str(B)]
+            "--batch-size", str(B)] + (["--interface", interface] if interface != "default" else [])
     if role == "tlm":
         args += ["--k", str(k)] + (["--k-list", k_list] if k_list else [])
     compile_artifact(onnx, out / name, args, log=a.log)
     return out / name
 
 
-def _backends(pair, out, a, B, dlm=True, k_list="0,1,2,4"):
+def _backends(pair, out, a, B, dlm=True, k_list="0,1,2,4", interface="default"):
+    """The TLM (``interface``: "qeff" for QEfficient's, prefill at batch 1 into its row) and the DLM."""
     from specdec_compile.runtime import OrtBackend
     kw = {"intra_op_threads": a.ort_threads}
-    tlm = OrtBackend(_art(pair, out, f"serve-tlm-b{B}-{k_list.replace(',', '')}", "tlm", B, a, k_list), **kw)
+    tag = "" if interface == "default" else f"-{interface}"
+    tlm = OrtBackend(_art(pair, out, f"serve-tlm-b{B}-{k_list.replace(',', '')}{tag}", "tlm", B, a, k_list,
+                          interface=interface), **kw)
     d = OrtBackend(_art(pair, out, f"serve-dlm-b{B}", "dlm", B, a), **kw) if dlm else None
     return tlm, d
 
@@ -91,29 +96,40 @@ def bench_batch(pair: dict, out: Path, a, tok) -> list:
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     eos = tok.eos_token_id
     ids = [tok(t)["input_ids"] for _, t in held_out_functions(16, a.ctx_len - a.serve_new_tokens, tok)]
-    a.log(f"[batch] {len(ids)} prompts, {a.serve_new_tokens} new tokens, B = 1, 2, 4, 8")
-    rows = []
+    a.log(f"[batch] {len(ids)} prompts, {a.serve_new_tokens} new tokens, B = 1, 2, 4, 8, both TLM interfaces")
+    rows, first = [], None
     for B in (1, 2, 4, 8):
-        tlm, dlm = _backends(pair, out, a, B)
-        tlm.warmup()
-        dlm.warmup()
-        target, spec = TargetOnlyDecoder(tlm, eos_token_id=eos), SpecDecoder(tlm, dlm, eos_token_id=eos)
-        best = {"t": 0.0, "s": 0.0}
-        for _ in range(a.serve_repeats):
-            rt, tps = _run_many(target, ids, a)
-            rs, sps = _run_many(spec, ids, a)
-            if [r.generated_ids for r in rt] != [r.generated_ids for r in rs]:
-                raise SystemExit(f"B={B}: speculative output differs from target-only output")
-            best["t"], best["s"] = max(best["t"], tps), max(best["s"], sps)
-        acc = sum(r.metrics["accepted_tokens"] for r in rs) / max(1, sum(r.metrics["drafted_tokens"] for r in rs))
-        rows.append({"batch_size": B, "target_tokens_per_s": round(best["t"], 1),
-                     "spec_tokens_per_s": round(best["s"], 1), "speedup": round(best["s"] / best["t"], 3),
-                     "acceptance_rate": round(acc, 4)})
-        a.log(f"  B={B}: target {best['t']:.1f} tok/s, speculative {best['s']:.1f} tok/s "
-              f"({best['s'] / best['t']:.2f}x), acceptance {acc:.3f}")
-        tlm.close()
-        dlm.close()
+        for interface in ("default", "qeff"):
+            row, outputs = _batch_row(pair, out, a, B, interface, ids, eos)
+            first = outputs if first is None else first
+            if outputs != first:
+                raise SystemExit(f"B={B}, {interface} TLM: greedy output differs from the default interface's")
+            rows.append(row)
     return rows
+
+
+def _batch_row(pair, out, a, B, interface, ids, eos) -> tuple[dict, list]:
+    """One batch_throughput row: target-only and speculative at batch B with the TLM of ``interface``."""
+    from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
+    tlm, dlm = _backends(pair, out, a, B, interface=interface)
+    tlm.warmup()
+    dlm.warmup()
+    target, spec = TargetOnlyDecoder(tlm, eos_token_id=eos), SpecDecoder(tlm, dlm, eos_token_id=eos)
+    best = {"t": 0.0, "s": 0.0}
+    for _ in range(a.serve_repeats):
+        rt, tps = _run_many(target, ids, a)
+        rs, sps = _run_many(spec, ids, a)
+        if [r.generated_ids for r in rt] != [r.generated_ids for r in rs]:
+            raise SystemExit(f"B={B}: speculative output differs from target-only output")
+        best["t"], best["s"] = max(best["t"], tps), max(best["s"], sps)
+    acc = sum(r.metrics["accepted_tokens"] for r in rs) / max(1, sum(r.metrics["drafted_tokens"] for r in rs))
+    a.log(f"  B={B} {interface}: target {best['t']:.1f} tok/s, speculative {best['s']:.1f} tok/s "
+          f"({best['s'] / best['t']:.2f}x), acceptance {acc:.3f}")
+    tlm.close()
+    dlm.close()
+    return ({"batch_size": B, "interface": interface, "target_tokens_per_s": round(best["t"], 1),
+             "spec_tokens_per_s": round(best["s"], 1), "speedup": round(best["s"] / best["t"], 3),
+             "acceptance_rate": round(acc, 4)}, [r.generated_ids for r in rt])
 
 
 def _pairwise(dec_t, dec_s, ids, a):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import onnx
 
-from . import __version__
+from . import __version__, qaic_flags, qeff
 from .errors import SpecdecError
 from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
                        DRAFT_HIDDEN_STATES, HIDDEN_STATES, LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE,
@@ -233,7 +233,7 @@ def template_values(result, options: Options) -> dict:
                          for s in seq_lens],
         kv_inputs=kv_inputs,
         kv_outputs=kv_outputs,
-        kv_dtype=options.kv_dtype,
+        kv_dtype="mxint8" if options.mxint8_kv_cache else options.kv_dtype,
         feature_inputs=[s["name"] for s in sig["inputs"] if s["name"] in features],
         feature_outputs=[s["name"] for s in sig["outputs"] if s["name"] in features],
         logits_dtype=options.logits_dtype,
@@ -248,6 +248,8 @@ def template_values(result, options: Options) -> dict:
         precision=options.precision,
         hw_version=options.hw_version,
         tool_version=__version__,
+        extra_flags=list(options.qaic_flags),
+        qeff_specializations=qeff.specializations(options) if options.interface == "qeff" else None,
     )
 
 
@@ -302,8 +304,14 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         source_file=Path(source).name if source else None, source_sha256=source_sha,
         passes=tuple(getattr(result, "passes", []) or []), ops=op_set(result.model),
         tool_version=__version__, interface=io_signature(result.model), files=tuple(sorted(files)),
-        **manifest_fields(result),
+        **manifest_fields(result), **_optional_records(options),
     )
+
+
+def _optional_records(options: Options) -> dict:
+    """The manifest's optional ``qeff`` and ``compile_options`` objects, where the options ask for them."""
+    found = {"qeff": qeff.manifest_record(options), "compile_options": qaic_flags.manifest_record(options)}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def _tuple(v):
@@ -316,8 +324,9 @@ def _fill(tmp: Path, result, options: Options, values: dict,
     source_dir = getattr(result, "source_dir", None)
     data = save_model(result.model, tmp / MODEL_FILE, source_dir)
     files = [MODEL_FILE] + [str(p.relative_to(tmp)) for p in data]
+    specs = "specializations_qeff.json.j2" if options.interface == "qeff" else f"{SPECIALIZATIONS_FILE}.j2"
     texts = {
-        SPECIALIZATIONS_FILE: render(f"{SPECIALIZATIONS_FILE}.j2", **values),
+        SPECIALIZATIONS_FILE: render(specs, **values),
         CUSTOM_IO_FILE: render(f"{CUSTOM_IO_FILE}.j2", **values),
     }
     if options.target == "qaic":
@@ -426,4 +435,5 @@ def options_dict(options: Options) -> dict:
     d["k_list"] = list(options.k_list)
     d["hidden_states"] = list(options.hidden_states)
     d["feature_layers"] = list(options.feature_layers)
+    d["qaic_flags"] = list(options.qaic_flags)
     return d

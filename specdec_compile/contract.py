@@ -16,6 +16,15 @@ FEATURE_LAYERS_KEY = "specdec.feature_layers"
 #: metadata key: the context length a qaic graph was compiled for (its rotary tables hold that many rows)
 CTX_LEN_KEY = "specdec.ctx_len"
 QAIC_DOMAIN = "com.qualcomm.cloud"
+#: the interfaces a graph can have: ours (docs/CONTRACT.md sections 2-6) and QEfficient's
+#: (section 7: continuous batching with batch_index, the TLM's num_logits_to_keep)
+INTERFACES = ("default", "qeff")
+#: --interface qeff: the cache's row count (dim 0 of every past_* input and *_RetainedState output)
+FULL_BATCH = "full_batch_size"
+BATCH_INDEX = "batch_index"
+NUM_LOGITS_TO_KEEP = "num_logits_to_keep"
+#: metadata key of a graph with QEfficient's interface (absent: ours)
+INTERFACE_KEY = "specdec.interface"
 #: intermediate (target-neutral) op the retained-state pass writes; lowering replaces it
 SPECDEC_DOMAIN = "ai.specdec"
 CACHE_WRITE = "CacheWrite"
@@ -44,11 +53,13 @@ def retained_name(kind: str, layer: int) -> str:
     return f"{past_name(kind, layer)}_RetainedState"
 
 
-def interface(num_layers: int, *, hidden_states: bool = False, features: bool = False
-              ) -> tuple[list[str], list[str]]:
+def interface(num_layers: int, *, hidden_states: bool = False, features: bool = False,
+              qeff_role: str | None = None) -> tuple[list[str], list[str]]:
     """The contract's input and output names, in order. ``hidden_states``: a TLM
     that exposes its hidden states (one more output, last); ``features``: a
-    feature draft (its feature input last, its own predicted features last)."""
+    feature draft (its feature input last, its own predicted features last).
+    ``qeff_role`` ("tlm"/"dlm"): QEfficient's interface, ``batch_index`` after the
+    cache inputs, then the TLM's ``num_logits_to_keep`` (section 7)."""
     ins = [INPUT_IDS, POSITION_IDS]
     outs = [LOGITS]
     for i in range(num_layers):
@@ -60,4 +71,8 @@ def interface(num_layers: int, *, hidden_states: bool = False, features: bool = 
     if features:
         ins.append(HIDDEN_STATES)
         outs.append(DRAFT_HIDDEN_STATES)
+    if qeff_role is not None:
+        ins.append(BATCH_INDEX)
+        if qeff_role == "tlm":
+            ins.append(NUM_LOGITS_TO_KEEP)
     return ins, outs

@@ -39,9 +39,11 @@ SCHEMA: dict[str, tuple[str, bool]] = {
     "tool_version": (_STR, False), "interface": (_DICT, False), "files": (_STRS, False),
 }
 
-#: keys written only when the artifact has them (contract section 5): a TLM compiled with
-#: --hidden-states, a feature draft compiled with --feature-layers
-OPTIONAL: dict[str, str] = {"hidden_states": _DICT, "feature_draft": _DICT}
+#: keys written only when the artifact has them (contract sections 5 and 7): a TLM compiled with
+#: --hidden-states, a feature draft compiled with --feature-layers, --interface qeff, and
+#: --mxint8-kv-cache / --qaic-flag
+OPTIONAL: dict[str, str] = {"hidden_states": _DICT, "feature_draft": _DICT, "qeff": _DICT,
+                            "compile_options": _DICT}
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class Manifest:
     files: tuple[str, ...]               # every file of the directory, sorted
     hidden_states: dict | None = None    # TLM --hidden-states: layers, layer_indices, hidden_size, width, output
     feature_draft: dict | None = None    # feature draft: target_layers, width, input, draft_output, draft_width, pairing
+    qeff: dict | None = None             # --interface qeff: full_batch_size, batch_index, specializations, ...
+    compile_options: dict | None = None  # mxint8_kv_cache, qaic_flags (passed to the compiler as given)
 
     def to_json(self) -> dict:
         """The JSON object ``manifest.json`` holds (lists for tuples)."""
@@ -145,6 +149,9 @@ class Manifest:
             raise SpecdecError(f"{where}: hidden_states belongs to a TLM manifest")
         if self.feature_draft is not None and self.role != "dlm":
             raise SpecdecError(f"{where}: feature_draft belongs to a DLM manifest")
+        if self.qeff is not None and self.qeff.get("full_batch_size") != self.batch_size:
+            raise SpecdecError(f"{where}: qeff.full_batch_size {self.qeff.get('full_batch_size')!r} is not "
+                               f"batch_size {self.batch_size}")
         if self.role == "tlm" or self.feature_draft is not None:
             if self.k is None or self.k < 1:
                 raise SpecdecError(f"{where}: k={self.k}, expected k >= 1")

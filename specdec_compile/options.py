@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .contract import ROLES, TARGETS
+from .contract import INTERFACES, ROLES, TARGETS
 from .errors import SpecdecError
 
 DTYPES = ("float16", "float32")
@@ -72,10 +72,24 @@ class Options:
     #: TLM: layers whose outputs the graph outputs as hidden_states; DLM: a feature draft's target layers
     hidden_states: tuple[int, ...] = ()
     feature_layers: tuple[int, ...] = ()
+    #: "default" (ours) or "qeff" (QEfficient's: batch_index, num_logits_to_keep; batch_size is
+    #: then the cache's full_batch_size; contract section 7)
+    interface: str = "default"
+    mxint8_kv_cache: bool = False
+    #: extra compiler flags, passed through to compile.sh as given (qaic_flags.check_flags)
+    qaic_flags: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise SpecdecError (one line) for options no artifact can satisfy."""
         check_options(self.role, self.target, None)
+        if self.interface not in INTERFACES:
+            raise SpecdecError(f"--interface {self.interface!r} is not one of {', '.join(INTERFACES)}")
+        if self.interface == "qeff":
+            from .qeff import check_qeff_options
+            check_qeff_options(self)
+        if self.qaic_flags or self.mxint8_kv_cache:
+            from .qaic_flags import check_flags
+            check_flags(self)
         for name, value, allowed in (("--kv-dtype", self.kv_dtype, DTYPES),
                                      ("--precision", self.precision, PRECISIONS)):
             if value not in allowed:
@@ -111,7 +125,9 @@ class Options:
         check_options(self.role, self.target, self.k, ctx_len=self.ctx_len, k_list=self.k_list)
 
     def seq_lens(self) -> list[int]:
-        """seq_len of each specialization, in file order (contract section 3)."""
+        """seq_len of each specialization, in file order (contract sections 3 and 7)."""
+        if self.interface == "qeff":  # QEfficient's: prefill, then one decode per K (TLM: K+1)
+            return [self.prefill_len] + ([1] if self.role == "dlm" else [j + 1 for j in self.widths()])
         if self.role == "dlm" and self.feature_layers:  # feature draft: prompt, a round's accepted tokens, one draft
             wanted = [self.prefill_len, self.k + 1, 1] + [j + 1 for j in sorted(set(self.k_list))]
         elif self.role == "dlm":

@@ -49,7 +49,7 @@ import onnx_graphsurgeon as gs
 from . import __version__
 from . import features as _features
 from . import passes as _passes
-from .contract import CTX_LEN_KEY, TARGET_OPSET
+from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
@@ -77,6 +77,7 @@ class CompileResult:
     snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
     hidden_layers: tuple[int, ...] | None = None
     feature_layers: tuple[int, ...] | None = None
+    interface: str = "default"
     input_kind: str = "proto"        # what rewrite was given: "path" | "proto" | "ir"
 
     def as_given(self):
@@ -130,6 +131,7 @@ class Prepared:
     kind: str                                   # what was given: "path" | "proto" | "ir"
     hidden_states: tuple[int, ...] | None = None
     feature_layers: tuple[int, ...] | None = None
+    interface: str = "default"
 
     @property
     def detection(self) -> Detection:
@@ -161,19 +163,24 @@ def _from_options(options: Options | None, given: dict) -> dict:
         raise SpecdecError(f"options= must be a specdec_compile.options.Options, got {type(options).__name__}")
     options.validate()
     return {"role": options.role, "target": options.target, "k": options.k, "ctx_len": options.ctx_len,
-            "hidden_states": options.hidden_states or None, "feature_layers": options.feature_layers or None}
+            "hidden_states": options.hidden_states or None, "feature_layers": options.feature_layers or None,
+            "interface": options.interface}
 
 
 def prepare(model_or_path, options: Options | None = None, *, role: str | None = None, target: str = "qaic",
             k: int | None = None, ctx_len: int = DEFAULT_CTX_LEN, source=None,
             hidden_states: tuple[int, ...] | None = None,
-            feature_layers: tuple[int, ...] | None = None) -> Prepared:
+            feature_layers: tuple[int, ...] | None = None, interface: str = "default") -> Prepared:
     """Load (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``), import and detect, and
     build the pass context once: from ``options`` (the same ``Options`` the CLI builds) or
-    from the keywords. See ``Prepared``."""
+    from the keywords. ``interface``: "default", or "qeff" for QEfficient's (contract
+    section 7: ``batch_index``, a TLM's ``num_logits_to_keep``). See ``Prepared``."""
     kw = _from_options(options, {"role": role, "target": target, "k": k, "ctx_len": ctx_len,
-                                 "hidden_states": hidden_states, "feature_layers": feature_layers})
+                                 "hidden_states": hidden_states, "feature_layers": feature_layers,
+                                 "interface": interface})
     validate_options(kw["role"], kw["target"], kw["k"])
+    if kw["interface"] not in INTERFACES:
+        raise SpecdecError(f"--interface {kw['interface']!r} is not one of {', '.join(INTERFACES)}")
     original, source, source_dir, kind = read_any(model_or_path, source)
     try:
         graph = gs.import_onnx(original)
@@ -189,15 +196,17 @@ def prepare(model_or_path, options: Options | None = None, *, role: str | None =
               i.num_kv_heads, i.head_dim, i.vocab_size)
     hidden_layers = _features.check(det, kw["role"], kw["hidden_states"], kw["feature_layers"])
     ctx = _passes.PassContext(detection=det, role=kw["role"], target=kw["target"], k=kw["k"],
-                              source_opset=source_opset, ctx_len=kw["ctx_len"], hidden_layers=hidden_layers)
-    return Prepared(graph, ctx, list(_passes.select(kw["role"], kw["target"])), original, source, source_dir,
-                    kind, kw["hidden_states"], kw["feature_layers"])
+                              source_opset=source_opset, ctx_len=kw["ctx_len"], hidden_layers=hidden_layers,
+                              interface=kw["interface"])
+    return Prepared(graph, ctx, list(_passes.select(kw["role"], kw["target"], kw["interface"])), original, source,
+                    source_dir, kind, kw["hidden_states"], kw["feature_layers"], kw["interface"])
 
 
 def rewrite(model_or_path, *, role: str | None = None, target: str = "qaic", k: int | None = None,
             record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None,
             hidden_states: tuple[int, ...] | None = None,
-            feature_layers: tuple[int, ...] | None = None, options: Options | None = None) -> CompileResult:
+            feature_layers: tuple[int, ...] | None = None, options: Options | None = None,
+            interface: str = "default") -> CompileResult:
     """Rewrite a stock decoder-LM export into the contract's retained-state graph.
 
     ``model_or_path``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``
@@ -208,9 +217,10 @@ def rewrite(model_or_path, *, role: str | None = None, target: str = "qaic", k: 
     loaded the model does not parse it again. ``hidden_states`` (TLM): layers whose
     outputs become the ``hidden_states`` output. ``feature_layers`` (DLM): the model
     is a feature draft reading these layers of its target. ``options``: the CLI's
-    ``Options`` instead of role/target/k/ctx_len/hidden_states/feature_layers."""
+    ``Options`` instead of role/target/k/ctx_len/hidden_states/feature_layers/interface.
+    ``interface``: "default", or "qeff" for QEfficient's (contract section 7)."""
     prep = prepare(model_or_path, options, role=role, target=target, k=k, ctx_len=ctx_len, source=source,
-                   hidden_states=hidden_states, feature_layers=feature_layers)
+                   hidden_states=hidden_states, feature_layers=feature_layers, interface=interface)
     graph, snapshots = prep.run(record=record)
     return prep.finish(graph, snapshots)
 
@@ -218,11 +228,14 @@ def rewrite(model_or_path, *, role: str | None = None, target: str = "qaic", k: 
 def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     ctx, original, det = prep.ctx, prep.original, prep.ctx.detection
     role, target, hidden_states, feature_layers = ctx.role, ctx.target, prep.hidden_states, prep.feature_layers
+    interface = prep.interface
     applied = [p.name for p in prep.passes]
     model = _export(graph, original)
     model.metadata_props.add(key="specdec.role", value=role)
     model.metadata_props.add(key="specdec.target", value=target)
     model.metadata_props.add(key="specdec.passes", value=",".join(applied))
+    if interface != "default":
+        model.metadata_props.add(key=INTERFACE_KEY, value=interface)
     _features.record(model, hidden_states, feature_layers)
     if target == "qaic":  # fixed on the device, and the rotary tables hold exactly this many rows
         model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx.ctx_len))
@@ -231,14 +244,14 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     info = dataclasses.replace(det.info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
                                   info.vocab_size, value_head_dim=info.value_head_dim,
-                                  **_features.widths(det, hidden_states, feature_layers))
+                                  **_features.widths(det, hidden_states, feature_layers), qeff=interface == "qeff")
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
                          passes=applied, ctx_len=ctx.ctx_len, source=prep.source, source_dir=prep.source_dir,
                          snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers,
-                         input_kind=prep.kind)
+                         interface=interface, input_kind=prep.kind)
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import onnx
 
-from .contract import BATCH, CTX, DRAFT_HIDDEN_STATES, HIDDEN_STATES, SEQ, interface
+from .contract import (BATCH, BATCH_INDEX, CTX, DRAFT_HIDDEN_STATES, FULL_BATCH, HIDDEN_STATES,
+                       NUM_LOGITS_TO_KEEP, SEQ, interface)
 from .errors import SpecdecError
 
 
@@ -15,25 +16,30 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_kv_heads: int,
                        head_dim: int, vocab: int, value_head_dim: int | None = None,
                        hidden_width: int | None = None, feature_width: int | None = None,
-                       draft_width: int | None = None) -> list[str]:
+                       draft_width: int | None = None, qeff: bool = False) -> list[str]:
     """Every way ``model``'s interface differs from the contract (empty: none).
     ``value_head_dim``: the values' head dim when it differs from the keys' (latent attention).
     ``hidden_width``: a TLM's ``hidden_states`` output width; ``feature_width`` and
-    ``draft_width``: a feature draft's input and own-feature output widths (None: absent)."""
+    ``draft_width``: a feature draft's input and own-feature output widths (None: absent).
+    ``qeff``: QEfficient's interface (contract section 7)."""
     problems = []
     ins, outs = interface(num_layers, hidden_states=hidden_width is not None,
-                          features=feature_width is not None)
+                          features=feature_width is not None, qeff_role=role if qeff else None)
     got_in = [i.name for i in model.graph.input]
     got_out = [o.name for o in model.graph.output]
     if got_in != ins:
         problems.append(f"inputs {got_in} != {ins}")
     if got_out != outs:
         problems.append(f"outputs {got_out} != {outs}")
-    kv = [BATCH, num_kv_heads, CTX, head_dim]
-    kv_value = [BATCH, num_kv_heads, CTX, value_head_dim or head_dim]
+    rows = FULL_BATCH if qeff else BATCH
+    kv = [rows, num_kv_heads, CTX, head_dim]
+    kv_value = [rows, num_kv_heads, CTX, value_head_dim or head_dim]
+    width = 1 if role == "dlm" else NUM_LOGITS_TO_KEEP if qeff else SEQ
     want = {"input_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
             "position_ids": (onnx.TensorProto.INT64, [BATCH, SEQ]),
-            "logits": (onnx.TensorProto.FLOAT, [BATCH, 1 if role == "dlm" else SEQ, vocab])}
+            "logits": (onnx.TensorProto.FLOAT, [BATCH, width, vocab]),
+            BATCH_INDEX: (onnx.TensorProto.INT64, [BATCH, 1]),
+            NUM_LOGITS_TO_KEEP: (onnx.TensorProto.INT64, [NUM_LOGITS_TO_KEEP, 1])}
     extra = {HIDDEN_STATES: hidden_width if role == "tlm" else feature_width, DRAFT_HIDDEN_STATES: draft_width}
     for vi in list(model.graph.input) + list(model.graph.output):
         if vi.name in extra:
@@ -50,8 +56,9 @@ def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_k
             problems.append(f"{vi.name}: dims {_dims(vi)} != {dims}")
     symbolic = {d for vi in list(model.graph.input) + list(model.graph.output) for d in _dims(vi)
                 if isinstance(d, str)}
-    if not symbolic <= {BATCH, SEQ, CTX}:
-        problems.append(f"extra symbolic dims {sorted(symbolic - {BATCH, SEQ, CTX})}")
+    allowed = {BATCH, SEQ, CTX} | ({FULL_BATCH, NUM_LOGITS_TO_KEEP} if qeff else set())
+    if not symbolic <= allowed:
+        problems.append(f"extra symbolic dims {sorted(symbolic - allowed)}")
     return problems
 
 

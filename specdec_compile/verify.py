@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS, past_name, retained_name
+from .contract import (BATCH_INDEX, CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
+                       past_name, retained_name)
 from .errors import SpecdecError
 from .io import load_model
 from .options import check_options
@@ -180,12 +181,18 @@ class _Rewritten:
         self.out_names += [req.output] if req.output else []
         logits_shape = next(o for o in self.sess.get_outputs() if o.name == LOGITS).shape
         self.role = "dlm" if logits_shape[1] == 1 else "tlm"
+        #: --interface qeff (contract section 7): every row in its own cache row, every column's logits
+        self.qeff = [n for n in (BATCH_INDEX, NUM_LOGITS_TO_KEEP) if n in ins]
         meta = self.sess.get_modelmeta().custom_metadata_map
         #: the context a qaic graph was compiled for (its rotary tables have that many rows); None: any
         self.max_ctx_len = int(meta[CTX_LEN_KEY]) if meta.get(CTX_LEN_KEY, "").isdigit() else None
 
     def run(self, ids: np.ndarray, pos: np.ndarray, feats: np.ndarray | None = None):
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos, **dict(zip(self.names, self.state))}
+        if BATCH_INDEX in self.qeff:
+            feeds[BATCH_INDEX] = np.arange(ids.shape[0], dtype=np.int64).reshape(-1, 1)
+        if NUM_LOGITS_TO_KEEP in self.qeff:
+            feeds[NUM_LOGITS_TO_KEEP] = np.zeros((ids.shape[1], 1), np.int64)
         if self.feature_dtype is not None:
             feeds[HIDDEN_STATES] = feats.astype(self.feature_dtype)
         out = self.sess.run(self.out_names, feeds)

@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import __version__
 from ..artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
                         Options, check_out, find_compiler, hw_version_for)
+from ..contract import INTERFACES
 from ..errors import SpecdecError
 from .common import Parser, add_progress_flags, start_progress
 
@@ -34,6 +35,11 @@ example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
       MXFP6 matmuls, partitioned over 4 devices (adds mdp_partition.json)
   specdec-compile target.onnx --role tlm --k 7 --target ort -o out/tlm-ort
       for the ONNX Runtime backend (opset 24 TensorScatter; no compile.sh)
+  specdec-compile target.onnx --role tlm --k 3 --k-list 0 --interface qeff --batch-size 4 -o out/tlm-qeff
+      QEfficient's interface (batch_index, num_logits_to_keep; full_batch_size 4), for its
+      runtime and vLLM's qaic backend (docs/serving.md)
+  specdec-compile target.onnx --role tlm --k 7 --mxint8-kv-cache --qaic-flag -aic-enable-depth-first -o out/t
+      MXINT8 KV cache, and a compiler flag passed through to compile.sh
 
 other subtools: specdec-compile verify ORIGINAL REWRITTEN, specdec-compile diff A B
 """
@@ -82,6 +88,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="devices to partition the model over (>1 writes mdp_partition.json)")
     p.add_argument("--hw-version", choices=HW_VERSIONS, default=None,
                    help="-aic-hw-version; default: ai100 with qaic-compile, 2.0 with qaic-exec")
+    p.add_argument("--interface", choices=INTERFACES, default="default",
+                   help="qeff: QEfficient's interface (inputs batch_index and, TLM, num_logits_to_keep; "
+                        "--batch-size is then full_batch_size), for QEfficient's runtime and vLLM's qaic backend")
+    p.add_argument("--mxint8-kv-cache", action="store_true",
+                   help="qaic: the KV cache's custom IO precision is mxint8 (MXINT8-compressed on the device)")
+    p.add_argument("--qaic-flag", action="append", default=[], metavar="FLAG",
+                   help="qaic, repeatable: one more compiler flag, passed as given (e.g. -aic-enable-depth-first, "
+                        "-mos=1); a flag one of our options sets is refused")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
     p.add_argument("--compile", action="store_true",
@@ -102,7 +116,8 @@ def options_from_args(a: argparse.Namespace) -> Options:
                    kv_dtype=a.kv_dtype, logits_dtype=a.logits_dtype, precision=a.precision,
                    num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version,
                    hidden_states=_layers(a.hidden_states, "--hidden-states"),
-                   feature_layers=_layers(a.feature_layers, "--feature-layers"))
+                   feature_layers=_layers(a.feature_layers, "--feature-layers"),
+                   interface=a.interface, mxint8_kv_cache=a.mxint8_kv_cache, qaic_flags=tuple(a.qaic_flag))
 
 
 def _layers(text: str | None, option: str) -> tuple[int, ...]:
@@ -111,11 +126,12 @@ def _layers(text: str | None, option: str) -> tuple[int, ...]:
 
 
 def _layer_values(argv: list[str]) -> list[str]:
-    """``--hidden-states -1,0`` as ``--hidden-states=-1,0`` (argparse takes a value
-    starting with '-' that is not a plain number for an option)."""
+    """``--hidden-states -1,0`` as ``--hidden-states=-1,0`` and ``--qaic-flag -mos=1`` as
+    ``--qaic-flag=-mos=1`` (argparse takes a value starting with '-' that is not a plain
+    number for an option)."""
     out, it = [], iter(argv)
     for x in it:
-        if x in ("--hidden-states", "--feature-layers"):
+        if x in ("--hidden-states", "--feature-layers", "--qaic-flag"):
             nxt = next(it, None)
             out.append(x if nxt is None else f"{x}={nxt}")
         else:
@@ -148,8 +164,8 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from ..io import load_model
 
     original = load_model(model_path)   # parsed once: the rewrite starts from it, the summary compares with it
-    features = {key: v for key, v in (("hidden_states", opts.hidden_states),
-                                      ("feature_layers", opts.feature_layers)) if v}
+    features = {key: v for key, v in (("hidden_states", opts.hidden_states), ("feature_layers", opts.feature_layers),
+                                      ("interface", opts.interface if opts.interface != "default" else None)) if v}
     res = pipeline.rewrite(original, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
                            ctx_len=opts.ctx_len, source=model_path, **features)
     if supported is not None:
@@ -242,8 +258,10 @@ def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str,
     fam = m.get("family") or "decoder"
     rows.append(("model", [(f"{fam}, {m['num_layers']} layers, {m['num_heads']} heads ({m['num_kv_heads']} kv), "
                             f"head_dim {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}", "")]))
-    shapes = (f"batch {m['batch_size']}, ctx_len {m['ctx_len']}, seq_len "
-              f"{'/'.join(str(s) for s in m['specializations'])}; KV {m['kv_dtype']}")
+    kv = "mxint8" if (m.get("compile_options") or {}).get("mxint8_kv_cache") else m["kv_dtype"]
+    batch = f"full_batch_size {m['batch_size']} (--interface qeff)" if m.get("qeff") else f"batch {m['batch_size']}"
+    shapes = (f"{batch}, ctx_len {m['ctx_len']}, seq_len "
+              f"{'/'.join(str(s) for s in m['specializations'])}; KV {kv}")
     if m["logits_dtype"]:
         shapes += f", logits {m['logits_dtype']}"
     if m["target"] == "qaic":

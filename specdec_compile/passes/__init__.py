@@ -11,8 +11,9 @@ run in, the ``specdec.passes`` metadata written into the model, the pass names
 ``--explain`` and ``diff --passes`` show, and the pass table of
 docs/compiler.md (``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
 
-Which passes run (the rule): an entry names the roles and targets it is for
-(default: all of them). ``select(role, target)`` keeps the entries that match,
+Which passes run (the rule): an entry names the roles, targets and interfaces it
+is for (default: all of them; ``batch_index`` and ``logits_to_keep`` are for
+``--interface qeff`` only). ``select(role, target, interface)`` keeps the entries that match,
 in registry order; the pipeline runs exactly those and records exactly those.
 So the list of passes a compile applies depends on the options alone, never on
 the model. Whether a selected pass changes a given model is the pass's own
@@ -61,8 +62,9 @@ from typing import Callable
 
 import onnx_graphsurgeon as gs
 
-from ..contract import FP16_MAX, MASK_VALUE, ROLES, TARGETS
+from ..contract import FP16_MAX, INTERFACES, MASK_VALUE, ROLES, TARGETS
 from ._context import PassContext, check_options, need
+from .batch_index import batch_index
 from .canonical_dims import canonical_dims
 from .castlike_to_cast import castlike_to_cast
 from .clamp_gather_positions import clamp_gather_positions
@@ -74,6 +76,7 @@ from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
 from .greater_compares import greater_compares
+from .logits_to_keep import logits_to_keep
 from .lower import lower
 from .position_mask import position_mask
 from .retained_kv import retained_kv
@@ -92,9 +95,10 @@ class Pass:
     job: str
     roles: tuple[str, ...] = ROLES
     targets: tuple[str, ...] = TARGETS
+    interfaces: tuple[str, ...] = INTERFACES
 
-    def applies(self, role: str, target: str) -> bool:
-        return role in self.roles and target in self.targets
+    def applies(self, role: str, target: str, interface: str = "default") -> bool:
+        return role in self.roles and target in self.targets and interface in self.interfaces
 
 
 REGISTRY: tuple[Pass, ...] = (
@@ -126,6 +130,17 @@ REGISTRY: tuple[Pass, ...] = (
     Pass("canonical_dims", canonical_dims,
          "the contract's interface, names and order. Only `batch_size`, `seq_len` and `ctx_len` stay "
          "symbolic"),
+    Pass("batch_index", batch_index,
+         "`--interface qeff`: the cache holds `full_batch_size` rows and the new input `batch_index` "
+         "`[batch_size, 1]` names the cache row of each row of the call (QEfficient's continuous batching): "
+         "qaic writes with `com.qualcomm.cloud::CtxScatterCB` and reads the rows with `CtxGatherCB`, ort with "
+         "ScatterND / GatherND / Gather. Padding at either end of a row changes no slot",
+         interfaces=("qeff",)),
+    Pass("logits_to_keep", logits_to_keep,
+         "`--interface qeff`, TLM: the new shape-only input `num_logits_to_keep` `[n, 1]`; the logits are "
+         "those of the n positions ending at each row's last valid token (the first n when it is closer to "
+         "the start), picked before the LM head, as QEfficient's TLM picks them",
+         roles=("tlm",), interfaces=("qeff",)),
     Pass("rotary_tables", rotary_tables,
          "rotary `Cos`/`Sin` computed from `position_ids` become a `Gather` from constant cos/sin tables of "
          "exactly `ctx_len` rows, made at compile time by evaluating the export's own frequency subgraph in "
@@ -187,10 +202,10 @@ def get(name: str) -> Pass:
     raise KeyError(f"no pass named {name!r} (passes: {', '.join(names())})")
 
 
-def select(role: str, target: str) -> tuple[Pass, ...]:
-    """The passes a compile for ``role`` and ``target`` runs, in order."""
+def select(role: str, target: str, interface: str = "default") -> tuple[Pass, ...]:
+    """The passes a compile for ``role``, ``target`` and ``interface`` runs, in order."""
     check_options(role, target, None)
-    return tuple(p for p in REGISTRY if p.applies(role, target))
+    return tuple(p for p in REGISTRY if p.applies(role, target, interface))
 
 
 def _scope(p: Pass) -> str:
@@ -199,6 +214,8 @@ def _scope(p: Pass) -> str:
         parts.append("role " + "/".join(p.roles))
     if p.targets != TARGETS:
         parts.append("target " + "/".join(p.targets))
+    if p.interfaces != INTERFACES:
+        parts.append("interface " + "/".join(p.interfaces))
     return f"*({', '.join(parts)} only)* " if parts else ""
 
 

@@ -24,6 +24,7 @@ class PassContext:
                   builds tables of exactly this many rows)
     hidden_layers the decoder layers whose outputs ``expose_hidden_states`` adds as an
                   output (as given: negative from the end); None: none
+    interface     "default" or "qeff" (QEfficient's: ``batch_index``, ``logits_to_keep``)
 
     A field a pass does not read may stay None; a pass that needs one refuses
     to run without it (``need``). Options for passes to come (a window size,
@@ -37,6 +38,7 @@ class PassContext:
     source_opset: int | None = None
     ctx_len: int | None = None
     hidden_layers: tuple[int, ...] | None = None
+    interface: str = "default"
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)

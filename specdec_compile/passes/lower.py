@@ -226,6 +226,7 @@ def lower(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     if target == "qaic":
         if any(n.op == "CtxScatter" and n.domain == QAIC_DOMAIN for n in graph.nodes):
             graph.functions = [f for f in graph.functions if f.name != "CtxScatter"] + [_ctx_scatter_function()]
+        if any(n.domain == QAIC_DOMAIN for n in graph.nodes):  # CtxScatter; batch_index's CB ops
             domains.append(onnx.helper.make_opsetid(QAIC_DOMAIN, 1))
     for f in graph.functions:
         f.opset = opset

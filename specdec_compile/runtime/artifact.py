@@ -55,6 +55,11 @@ class Artifact:
     head_dim: int | None = None
     eos_token_id: int | None = None
     embedding_rows: int | None = None  # ids the model reads, when known apart from the logits width
+    #: --interface qeff (contract section 7): calls take batch_index (the cache rows), a TLM
+    #: num_logits_to_keep; seq_lens are then the decode widths (at batch_size = full_batch_size)
+    #: and ``call_shapes`` every compiled (batch, seq_len), the prefill's at batch 1
+    qeff: bool = False
+    call_shapes: tuple[tuple[int, int], ...] = ()
     manifest: dict = field(default_factory=dict, compare=False, repr=False)   # the manifest's JSON
     record: Manifest | None = field(default=None, compare=False, repr=False)  # None: built by hand (tests)
 
@@ -95,10 +100,17 @@ class Artifact:
 
     def shapes(self) -> list[tuple[int, int]]:
         """The (batch_size, seq_len) pairs a call may use."""
+        if self.call_shapes:
+            return list(self.call_shapes)
         return [(self.batch_size, s) for s in self.seq_lens]
 
+    @property
+    def prefill_batch(self) -> int:
+        """The rows of a prefill call: 1 for --interface qeff (one prompt into its cache row), else all."""
+        return next((b for b, s in self.shapes() if s == self.prefill_len), self.batch_size)
+
     def check_call(self, batch: int, seq_len: int) -> None:
-        if batch != self.batch_size or seq_len not in self.seq_lens:
+        if (batch, seq_len) not in self.shapes():
             allowed = ", ".join(f"[{b}, {s}]" for b, s in self.shapes())
             raise SpecdecError(f"{self.name}: a call of shape [{batch}, {seq_len}] matches no "
                                f"specialization (compiled: {allowed})")
@@ -186,11 +198,36 @@ def _shapes(p: Path, m: Manifest, specs: list[dict]) -> tuple[int, int, int, tup
     return B, CL, PL, seq_lens
 
 
-def _tlm_widths(p: Path, m: Manifest, seq_lens: tuple[int, ...], CL: int) -> tuple[int, tuple[int, ...]]:
-    """A TLM's speculation length k and every verification width it serves (k_list), each compiled."""
+def _load_qeff(p: Path, m: Manifest, specs: list[dict], need_model: bool) -> Artifact:
+    """An --interface qeff artifact (contract section 7): a TLM only, its prefill at batch 1."""
+    where = p / SPECIALIZATIONS_FILE
+    if m.role == "dlm":
+        raise SpecdecError(f"{p}: a --interface qeff DLM has no seq_len 2 (QEfficient's DLM decodes one token a "
+                           f"call), which this loop needs: compile the draft without --interface qeff")
+    B, CL, PL = m.batch_size, m.ctx_len, m.prefill_len
+    shapes = tuple((s["batch_size"], s["seq_len"]) for s in specs)
+    if {s["ctx_len"] for s in specs} != {CL}:
+        raise SpecdecError(f"{where}: ctx_len is not {CL} ({MANIFEST_FILE}) in every specialization")
+    if not shapes or shapes[0] != (B if PL == 1 else 1, PL) or any(b != B for b, _ in shapes[1:]):
+        raise SpecdecError(f"{where}: expected QEfficient's prefill [1, {PL}] then decodes at batch {B}, "
+                           f"got {[list(x) for x in shapes]}")
+    seq_lens = tuple(sorted({s for _, s in shapes[1:]}))
+    k, k_list = _tlm_widths(p, m, seq_lens, CL, need_k=False)
+    if need_model and not (p / MODEL_FILE).is_file():
+        raise SpecdecError(f"{p / MODEL_FILE}: missing (the rewritten graph)")
+    return Artifact(path=p, role=m.role, target=m.target, batch_size=B, ctx_len=CL, prefill_len=PL,
+                    seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=m.vocab_size, num_layers=m.num_layers,
+                    num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, eos_token_id=m.eos_token_id,
+                    manifest=m.to_json(), record=m, qeff=True, call_shapes=shapes)
+
+
+def _tlm_widths(p: Path, m: Manifest, seq_lens: tuple[int, ...], CL: int,
+                need_k: bool = True) -> tuple[int, tuple[int, ...]]:
+    """A TLM's speculation length k and every verification width it serves (k_list), each compiled.
+    ``need_k``: seq_len k (the first verification of section 6) must be compiled too."""
     where = p / SPECIALIZATIONS_FILE
     k, k_list = m.k, tuple(sorted(set(m.k_list) | {m.k}))
-    if k not in seq_lens:
+    if need_k and k not in seq_lens:
         raise SpecdecError(f"{where}: the TLM needs seq_len=k={k} for the first verification "
                            f"(has {list(seq_lens)})")
     for j in k_list:
@@ -212,6 +249,8 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
     p = Path(path)
     m, specs = _read_dir(p)
     _check_role(p, m, expect_role)
+    if m.qeff is not None:
+        return _load_qeff(p, m, specs, need_model)
     B, CL, PL, seq_lens = _shapes(p, m, specs)
     k, k_list = None, ()
     if m.role == "dlm":

@@ -18,11 +18,17 @@ prefilling (the start), the TLM's prefill calls go first, so all rows reach
 decoding together. Nothing is reset between prompts:
 a new prompt's prefill rewrites positions 0..n-1 of its row and every later
 position is written before it is attended to. No batch_index input is needed.
+
+An --interface qeff TLM (contract section 7) has no full-width prefill: a new
+prompt's chunk runs alone at batch 1 into its cache row (``batch_index``), and
+the decoding rows wait for the next call, which runs every row.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+
+import numpy as np
 
 from .calls import row_of, run_rows
 from .generation import _check_prompt
@@ -119,9 +125,20 @@ class BatchEngine:
         """One call for the rows waiting on one model; returns the rows that finished."""
         group = self._group(slots)
         backend = group[0][1].runner.b
-        width, group = self._shape(group)
-        out, dt = run_rows(backend, group, self.B, width)
-        group[0][1].runner.costs.add(width, dt)
+        prefill = [(r, c) for r, c in group if c.prefill]
+        if backend.artifact.qeff and prefill:
+            # --interface qeff: one prompt chunk at batch 1 into its cache row (batch_index); the
+            # decoding rows wait for the next call, which runs every row (contract section 7)
+            (r, c), width = prefill[0], backend.prefill_len
+            c = c._replace(tokens=c.tokens[:width])
+            c.runner.taken = len(c.tokens)
+            out, dt = run_rows(backend, [(0, c)], 1, width, cache_rows=[r])
+            out = {n: _at_row(a, r, self.B) for n, a in out.items()}
+            group = [(r, c)]
+        else:
+            width, group = self._shape(group)
+            out, dt = run_rows(backend, group, self.B, width)
+            group[0][1].runner.costs.add(width, dt)
         self.calls += 1
         freed = []
         for r, c in group:
@@ -134,3 +151,10 @@ class BatchEngine:
                 slots[r] = None
                 freed.append(r)
         return freed
+
+
+def _at_row(a: np.ndarray, row: int, B: int) -> np.ndarray:
+    """A batch-1 output placed in row ``row`` of B (what ``row_of`` reads)."""
+    out = np.zeros((B, *a.shape[1:]), a.dtype)
+    out[row] = a[0]
+    return out

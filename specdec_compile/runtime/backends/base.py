@@ -112,29 +112,57 @@ class Backend:
                 raise SpecdecError(f"{self.artifact.name}: token id out of range [0, {v})")
         return ids, pos
 
-    def run(self, input_ids, position_ids, *, check: bool = True, inputs: dict | None = None) -> np.ndarray:
+    def run(self, input_ids, position_ids, *, check: bool = True, inputs: dict | None = None,
+            rows=None) -> np.ndarray:
         """Run one call; returns float32 logits (TLM [B, S, V], DLM [B, 1, V]).
 
         ``check=False``: the caller built int64 [B, S] arrays with valid ids and
         positions (the decoding loop does); only the shape is checked against the
         specializations, which saves the per-call numpy checks. ``inputs``: the
-        extra inputs (see ``run_outputs``)."""
-        return self.run_outputs(input_ids, position_ids, check=check, inputs=inputs)[LOGITS]
+        extra inputs, ``rows`` an --interface qeff model's cache rows (see ``run_outputs``)."""
+        return self.run_outputs(input_ids, position_ids, check=check, inputs=inputs, rows=rows)[LOGITS]
 
-    def run_outputs(self, input_ids, position_ids, *, check: bool = True, inputs: dict | None = None) -> dict:
+    def run_outputs(self, input_ids, position_ids, *, check: bool = True, inputs: dict | None = None,
+                    rows=None) -> dict:
         """Run one call; returns {"logits": ..., and each of ``extra_outputs``: [B, S, width]}.
-        ``inputs``: each of ``extra_inputs`` as [B, S, width] (zeros when not given)."""
+        ``inputs``: each of ``extra_inputs`` as [B, S, width] (zeros when not given).
+        ``rows`` (an --interface qeff artifact): the cache row of each row of the call, its
+        ``batch_index``; default 0..B-1 for a call of every row."""
         if check:
             ids, pos = self.check_inputs(input_ids, position_ids)
         else:
             ids, pos = input_ids, position_ids
             self.artifact.check_call(*ids.shape)
+        if self.artifact.qeff:
+            self._set_rows(self.check_rows(rows, ids.shape[0]))
+        elif rows is not None:
+            raise SpecdecError(f"{self.artifact.name}: has no batch_index input (compiled without --interface qeff)")
         extra = self._extra(ids.shape, inputs or {}, check)
         t0 = time.perf_counter()
         out = self._run_outputs(ids, pos, extra)
         self.time_s += time.perf_counter() - t0
         self.calls += 1
         return out
+
+    def check_rows(self, rows, n: int) -> np.ndarray:
+        """``rows`` as the int64 [n, 1] batch_index of a call of n rows: distinct cache rows in
+        [0, batch_size), one per row of the call; a bad one is refused before anything runs."""
+        B = self.batch_size
+        if rows is None:
+            if n != B:
+                raise SpecdecError(f"{self.artifact.name}: a call of {n} rows needs their cache rows (batch_index)")
+            rows = range(B)
+        r = np.asarray(rows).reshape(-1)
+        if r.dtype.kind not in "iu" or r.size != n:
+            raise SpecdecError(f"{self.artifact.name}: batch_index must be {n} integers, got {np.asarray(rows).tolist()}")
+        if r.size and (r.min() < 0 or r.max() >= B):
+            raise SpecdecError(f"{self.artifact.name}: batch_index {r.tolist()} out of range [0, {B})")
+        if len(set(r.tolist())) != r.size:
+            raise SpecdecError(f"{self.artifact.name}: batch_index {r.tolist()} names a cache row twice")
+        return np.ascontiguousarray(r.reshape(-1, 1), dtype=np.int64)
+
+    def _set_rows(self, rows: np.ndarray) -> None:
+        raise SpecdecError(f"{self.artifact.name}: the {self.kind} backend does not drive --interface qeff artifacts")
 
     def _extra(self, shape, inputs: dict, check: bool) -> dict:
         """Every extra input as a [B, S, width] array (zeros when not given); unknown names refused."""
@@ -160,12 +188,13 @@ class Backend:
     def warmup(self, rounds: int = 1) -> None:
         """Run every specialization once (all padding), then reset: first-call
         costs (allocation, kernel selection) stay out of measurements."""
-        B = self.batch_size
         for _ in range(rounds):
-            for s in self.seq_lens:
+            for B, s in self.artifact.shapes():
                 ids = np.zeros((B, s), np.int64)
                 pos = np.full((B, s), -1, np.int64)
                 pos[:, 0] = 0   # one valid token per row, so every role has logits to give
+                if self.artifact.qeff:
+                    self._set_rows(np.arange(B, dtype=np.int64).reshape(-1, 1))
                 self._run_outputs(ids, pos, self._extra(ids.shape, {}, False))
         self.reset()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
+from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
 from ...artifact import Artifact
 from ..base import resolve_artifact, with_vocab
@@ -86,7 +86,8 @@ def _check_names(path: Path, ins: dict, outs: dict, art: Artifact) -> list[str]:
     if LOGITS not in outs:
         raise SpecdecError(f"{path}: no 'logits' output")
     kv = kv_names(list(ins))
-    extra = sorted(set(ins) - {INPUT_IDS, POSITION_IDS} - set(kv) - set(art.extra_inputs))
+    qeff = {BATCH_INDEX, NUM_LOGITS_TO_KEEP} if art.qeff else set()
+    extra = sorted(set(ins) - {INPUT_IDS, POSITION_IDS} - set(kv) - set(art.extra_inputs) - qeff)
     if extra:
         raise SpecdecError(f"{path}: unexpected inputs {extra}; the contract allows only "
                            f"input_ids, position_ids and past_key/past_value (and a feature draft's features)")

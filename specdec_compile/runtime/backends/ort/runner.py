@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
+from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
 from ..base import Backend
 from .loader import OrtModel, load_ort
@@ -60,6 +60,8 @@ class OrtBackend(Backend):
         self.device, self.device_id = model.device, model.device_id
         self.kv_names, self.kv_shapes, self.kv_dtypes = model.kv_names, model.kv_shapes, model.kv_dtypes
         self.logits_dtype = model.logits_dtype
+        # an --interface qeff ort graph writes with ScatterND, bound in place too: the slots' old values
+        # it reads (GatherND) feed the write, so they are read first, and attention reads its output
         self.inplace = (self.artifact.target == "ort") if inplace is None else bool(inplace)
         self._io = self.session.io_binding()
         self._a = {n: self._zeros(n) for n in self.kv_names}
@@ -91,10 +93,17 @@ class OrtBackend(Backend):
         return self._run_outputs(ids, pos, {n: np.zeros((*ids.shape, w), np.float32)
                                             for n, w in self.extra_inputs.items()})[LOGITS]
 
+    def _set_rows(self, rows):
+        self._rows = rows
+
     def _run_outputs(self, ids, pos, extra):
         io = self._io
         io.bind_cpu_input(INPUT_IDS, ids)
         io.bind_cpu_input(POSITION_IDS, pos)
+        if self.artifact.qeff:      # contract section 7: the call's cache rows; the TLM keeps every column
+            io.bind_cpu_input(BATCH_INDEX, self._rows)
+            if self.artifact.role == "tlm":
+                io.bind_cpu_input(NUM_LOGITS_TO_KEEP, np.zeros((ids.shape[1], 1), np.int64))
         for n, a in extra.items():
             io.bind_cpu_input(n, np.ascontiguousarray(a, dtype=self.input_dtypes.get(n, np.float32)))
         S = ids.shape[1]

@@ -1,0 +1,63 @@
+"""``--qaic-flag FLAG`` and ``--mxint8-kv-cache``: compiler options beyond the ones we set.
+
+A ``--qaic-flag`` is passed to the Cloud AI 100 compiler as given, after the
+flags of templates/qaic_flags.j2 (so ``compile.sh``, ``--compile`` and the
+manifest's ``compile_options`` carry it). Flags the compiler knows but we do
+not (``-aic-enable-depth-first``, ``-mos=1``, ``-allow-mxint8-mdp-io``, ...)
+pass unchanged. Refused, in one line: a flag that sets what an option of ours
+sets (it would contradict or duplicate it: the option is named), and a flag
+with characters a shell would read (compile.sh lists flags unquoted).
+
+``--mxint8-kv-cache`` (QEfficient's option of the same name) gives the KV cache
+the custom IO precision ``mxint8``: the device keeps it MXINT8-compressed.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import SpecdecError
+
+#: flag name (without leading dashes) -> the option that sets it
+OURS = {
+    "m": "the model (model.onnx)", "aic-hw": "compile.sh itself", "aic-hw-version": "--hw-version",
+    "network-specialization-config": "the specializations (specializations.json)",
+    "retained-state": "the artifact (always set)", "convert-to-fp16": "the artifact (always set)",
+    "custom-IO-list-file": "--kv-dtype / --logits-dtype / --mxint8-kv-cache (custom_io.yaml)",
+    "compile-only": "the artifact (always set)", "aic-binary-dir": "compile.sh (./qpc)",
+    "aic-num-cores": "--num-cores", "mxfp6-matmul": "--precision mx6",
+    "mdp-load-partition-config": "--num-devices", "mdp-dump-partition-config": "--num-devices",
+}
+_SAFE = re.compile(r"^-[A-Za-z0-9][A-Za-z0-9_.,:/=+@%-]*$")
+
+
+def flag_name(flag: str) -> str:
+    return flag.lstrip("-").split("=", 1)[0]
+
+
+def check_flags(options) -> None:
+    """One-line SpecdecError for a flag we cannot pass, or options that contradict the flags."""
+    if options.target != "qaic":
+        what = "--qaic-flag" if options.qaic_flags else "--mxint8-kv-cache"
+        raise SpecdecError(f"{what} is an option of the Cloud AI 100 compiler: it needs --target qaic")
+    if options.mxint8_kv_cache and options.kv_dtype != "float16":
+        raise SpecdecError(f"--mxint8-kv-cache sets the KV cache's custom IO precision (mxint8); "
+                           f"drop --kv-dtype {options.kv_dtype}")
+    seen = set()
+    for flag in options.qaic_flags:
+        if not _SAFE.match(flag):
+            raise SpecdecError(f"--qaic-flag {flag!r}: expected one compiler flag like -mos=1 (a dash, then "
+                               f"letters, digits and _.,:/=+@%- only)")
+        name = flag_name(flag)
+        if name in OURS:
+            raise SpecdecError(f"--qaic-flag {flag}: {flag.split('=', 1)[0]} is set by {OURS[name]}; "
+                               f"use that instead")
+        if name in seen:
+            raise SpecdecError(f"--qaic-flag {flag}: {name} given twice")
+        seen.add(name)
+
+
+def manifest_record(options) -> dict | None:
+    """The manifest's ``compile_options`` object (None when neither option is used)."""
+    if not options.qaic_flags and not options.mxint8_kv_cache:
+        return None
+    return {"mxint8_kv_cache": options.mxint8_kv_cache, "qaic_flags": list(options.qaic_flags)}

@@ -1,0 +1,69 @@
+"""Shared by the --interface qeff tests: QEfficient's recorded calls (tests/qeff_data/, made by
+scripts/record_qeff.py), and running a rewrite on ONNX Runtime call after call, the retained
+state of each call fed to the next."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec_compile import pipeline
+
+DATA = Path(__file__).resolve().parent / "qeff_data"
+RECORD = json.loads((DATA / "qeff.json").read_text())
+FBS, PL, CTX, K = RECORD["full_batch_size"], RECORD["prefill_len"], RECORD["ctx_len"], RECORD["k"]
+
+
+def recorded_calls(role: str) -> list[dict]:
+    """QEfficient's calls of ``role``, in order: the inputs and its logits."""
+    data = np.load(DATA / f"{role}.npz")
+    calls, n = [], 0
+    while f"call{n}_logits" in data:
+        c = {key: data[f"call{n}_{key}"] for key in ("input_ids", "position_ids", "batch_index", "logits")}
+        if f"call{n}_num_logits_to_keep" in data:
+            c["num_logits_to_keep"] = int(data[f"call{n}_num_logits_to_keep"])
+        calls.append(c)
+        n += 1
+    return calls
+
+
+def session(model) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def rewrite(path, role: str, target: str, interface: str = "qeff", k: int | None = K, ctx_len: int = CTX):
+    return pipeline.rewrite(path, role=role, target=target, k=k if role == "tlm" else None, ctx_len=ctx_len,
+                            interface=interface)
+
+
+class Replay:
+    """One model's session and its retained state (``rows`` cache rows, zeros at first)."""
+
+    def __init__(self, model, rows: int):
+        self.sess = session(model)
+        self.names = [o.name for o in self.sess.get_outputs()]
+        self.state = {}
+        for i in self.sess.get_inputs():
+            if i.name.startswith("past_"):
+                self.state[i.name] = np.zeros([rows, i.shape[1], ctx_of(i), i.shape[3]], np.float32)
+
+    def __call__(self, input_ids, position_ids, batch_index=None, num_logits_to_keep=None) -> np.ndarray:
+        feed = {"input_ids": np.asarray(input_ids, np.int64), "position_ids": np.asarray(position_ids, np.int64),
+                **self.state}
+        if batch_index is not None:
+            feed["batch_index"] = np.asarray(batch_index, np.int64).reshape(-1, 1)
+        if num_logits_to_keep is not None:
+            feed["num_logits_to_keep"] = np.zeros((num_logits_to_keep, 1), np.int64)
+        out = dict(zip(self.names, self.sess.run(self.names, feed)))
+        self.state = {k: out[k + "_RetainedState"] for k in self.state}
+        return out["logits"]
+
+
+def ctx_of(inp) -> int:
+    """The cache length of a past_* input: fixed, or the recorded calls' ctx_len."""
+    return inp.shape[2] if isinstance(inp.shape[2], int) else CTX

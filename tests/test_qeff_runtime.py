@@ -1,0 +1,96 @@
+"""Our runtime on an --interface qeff TLM (ONNX Runtime): a new prompt's prefill runs at batch 1
+into its cache row (batch_index), decoding runs every row; greedy output equal, row by row, to the
+default interface's (target-only, n-gram drafts, a draft model, more prompts than rows), sampled
+output equal at the same seed; a bad batch_index refused in one line before the call."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_compile.errors import SpecdecError
+from specdec_compile.runtime.artifact import load_artifact
+from specdec_compile.runtime.backends.ort.runner import OrtBackend
+from specdec_compile.runtime.decoding import SpecDecoder, TargetOnlyDecoder
+from specdec_compile.runtime.drafts.ngram import NgramDraft
+from specdec_compile.runtime.sampling import SamplingParams
+
+COMMON = ["--target", "ort", "--ctx-len", "64", "--prefill-len", "8", "--batch-size", "3"]
+
+
+@pytest.fixture(scope="module")
+def arts(tmp_path_factory, fixture_path):
+    src = fixture_path("llama_gqa")
+    d = tmp_path_factory.mktemp("qeff_rt")
+    for name, extra in (("tlm", ["--role", "tlm", "--k", "3", "--k-list", "0"]),
+                        ("tlmq", ["--role", "tlm", "--k", "3", "--k-list", "0", "--interface", "qeff"]),
+                        ("dlm", ["--role", "dlm"])):
+        r = subprocess.run([sys.executable, "-m", "specdec_compile", str(src), *COMMON, *extra, "-o", str(d / name)],
+                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        assert r.returncode == 0, r.stderr
+    return d
+
+
+PROMPTS = [list(np.random.default_rng(0).integers(3, 211, n)) for n in (5, 11, 3, 17, 9)]
+
+
+def _tokens(results):
+    return [r.generated_ids for r in results]
+
+
+def test_artifact_shapes(arts):
+    a = load_artifact(arts / "tlmq")
+    assert a.qeff and a.prefill_batch == 1 and a.batch_size == 3
+    assert a.shapes() == [(1, 8), (3, 1), (3, 4)] and a.seq_lens == (1, 4) and a.k_list == (0, 3)
+    with pytest.raises(SpecdecError, match=r"matches no specialization"):
+        a.check_call(3, 8)          # no full-width prefill in QEfficient's interface
+
+
+@pytest.mark.parametrize("draft", ["target", "ngram", "dlm"])
+def test_greedy_rows_equal_the_default_interface(arts, draft):
+    out = {}
+    for name in ("tlm", "tlmq"):
+        tlm = OrtBackend(arts / name)
+        if draft == "target":
+            dec = TargetOnlyDecoder(tlm)
+        else:
+            dec = SpecDecoder(tlm, OrtBackend(arts / "dlm")) if draft == "dlm" else SpecDecoder(tlm, draft=NgramDraft())
+        out[name] = (_tokens(dec.generate_many(PROMPTS, max_new_tokens=12)),
+                     dec.generate(PROMPTS[3], max_new_tokens=12).generated_ids)
+    assert out["tlmq"] == out["tlm"]
+    alone = TargetOnlyDecoder(OrtBackend(arts / "tlm"))
+    assert out["tlmq"][0][1] == alone.generate(PROMPTS[1], max_new_tokens=12).generated_ids
+
+
+def test_sampling_equals_the_default_interface_at_a_seed(arts):
+    sp = SamplingParams(temperature=0.8, top_k=20, seed=11)
+    got = [_tokens(SpecDecoder(OrtBackend(arts / n), draft=NgramDraft()).generate_many(
+        PROMPTS, max_new_tokens=10, sampling=sp)) for n in ("tlm", "tlmq")]
+    assert got[0] == got[1]
+
+
+@pytest.mark.parametrize("n,rows,message", [(1, [3], r"out of range \[0, 3\)"), (1, [-1], "out of range"),
+                                            (3, [0, 0, 1], "names a cache row twice"),
+                                            (1, None, "needs their cache rows"), (1, [0, 1], "must be 1 integers")])
+def test_bad_batch_index_is_refused_before_the_call(arts, n, rows, message):
+    b = OrtBackend(arts / "tlmq")
+    width = 8 if n == 1 else 1
+    ids, pos = np.zeros((n, width), np.int64), np.tile(np.arange(width), (n, 1))
+    calls = b.calls
+    with pytest.raises(SpecdecError, match=message) as e:
+        b.run(ids, pos, rows=rows)
+    assert "\n" not in str(e.value) and b.calls == calls
+    with pytest.raises(SpecdecError, match="has no batch_index input"):
+        OrtBackend(arts / "tlm").run(np.zeros((3, 8), np.int64), np.tile(np.arange(8), (3, 1)), rows=[0, 1, 2])
+
+
+def test_qeff_dlm_is_refused_in_one_line(fixture_path, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "specdec_compile", str(fixture_path("llama_gqa")), *COMMON, "--role",
+                        "dlm", "--interface", "qeff", "-o", str(tmp_path / "d")], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(SpecdecError, match="a --interface qeff DLM has no seq_len 2"):
+        load_artifact(tmp_path / "d")
