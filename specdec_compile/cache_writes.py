@@ -3,7 +3,8 @@
 The contract (section 2, lowering targets) writes the retained state with
 ``com.qualcomm.cloud::CtxScatter`` (a model-local ONNX function, the pattern the
 Cloud AI 100 compiler knows) on ``qaic`` and with opset-24 ``TensorScatter`` on
-``ort``. A tool run on the artifact after the compile can lose that form:
+``ort`` (QEfficient's interface, section 7: ``CtxScatterCB`` on qaic, ``ScatterND``
+routed by ``batch_index`` on ort; read from the graph's ``specdec.interface``). A tool run on the artifact after the compile can lose that form:
 onnxscript's optimizer inlines every model-local function, so the qaic graph's
 CtxScatter becomes a plain ScatterND that still runs on ONNX Runtime (and still
 verifies) but is not what the device compiler must get. ``check_cache_writes``
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import onnx
 
-from .contract import QAIC_DOMAIN
+from .contract import INTERFACE_KEY, QAIC_DOMAIN
 from .errors import SpecdecError
 
 #: target -> (domain, op) of the node that writes each retained-state output
 CACHE_WRITE_OPS = {"qaic": (QAIC_DOMAIN, "CtxScatter"), "ort": ("", "TensorScatter")}
+#: the same for QEfficient's interface (contract section 7): the write goes to the row batch_index names
+QEFF_CACHE_WRITE_OPS = {"qaic": (QAIC_DOMAIN, "CtxScatterCB"), "ort": ("", "ScatterND")}
 RETAINED_SUFFIX = "_RetainedState"
 
 
@@ -33,7 +36,8 @@ def cache_write_problem(model: onnx.ModelProto, target: str | None) -> str | Non
     CtxScatter function must be defined in the model."""
     if target not in CACHE_WRITE_OPS:
         return None
-    domain, op = CACHE_WRITE_OPS[target]
+    qeff = any(p.key == INTERFACE_KEY and p.value == "qeff" for p in model.metadata_props)
+    domain, op = (QEFF_CACHE_WRITE_OPS if qeff else CACHE_WRITE_OPS)[target]
     retained = [o.name for o in model.graph.output if o.name.endswith(RETAINED_SUFFIX)]
     writes = [n for n in model.graph.node if n.op_type == op and n.domain == domain]
     if len(writes) < len(retained):
