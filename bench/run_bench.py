@@ -392,7 +392,7 @@ def _previous_results(path: Path) -> dict:
         return {}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
     ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood",
                     help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
@@ -405,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-out", type=Path, default=ROOT / "build" / "demo-toy", help="the toy pair")
     ap.add_argument("--real-out", "--real-build", type=Path, default=ROOT / "build" / "demo", help="make demo's build")
     suffix.add_args(ap)
+    ap.add_argument("--fdraft-head", type=Path, default=None,
+                    help="real, real-ood: a feature-draft head trained elsewhere (scripts/feature_scaling.py --save-head)")
     ap.add_argument("--real-prompts", type=int, default=4)
     ap.add_argument("--real-max-new-tokens", type=int, default=128)
     ap.add_argument("--real-repeats", type=int, default=2)
@@ -425,7 +427,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="lowering targets to time the rewrite for (first one is the headline)")
     ap.add_argument("--rewrite-repeats", type=int, default=3)
     ap.add_argument("--keep-big", action="store_true", help="keep the rewritten big artifact")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
     only = set(a.only.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
 

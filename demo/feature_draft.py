@@ -3,6 +3,7 @@
 own features; exported by torch.onnx (dynamo) for ``specdec-compile --role dlm --feature-layers -1``.
 
     python -m demo.feature_draft              # after demo.distill; build/demo/{hf,export}/fdraft
+    SPECDEC_FDRAFT_HEAD=DIR python -m demo.feature_draft   # a head trained elsewhere (see below)
 
 The head (``FeatureHead``), EAGLE-1's design:
 
@@ -39,6 +40,12 @@ right, which is draft j's acceptance in the loop), and the exact greedy loop
 replayed with a KV cache: tokens per TLM call and the acceptance of draft j.
 The replay equals the runtime's loop on the compiled pair (same tokens per call
 on held-out answers).
+
+A head trained elsewhere: ``scripts/feature_scaling.py --save-head DIR`` trains
+the same head on more of SmolLM2's answers than 2 CPU cores can produce in the
+demo's budget (on a GPU, minutes); ``python -m demo.run_demo --fdraft-head DIR``
+(or ``run(..., head_from=DIR)``) evaluates, exports and compiles that head in
+place of training one here.
 """
 from __future__ import annotations
 
@@ -256,20 +263,28 @@ def _parts(tmodel, ids: list[int]):
 
 
 def _head_stage(tmodel, parts: tuple, ids: list[int], sets: tuple, scale: float, cfg: dict, hf_dir: Path,
-                key: str, force: bool, rep):
-    """Train (or reuse, by key) the head in ``hf_dir``; returns (head, training stats)."""
+                key: str, force: bool, rep, head_from: Path | None = None):
+    """Train (or reuse, by key) the head in ``hf_dir``, or take the one trained elsewhere in
+    ``head_from`` (``scripts/feature_scaling.py --save-head``); returns (head, training stats)."""
     import torch
     emb, norm_w, head_w, layer_sd = parts
     tr, ev = sets
     if force or not cache.stamp_ok(hf_dir, key):
         head = build_head(tmodel.config, emb, norm_w, head_w, ids, tmodel.config.vocab_size, layer_sd, cfg["seed"])
         n_par = sum(p.numel() for p in trainable(head))
-        rep.line(f"[fdraft] EAGLE-style head: fc {2 * emb.shape[1]}->{emb.shape[1]} + SmolLM2's last layer, "
-                 f"frozen embedding/norm/head over {len(ids)} ids; {n_par / 1e6:.2f}M trained parameters; "
-                 f"{sum(it['g'] for it in tr.items):,} answer tokens, "
-                 f"{sum(len(it['seq']) for it in tr.items):,} positions; feature RMS {scale:.3f}")
         pre = chain_agreement(head, ev, cfg["eval"]["k_max"])
-        stats = train(head, tr, scale, cfg, rep)
+        if head_from is not None:
+            sd = torch.load(head_from / "head.pt")
+            head.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+            meta = json.loads((head_from / "fdraft.json").read_text())
+            stats = {"external": str(head_from), "trained_elsewhere": meta.get("trained")}
+            rep.line(f"[fdraft] EAGLE-style head trained elsewhere: {head_from} ({n_par / 1e6:.2f}M parameters)")
+        else:
+            rep.line(f"[fdraft] EAGLE-style head: fc {2 * emb.shape[1]}->{emb.shape[1]} + SmolLM2's last layer, "
+                     f"frozen embedding/norm/head over {len(ids)} ids; {n_par / 1e6:.2f}M trained parameters; "
+                     f"{sum(it['g'] for it in tr.items):,} answer tokens, "
+                     f"{sum(len(it['seq']) for it in tr.items):,} positions; feature RMS {scale:.3f}")
+            stats = train(head, tr, scale, cfg, rep)
         stats["before_training"] = pre
         stats["trained_params"] = n_par
         tmp = cache.fresh_tmp(hf_dir)
@@ -285,10 +300,51 @@ def _head_stage(tmodel, parts: tuple, ids: list[int], sets: tuple, scale: float,
     return head, stats
 
 
+def _keys(cfg: dict, draft: dict, target: dict, threads: int, head_from: Path | None, do_export: bool) -> dict:
+    """The cache keys of every stage (and the extra instructions): a head trained elsewhere is
+    keyed by its file instead of the data and training configuration."""
+    import torch
+    k_teacher = draft["keys"]["teacher"]
+    dcfg = copy.deepcopy(draft.get("config") or distill.CONFIG)
+    extra_ins, k_extra = _extra_instructions(cfg, dcfg, target) if head_from is None else ([], None)
+    k_feat = h("features", k_teacher, k_extra, cfg["data"], SCRIPT_VERSION)
+    k_head = (h("fdraft", k_feat, cfg["head"], cfg["train"], cfg["seed"], torch.__version__, threads, SCRIPT_VERSION)
+              if head_from is None else h("fdraft-from", smollm2.sha256(head_from / "head.pt"),
+                                          (head_from / "fdraft.json").read_text(), k_teacher, SCRIPT_VERSION))
+    k_exp = h("fdraft-export", k_head, cfg["export"], train_pair.versions())
+    k_all = h("fdraft-all", k_head, k_exp if do_export else None, cfg["eval"], EVAL_VERSION)
+    return {"teacher": k_teacher, "dcfg": dcfg, "extra_ins": extra_ins, "extra_teacher": k_extra,
+            "features": k_feat, "head": k_head, "export": k_exp, "all": k_all}
+
+
+def _data(tmodel, tok, target: dict, cfg: dict, out: Path, ks: dict, force: bool, rep, times: dict,
+          head_from: Path | None):
+    """(ids, scale, train set, eval set): the teacher's answers with their features, the extra
+    answers (none for a head trained elsewhere, whose ids and scale are its own)."""
+    import torch
+    data = torch.load(out / "cache" / f"teacher-{ks['teacher']}.pt")
+    feats = _features(tmodel, data, cfg, out, ks["features"], force, rep, times)
+    V = tmodel.config.vocab_size
+    if head_from is not None:
+        meta = json.loads((head_from / "fdraft.json").read_text())
+        ids, scale = [int(i) for i in meta["head_ids"]], float(meta["scale"])
+    else:
+        extra, extra_feats = _extra_teacher(tmodel, tok, ks["extra_ins"], ks["extra_teacher"], cfg, out, force, rep,
+                                            times)
+        data["train"], feats["train"] = list(data["train"]) + extra, list(feats["train"]) + extra_feats
+        dcfg = ks["dcfg"]
+        dcfg["draft"]["head_rows"] = cfg["head"]["head_rows"]
+        ids = distill.head_ids(data["train"], dcfg, V, [int(tok.eos_token_id)])
+        scale = float(sum(f.float().pow(2).sum() for f in feats["train"])
+                      / sum(f.numel() for f in feats["train"])) ** 0.5
+    return ids, scale, FeatureSet(data["train"], feats["train"], ids, V), FeatureSet(data["eval"], feats["eval"], ids, V)
+
+
 def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, force: bool = False,
-        quiet: bool = False, do_export: bool = True) -> dict:
+        quiet: bool = False, do_export: bool = True, head_from: Path | None = None) -> dict:
     """Features, training, evaluation, export; each stage cached by key. ``draft``: the distilled
-    draft's result (its teacher data and head ids are reused)."""
+    draft's result (its teacher data is reused). ``head_from``: a head trained elsewhere
+    (``scripts/feature_scaling.py --save-head DIR``) instead of training one here."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -297,37 +353,23 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
     torch.set_num_threads(threads)
     rep = Reporter(quiet)
     times: dict = {}
-    k_teacher = draft["keys"]["teacher"]
-    dcfg = copy.deepcopy(draft.get("config") or distill.CONFIG)
-    extra_ins, k_extra = _extra_instructions(cfg, dcfg, target)
-    k_feat = h("features", k_teacher, k_extra, cfg["data"], SCRIPT_VERSION)
-    k_head = h("fdraft", k_feat, cfg["head"], cfg["train"], cfg["seed"], torch.__version__, threads, SCRIPT_VERSION)
-    k_exp = h("fdraft-export", k_head, cfg["export"], train_pair.versions())
+    head_from = Path(head_from) if head_from is not None else None
+    ks = _keys(cfg, draft, target, threads, head_from, do_export)
     hf_dir, exp_dir = out / "hf" / "fdraft", out / "export" / "fdraft"
     res_path = out / "fdraft.json"
-    k_all = h("fdraft-all", k_head, k_exp if do_export else None, cfg["eval"], EVAL_VERSION)
     prev = None if force else cache.reuse_result(
-        res_path, k_all, [(hf_dir, k_head)] + ([(exp_dir, k_exp)] if do_export else []),
+        res_path, ks["all"], [(hf_dir, ks["head"])] + ([(exp_dir, ks["export"])] if do_export else []),
         lambda m: rep.line(f"[fdraft] {m}"))
     if prev is not None:
         return prev
 
     tok = AutoTokenizer.from_pretrained(target["paths"]["tokenizer"])
     tmodel = LlamaForCausalLM.from_pretrained(target["paths"]["hf"], dtype=torch.float32).eval()
-    extra, extra_feats = _extra_teacher(tmodel, tok, extra_ins, k_extra, cfg, out, force, rep, times)
-    data = torch.load(out / "cache" / f"teacher-{k_teacher}.pt")
-    feats = _features(tmodel, data, cfg, out, k_feat, force, rep, times)
-    data["train"], feats["train"] = list(data["train"]) + extra, list(feats["train"]) + extra_feats
-    V = tmodel.config.vocab_size
-    dcfg["draft"]["head_rows"] = cfg["head"]["head_rows"]
-    ids = distill.head_ids(data["train"], dcfg, V, [int(tok.eos_token_id)])
+    ids, scale, tr, ev = _data(tmodel, tok, target, cfg, out, ks, force, rep, times, head_from)
     emb, norm_w, head_w, layer_sd = _parts(tmodel, ids)
-    tr, ev = FeatureSet(data["train"], feats["train"], ids, V), FeatureSet(data["eval"], feats["eval"], ids, V)
-    scale = float(sum(f.float().pow(2).sum() for f in feats["train"]) / sum(f.numel() for f in feats["train"])) ** 0.5
-
     t0 = time.time()
-    head, stats = _head_stage(tmodel, (emb, norm_w, head_w, layer_sd), ids, (tr, ev), scale, cfg, hf_dir, k_head,
-                              force, rep)
+    head, stats = _head_stage(tmodel, (emb, norm_w, head_w, layer_sd), ids, (tr, ev), scale, cfg, hf_dir,
+                              ks["head"], force, rep, head_from)
     times["train_s"] = round(time.time() - t0, 1)
 
     t0 = time.time()
@@ -340,18 +382,22 @@ def run(cfg: dict, out: Path, target: dict, draft: dict, *, threads: int = 2, fo
              + f" (before training: {stats['before_training']['agreement']})")
 
     t0 = time.time()
-    if do_export and (force or not cache.stamp_ok(exp_dir, k_exp)):
+    if do_export and (force or not cache.stamp_ok(exp_dir, ks["export"])):
         tmp = cache.fresh_tmp(exp_dir)
         export(head, tmp, cfg)
-        cache.publish(tmp, exp_dir, k_exp)
+        cache.publish(tmp, exp_dir, ks["export"])
         rep.line(f"[fdraft] exported {exp_dir / 'model.onnx'} (torch.onnx dynamo)")
     times["export_s"] = round(time.time() - t0, 1)
-    result = {"key": k_all, "keys": {"extra_teacher": k_extra, "features": k_feat, "head": k_head, "export": k_exp}, "config": cfg,
-              "kind": "feature", "trained_params": stats.get("trained_params"), "head_rows": len(ids),
-              "init_layer": cfg["head"]["init_layer"], "feature_rms": scale,
-              "train_answer_tokens": sum(it["g"] for it in tr.items),
-              "train_positions": sum(len(it["seq"]) for it in tr.items), "train": stats, "metrics": metrics,
-              "times": times, "paths": {"hf": str(hf_dir), **({"onnx": str(exp_dir / "model.onnx")} if do_export else {})},
+    keys = {k: ks[k] for k in ("extra_teacher", "features", "head", "export")}
+    trained_here = head_from is None
+    result = {"key": ks["all"], "keys": keys, "config": cfg, "kind": "feature", "trained_params": stats.get("trained_params"),
+              "head_rows": len(ids), "init_layer": cfg["head"]["init_layer"], "feature_rms": scale,
+              "trained_elsewhere": None if trained_here else str(head_from),
+              "train_answer_tokens": (sum(it["g"] for it in tr.items) if trained_here
+                                      else (stats.get("trained_elsewhere") or {}).get("answer_tokens")),
+              "train_positions": sum(len(it["seq"]) for it in tr.items) if trained_here else None,
+              "train": stats, "metrics": metrics, "times": times,
+              "paths": {"hf": str(hf_dir), **({"onnx": str(exp_dir / "model.onnx")} if do_export else {})},
               "reused": False}
     res_path.write_text(json.dumps(result, indent=1))
     return result
@@ -361,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     a, cfg = distill.stage_args(argv, __doc__, CONFIG)
     target = smollm2.prepare(a.out, threads=a.threads)
     draft = distill.run(distill.CONFIG, a.out, target, threads=a.threads)
-    res = run(cfg, a.out, target, draft, threads=a.threads, force=a.force, do_export=not a.no_export)
+    head_from = os.environ.get("SPECDEC_FDRAFT_HEAD") or None
+    res = run(cfg, a.out, target, draft, threads=a.threads, force=a.force, do_export=not a.no_export,
+              head_from=head_from)
     print(json.dumps({k: res[k] for k in ("trained_params", "head_rows", "metrics", "times")}, indent=1))
     return 0
 

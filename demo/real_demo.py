@@ -41,8 +41,10 @@ K_LIST = [0] + WIDTHS                   # 0: a width-1 TLM call, the runtime's K
 NGRAM_MAX = 3
 
 
-def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, log=print) -> dict:
-    """Target, draft and the three compiled artifacts (every stage cached)."""
+def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, log=print,
+          fdraft_head: Path | None = None) -> dict:
+    """Target, draft and the compiled artifacts (every stage cached). ``fdraft_head``: a feature
+    draft head trained elsewhere (``feature_draft.run``'s ``head_from``) instead of here."""
     t0 = time.time()
     target = smollm2.prepare(out, threads=threads, log=log)
     t_target = time.time() - t0
@@ -50,7 +52,7 @@ def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, lo
     draft = distill.run(distill.CONFIG, out, target, threads=threads)
     t_draft = time.time() - t0
     t0 = time.time()
-    fdraft = feature_draft.run(feature_draft.CONFIG, out, target, draft, threads=threads)
+    fdraft = feature_draft.run(feature_draft.CONFIG, out, target, draft, threads=threads, head_from=fdraft_head)
     t_fdraft = time.time() - t0
     ctimes = compile_trio(Path(target["paths"]["onnx"]), Path(draft["paths"]["onnx"]), out, k=k, k_list=K_LIST,
                           prefill_len=prefill_len, ctx_len=ctx_len, log=log)
@@ -265,7 +267,7 @@ def _log_drafts(log, cands: list[dict], ng: dict, chosen: dict, identical: bool)
 def main(a, console, log) -> int:
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     t_all = time.time()
-    built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log)
+    built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log, fdraft_head=a.fdraft_head)
     tgt, dr = built["target"], built["draft"]
     log(f"[target] {tgt['name']} ({tgt['license']}): {tgt['facts']['params'] / 1e6:.1f}M parameters, "
         f"{tgt['facts']['layers']} layers; from {tgt['source']}")

@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ort-threads", type=int, default=1,
                     help="ONNX Runtime intra-op threads (1: the measured setting; see BENCHMARKS.md)")
     ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--fdraft-head", type=Path, default=None,
+                    help="a feature-draft head trained elsewhere (python -m scripts.feature_scaling --save-head DIR, "
+                         "e.g. on a GPU) instead of the one trained here")
     a = ap.parse_args(argv)
     toy = a.toy or a.micro
     name = "demo-micro" if a.micro else "demo-toy" if a.toy else "demo"
