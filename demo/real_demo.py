@@ -264,6 +264,17 @@ def _log_drafts(log, cands: list[dict], ng: dict, chosen: dict, identical: bool)
         "SPECULATIVE OUTPUT DIFFERED FROM THE TARGET-ONLY OUTPUT")
 
 
+def _log_fdraft(log, fd: dict) -> None:
+    fm = fd["metrics"]
+    where = f"trained elsewhere ({fd['trained_elsewhere']})" if fd.get("trained_elsewhere") else "trained here"
+    log(f"[fdraft] feature draft: fc + SmolLM2's last layer over [embedding ; SmolLM2's last-layer features], "
+        f"head over {fd['head_rows']} ids ({fd['trained_params'] / 1e6:.1f}M trained parameters), {where} on "
+        f"{fd['train_answer_tokens'] or 0:,} answer tokens; held-out agreement of drafts 1..{len(fm['agreement'])} "
+        f"given the previous right {fm['acceptance_given_previous']}; replayed tokens per TLM call "
+        + ", ".join(f"k={k} {r['tokens_per_tlm_call']} (draft j accepted given 1..j-1: "
+                    f"{r.get('acceptance_given_previous')})" for k, r in fm["replay"].items()))
+
+
 def main(a, console, log) -> int:
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     t_all = time.time()
@@ -275,13 +286,8 @@ def main(a, console, log) -> int:
     log(f"[draft] distilled: SmolLM2 layer(s) {dr['layers']} + head over {dr['head_rows']} ids "
         f"({dr['params'] / 1e6:.1f}M parameters), trained on {dr['train_answer_tokens']:,} answer tokens; "
         f"held-out greedy agreement {dm['greedy_agreement']}, head coverage {dm['head_coverage']}")
-    fd, fm = built["fdraft"], built["fdraft"]["metrics"]
-    log(f"[fdraft] feature draft: fc + SmolLM2's last layer over [embedding ; SmolLM2's last-layer features], "
-        f"head over {fd['head_rows']} ids ({fd['trained_params'] / 1e6:.1f}M trained parameters), trained on "
-        f"{fd['train_answer_tokens']:,} answer tokens; held-out agreement of drafts 1..{len(fm['agreement'])} "
-        f"given the previous right {fm['acceptance_given_previous']}; replayed tokens per TLM call "
-        + ", ".join(f"k={k} {r['tokens_per_tlm_call']} (draft j accepted given 1..j-1: "
-                    f"{r.get('acceptance_given_previous')})" for k, r in fm["replay"].items()))
+    fd = built["fdraft"]
+    _log_fdraft(log, fd)
 
     t_dec = time.time()
     tok, tlm, dlm, base = open_backends(a.out, a.ort_threads)
@@ -333,7 +339,8 @@ def main(a, console, log) -> int:
                           "draft": {k: dr[k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
                                                        "metrics", "times", "train")},
                           "fdraft": {k: fd[k] for k in ("trained_params", "head_rows", "train_answer_tokens",
-                                                        "train_positions", "metrics", "times", "train", "config")},
+                                                        "train_positions", "metrics", "times", "train", "config")}
+                          | {"trained_elsewhere": fd.get("trained_elsewhere")},
                           "stages_s": {**built["stage_s"], "decode": round(time.time() - t_dec, 1)},
                           "settings": vars(a) | {"out": str(a.out)}}}
     result["details"]["stages_s"]["total"] = round(time.time() - t_all, 1)
