@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         res = rewrite(str(source), role="tlm", target=target, k=args.k, ctx_len=args.ctx_len)
         out = WORK / f"tlm-{target}" / "model.onnx"
-        # the rewrite references the export's weights: hard-linked (or copied) beside it; a symbolic
+        # the rewrite references the export's weights: copied beside it; a symbolic
         # link out of the model's directory is refused by the loader (untrusted inputs)
         save_model(res.model, out, res.source_dir)
         rep = verify(source, out, k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len, tol=tol)

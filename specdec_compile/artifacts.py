@@ -322,7 +322,7 @@ def _fill(tmp: Path, result, options: Options, values: dict,
           source_sha: str | None) -> tuple[list[str], Manifest]:
     """Write every file of the artifact into ``tmp``; return their names (in writing order) and the manifest."""
     source_dir = getattr(result, "source_dir", None)
-    data = save_model(result.model, tmp / MODEL_FILE, source_dir)
+    data = save_model(result.model, tmp / MODEL_FILE, source_dir, link=options.link_weights)
     files = [MODEL_FILE] + [str(p.relative_to(tmp)) for p in data]
     specs = "specializations_qeff.json.j2" if options.interface == "qeff" else f"{SPECIALIZATIONS_FILE}.j2"
     texts = {

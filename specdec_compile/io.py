@@ -155,6 +155,14 @@ def _refuse_outside(f: Path, base_dir: Path, what: str) -> None:
                            f"directory {base} (a symbolic link out of it is refused)")
 
 
+def copy_file(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` (streamed by the kernel where it can)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        dst.unlink()
+    shutil.copyfile(src, dst)
+
+
 def link_or_copy(src: Path, dst: Path) -> None:
     """Hard-link ``src`` to ``dst``; copy (streamed) where links are impossible."""
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -166,8 +174,11 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str | os.PathLike | None) -> list[Path]:
-    """Write ``model`` to ``path`` and place the data files it references beside it.
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str | os.PathLike | None, *,
+               link: bool = False) -> list[Path]:
+    """Write ``model`` to ``path`` and place the data files it references beside it: copies,
+    or with ``link`` hard links where the file system allows (no copy, but onnx >= 1.23's
+    ``onnx.load`` and checker refuse a data file with several hard links).
 
     ``source_dir`` is the directory the external locations are relative to (the
     source model's directory). Returns the data files written.
@@ -181,7 +192,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str 
         src = Path(source_dir) / loc
         dst = path.parent / loc
         if src.resolve() != dst.resolve():
-            link_or_copy(src, dst)
+            (link_or_copy if link else copy_file)(src, dst)
         written.append(dst)
     data = model.SerializeToString(deterministic=True)
     path.write_bytes(data)

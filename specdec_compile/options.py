@@ -78,6 +78,9 @@ class Options:
     mxint8_kv_cache: bool = False
     #: extra compiler flags, passed through to compile.sh as given (qaic_flags.check_flags)
     qaic_flags: tuple[str, ...] = ()
+    #: hard-link the export's weight files into the artifact instead of copying them (no copy of a
+    #: large model; onnx >= 1.23's loader and checker refuse a data file with several hard links)
+    link_weights: bool = False
 
     def validate(self) -> None:
         """Raise SpecdecError (one line) for options no artifact can satisfy."""

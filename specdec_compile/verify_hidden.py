@@ -59,7 +59,7 @@ class ExposedCopy:
                 model.graph.output.append(onnx.helper.make_empty_tensor_value_info(n))
         self._dir = tempfile.TemporaryDirectory(prefix="specdec-verify-")
         self.path = Path(self._dir.name) / path.name
-        save_model(model, self.path, path.resolve().parent)
+        save_model(model, self.path, path.resolve().parent, link=True)   # a scratch copy ONNX Runtime reads
 
     def close(self) -> None:
         self._dir.cleanup()

@@ -264,13 +264,15 @@ def test_token_ids_from_export_config_and_runtime_reads_artifact(tmp_path):
     check_pair(ta, da)
 
 
-def test_external_data_is_linked_not_rewritten(tmp_path):
+def test_external_data_is_copied_not_rewritten(tmp_path):
     res = fake_result(tmp_path)
     a = write_artifact(res, tlm(), tmp_path / "o")
     assert (a.out / "weights.bin").read_bytes() == bytes(range(16))
-    assert os.stat(a.out / "weights.bin").st_ino == os.stat(res.source_dir / "weights.bin").st_ino
+    assert os.stat(a.out / "weights.bin").st_ino != os.stat(res.source_dir / "weights.bin").st_ino
     m = onnx.load(a.out / "model.onnx", load_external_data=False)
     assert {e.key: e.value for e in m.graph.initializer[0].external_data}["location"] == "weights.bin"
+    b = write_artifact(res, tlm(link_weights=True), tmp_path / "l")        # --link-weights
+    assert os.stat(b.out / "weights.bin").st_ino == os.stat(res.source_dir / "weights.bin").st_ino
 
 
 def test_deterministic_bytes(tmp_path):

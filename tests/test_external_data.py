@@ -24,11 +24,24 @@ def test_rewrite_references_the_same_weights(fixture_path, tmp_path, monkeypatch
     assert io.external_data_files(res.model) == ["model.onnx.data"]
 
 
-def test_artifact_links_the_data_file_and_verifies(fixture_path, tmp_path):
+def test_artifact_copies_the_data_file_so_onnx_load_reads_it(fixture_path, tmp_path):
     model = _external(fixture_path("llama_gqa"), tmp_path / "ext")
     out = tmp_path / "art"
     assert cli.main([str(model), "--role", "dlm", "--target", "qaic", "--ctx-len", "96", "--prefill-len", "16",
                      "-o", str(out)]) == 0
+    src, dst = tmp_path / "ext" / "model.onnx.data", out / "model.onnx.data"
+    assert dst.exists() and os.stat(src).st_ino != os.stat(dst).st_ino, "a copy, not a hard link"
+    assert dst.read_bytes() == src.read_bytes()
+    loaded = onnx.load(str(out / "model.onnx"))          # onnx >= 1.23 refuses hard-linked data
+    assert any(t.raw_data for t in loaded.graph.initializer)
+    assert verify(model, out / "model.onnx", k=3, prefill_len=16, ctx_len=96).ok
+
+
+def test_link_weights_hard_links_the_data_file_and_verifies(fixture_path, tmp_path):
+    model = _external(fixture_path("llama_gqa"), tmp_path / "ext")
+    out = tmp_path / "art"
+    assert cli.main([str(model), "--role", "dlm", "--target", "ort", "--ctx-len", "96", "--prefill-len", "16",
+                     "--link-weights", "-o", str(out)]) == 0
     src, dst = tmp_path / "ext" / "model.onnx.data", out / "model.onnx.data"
     assert dst.exists() and os.stat(src).st_ino == os.stat(dst).st_ino, "hard link, not a copy"
     assert verify(model, out / "model.onnx", k=3, prefill_len=16, ctx_len=96).ok

@@ -98,6 +98,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "-mos=1); a flag one of our options sets is refused")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
+    p.add_argument("--link-weights", action="store_true",
+                   help="hard-link the export's weight files into OUT instead of copying them (no copy of a "
+                        "large model; onnx.load and onnx.checker >= 1.23 refuse hard-linked data, ONNX Runtime "
+                        "and this tool read it)")
     p.add_argument("--compile", action="store_true",
                    help="then run the Cloud AI 100 compiler (OUT/compile.sh) and return its exit code")
     p.add_argument("--supported-ops", default=None, metavar="FILE",
@@ -117,7 +121,8 @@ def options_from_args(a: argparse.Namespace) -> Options:
                    num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version,
                    hidden_states=_layers(a.hidden_states, "--hidden-states"),
                    feature_layers=_layers(a.feature_layers, "--feature-layers"),
-                   interface=a.interface, mxint8_kv_cache=a.mxint8_kv_cache, qaic_flags=tuple(a.qaic_flag))
+                   interface=a.interface, mxint8_kv_cache=a.mxint8_kv_cache, qaic_flags=tuple(a.qaic_flag),
+                   link_weights=a.link_weights)
 
 
 def _layers(text: str | None, option: str) -> tuple[int, ...]:
