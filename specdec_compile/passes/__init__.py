@@ -49,7 +49,7 @@ Calling one pass alone, in your own toolchain::
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
-``greater_compares``, ``tile_to_expand`` and ``clamp_gather_positions`` need nothing (``PassContext()``),
+``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions`` and ``grouped_attention`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
 ``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
@@ -74,6 +74,7 @@ from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
 from .greater_compares import greater_compares
+from .grouped_attention import grouped_attention
 from .lower import lower
 from .position_mask import position_mask
 from .retained_kv import retained_kv
@@ -141,6 +142,13 @@ REGISTRY: tuple[Pass, ...] = (
          "position], the form QEfficient's device graphs use); newer ops are rewritten to their opset-17 "
          "forms (Reduce* axes, Split num_outputs, Gelu). `ort`: opset 24, `TensorScatter(mode=\"circular\")`, "
          "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
+    Pass("grouped_attention", grouped_attention,
+         "grouped-query attention reads the cache as it is: where the export repeats the KV heads "
+         "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the queries (and "
+         "the attention weights) are reshaped to `[batch, kv_heads, g*seq, x]` for the two products and the "
+         "results back to `[batch, heads, seq, x]` (views, no copy). Made only where shape inference proves "
+         "the repeat exact; any other form is left as it is",
+         targets=("ort",)),
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
          "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`",

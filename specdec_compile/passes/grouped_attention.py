@@ -1,0 +1,335 @@
+"""Pass ``grouped_attention`` (ort): grouped-query attention reads the cache as it is.
+
+Exports of grouped-query attention (H query heads sharing kvh = H / g key/value heads) repeat
+every key/value head g times before the two attention products (transformers' ``repeat_kv``)::
+
+    K = Reshape(Expand(Unsqueeze(cache, [2]), [B, kvh, g, S, d]), [B, H, S, d])
+
+With a fixed ``ctx_len`` cache that is a copy of g times the whole cache per layer, per step
+(SmolLM2-135M: 3 KV heads to 9, 30 layers, twice each). Here the queries are grouped instead:
+query head h = j * g + r uses key head j (the layout ``repeat_kv`` makes), so
+
+    scores = Reshape(MatMul(Reshape(Q, [0, kvh, -1, 0]), K'), [0, H, -1, 0])
+
+with K' the same chain of ops (the transpose of the last two axes, a scalar scale, Cast) applied
+to the cache itself; the same for the values (``probs`` in place of Q). Both Reshapes are
+views of contiguous data ([B, H, s, x] is [B, kvh, g*s, x] merged), nothing is copied, and every
+node downstream of the products sees the same tensor as before.
+
+Found structurally, on every Expand whose input is ``Unsqueeze(x, [2])`` of a rank-4 x. The
+rewrite is exact, and only made, when shape inference (with data propagation) establishes:
+x is [B, kvh, S, d] with kvh and d static; the Expand output is [B, kvh, g, S, d] (axis 3 may be
+unknown where the cache length is at least 2: the cache is ``ctx_len`` long and ``ctx_len`` >= 2
+here, so the Expand cannot broadcast that axis), g >= 2 static; the Reshape output is
+[B, g*kvh, ?, d] with the same B (so by element count it is [B, H, S, d]); every tensor from
+the Reshape to the product has one consumer, and the product's other operand is [?, H, ?, ?].
+Anything else is left as it is, with the reason (``find_groups``).
+
+qaic keeps the repeated form: QEfficient's device graphs repeat the KV heads (its attention
+modules call ``repeat_kv``), so the grouped Reshape/MatMul form has no device precedent to cite.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..graph_utils import Builder, const_value, producer
+from ._context import PassContext, need
+from ._static import _inferred
+
+#: ops allowed between the repeated tensor and the product: per head, or a layout change keeping
+#: the batch and head axes (checked per node)
+_CHAIN_OPS = ("Transpose", "Mul", "Div", "Cast")
+_MAX_CHAIN = 4
+
+
+@dataclass(frozen=True)
+class Group:
+    """One repeated cache read: ``expand`` (of Unsqueeze(``cache``, [2])) and ``reshape`` make
+    the repeated heads, ``chain`` leads to ``matmul`` (input 1)."""
+    cache: gs.Tensor
+    expand: gs.Node
+    reshape: gs.Node
+    chain: tuple[gs.Node, ...]
+    matmul: gs.Node
+    kv_heads: int
+    heads: int
+
+
+def symbolic_dims(graph: gs.Graph) -> dict[str, list]:
+    """name -> dims as shape inference with data propagation gives them: an int, the
+    dim_param's name (one symbol, one value), or None (unknown)."""
+    model = _inferred(graph, data_prop=True)
+    out = {}
+    for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else _symbol(d.dim_param) for d in t.shape.dim]
+    return out
+
+
+def _symbol(name: str):
+    """A dim_param, or None where inference made one up for an unknown dim (``unk__N``)."""
+    return None if not name or name.startswith("unk__") else name
+
+
+def _all(t: gs.Tensor, value: int) -> bool:
+    """Is every element of ``t`` ``value``: a constant, ConstantOfShape(.., value), or that times a constant?"""
+    v = const_value(t)
+    if v is not None:
+        return v.size > 0 and bool(np.all(v == value))
+    p = producer(t)
+    if p is not None and p.op == "ConstantOfShape":
+        fill = p.attrs.get("value")
+        fill = np.asarray(fill.values).reshape(-1) if isinstance(fill, gs.Constant) else np.zeros(1)
+        return fill.size == 1 and fill[0] == value
+    if p is not None and p.op == "Mul":
+        for a, k in ((p.inputs[0], p.inputs[1]), (p.inputs[1], p.inputs[0])):
+            kv = const_value(k)
+            if kv is not None and kv.size == 1 and int(kv.reshape(-1)[0]) == value and _all(a, 1):
+                return True
+    return False
+
+
+def target_dims(t: gs.Tensor, dims: dict, depth: int = 0) -> list | None:
+    """The elements of a 1-D shape tensor (an Expand's or Reshape's target): each an int, a dim
+    symbol (read off a tensor's inferred dims through Shape), or None. Sees through Shape,
+    Concat, Slice, Gather, Unsqueeze/Squeeze, Cast, ``Reshape(x, [-1])`` and ``Where(x == -1, 1, x)``."""
+    v = const_value(t)
+    if v is not None:
+        return [int(x) for x in v.reshape(-1)] if v.dtype.kind in "iu" else None
+    p = producer(t)
+    if p is None or depth > 16:
+        return None
+    ins = p.inputs
+    if p.op == "Shape":
+        x = dims.get(ins[0].name)
+        return None if x is None else x[p.attrs.get("start", 0):p.attrs.get("end", None)]
+    if p.op in ("Cast", "Identity", "Squeeze", "Unsqueeze") or (p.op == "Reshape" and _all(ins[1], -1)):
+        return target_dims(ins[0], dims, depth + 1)
+    if p.op == "Concat" and p.attrs.get("axis") in (0, -1):
+        parts = [target_dims(x, dims, depth + 1) or _unknown(x, dims) for x in ins]
+        return None if any(x is None for x in parts) else [e for part in parts for e in part]
+    if p.op == "Gather" and p.attrs.get("axis", 0) == 0:
+        data, k = target_dims(ins[0], dims, depth + 1), const_value(ins[1])
+        if data is None or k is None or k.size != 1 or not -len(data) <= int(k.reshape(-1)[0]) < len(data):
+            return None
+        return [data[int(k.reshape(-1)[0])]]
+    if p.op == "Slice":
+        return _slice(p, dims, depth)
+    if p.op == "Where":
+        return _where_minus_one(p, dims, depth)
+    return None
+
+
+def _unknown(t: gs.Tensor, dims: dict) -> list | None:
+    """[None] * n for a 1-D tensor of static length n whose values are not known."""
+    d = dims.get(t.name)
+    return [None] * d[0] if d is not None and len(d) == 1 and isinstance(d[0], int) else None
+
+
+def _slice(p: gs.Node, dims: dict, depth: int) -> list | None:
+    data = target_dims(p.inputs[0], dims, depth + 1)
+    params = [const_value(x) for x in p.inputs[1:]]
+    if data is None or len(params) < 2 or any(v is None or v.size != 1 for v in params):
+        return None
+    a, b = (int(v.reshape(-1)[0]) for v in params[:2])
+    axis = int(params[2].reshape(-1)[0]) if len(params) > 2 else 0
+    step = int(params[3].reshape(-1)[0]) if len(params) > 3 else 1
+    return data[slice(a, b, step)] if axis in (0, -1) else None
+
+
+def _where_minus_one(p: gs.Node, dims: dict, depth: int) -> list | None:
+    """``Where(x == -1, 1, x)`` (the export's guard on an Expand target): x with -1 made 1."""
+    cond, ones, x = producer(p.inputs[0]), p.inputs[1], p.inputs[2]
+    if cond is None or cond.op != "Equal" or cond.inputs[0] is not x or not _all(cond.inputs[1], -1) \
+            or not _all(ones, 1):
+        return None
+    inner = target_dims(x, dims, depth + 1)
+    return None if inner is None else [1 if e == -1 else e for e in inner]
+
+
+def expand_dims(expand: gs.Node, c: list, dims: dict) -> list | None:
+    """The Expand's output dims over Unsqueeze(x, [2]) of x with dims ``c``: inference's where it
+    knows them, else worked out from the traced target (an axis it cannot pin is None)."""
+    e = list(dims.get(expand.outputs[0].name) or [None] * 5)
+    t = target_dims(expand.inputs[1], dims)
+    if len(e) != 5 or (t is not None and len(t) != 5):
+        return None
+    src = [c[0], c[1], 1, c[2], c[3]]
+    for j in range(5):
+        if e[j] is not None or t is None or t[j] is None:
+            continue
+        e[j] = src[j] if (t[j] == 1 or _same(t[j], src[j])) else (t[j] if src[j] == 1 else None)
+    return e
+
+
+def _same(a, b) -> bool:
+    return a is not None and a == b
+
+
+_ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Neg", "Cast", "Where", "Softmax", "IsNaN", "Pow", "Sqrt", "Exp",
+                "Tanh", "Sigmoid", "Relu", "Identity", "Erf", "Reciprocal")
+
+
+def _reshape_element(node: gs.Node, axis: int, dims: dict, depth: int) -> int | None:
+    """The static size a Reshape gives ``axis``: its target's element, or the -1 element worked
+    out by cancelling the input's dims against the target's (symbols and ints)."""
+    target, x = target_dims(node.inputs[1], dims), dims.get(node.inputs[0].name)
+    if target is None or axis >= len(target):
+        return None
+    e = target[axis]
+    if isinstance(e, int) and e > 0:
+        return e
+    keep_zero = node.attrs.get("allowzero", 0)
+    if e == 0 and not keep_zero:
+        return static_axis(node.inputs[0], axis, dims, depth + 1)
+    if e != -1 or x is None or any(d is None for d in x):
+        return None
+    rest = [t if t != 0 or keep_zero else x[i] for i, t in enumerate(target) if i != axis]
+    if any(r is None for r in rest):
+        return None
+    num_syms = sorted(str(d) for d in x if isinstance(d, str))
+    den_syms = sorted(str(d) for d in rest if isinstance(d, str))
+    num = int(np.prod([d for d in x if isinstance(d, int)]))
+    den = int(np.prod([d for d in rest if isinstance(d, int)]))
+    return num // den if num_syms == den_syms and den > 0 and num % den == 0 else None
+
+
+def static_axis(t: gs.Tensor, axis: int, dims: dict, depth: int = 0) -> int | None:
+    """The static size of ``axis`` of the rank-4 tensor ``t``, from inference or traced back
+    through elementwise ops (broadcast: any input that has it), Transpose and Reshape."""
+    d = dims.get(t.name)
+    if d is not None and len(d) == 4 and isinstance(d[axis], int):
+        return d[axis]
+    p = producer(t)
+    if p is None or depth > 24:
+        return None
+    if p.op in _ELEMENTWISE:
+        for x in p.inputs:
+            xd = dims.get(x.name)
+            if xd is not None and len(xd) == 4 and (v := static_axis(x, axis, dims, depth + 1)) is not None:
+                return v
+        return None
+    if p.op == "Transpose" and p.attrs.get("perm") is not None and len(p.attrs["perm"]) == 4:
+        return static_axis(p.inputs[0], int(p.attrs["perm"][axis]), dims, depth + 1)
+    if p.op == "Reshape":
+        return _reshape_element(p, axis, dims, depth)
+    return None
+
+
+def _unsqueeze_axes(node: gs.Node) -> list[int] | None:
+    if len(node.inputs) > 1:
+        v = const_value(node.inputs[1])
+        return None if v is None else [int(x) for x in v.reshape(-1)]
+    axes = node.attrs.get("axes")
+    return list(axes) if axes is not None else None
+
+
+def _only_consumer(t: gs.Tensor, outputs: set) -> gs.Node | None:
+    return t.outputs[0] if len(t.outputs) == 1 and id(t) not in outputs else None
+
+
+def _chain_ok(node: gs.Node, t: gs.Tensor) -> bool:
+    """Does ``node`` (reading ``t``) act on each (batch, head) slice alone, keeping those axes?"""
+    if node.op == "Transpose":
+        perm = node.attrs.get("perm")
+        return perm is not None and len(perm) == 4 and list(perm[:2]) == [0, 1]
+    if node.op == "Cast":
+        return True
+    other = [x for x in node.inputs if x is not t]
+    v = const_value(other[0]) if len(other) == 1 else None
+    return v is not None and v.size == 1 and (node.op == "Mul" or node.inputs[0] is t)
+
+
+def _follow(reshape: gs.Node, outputs: set) -> tuple[tuple[gs.Node, ...], gs.Node] | str:
+    """(chain, matmul) from the repeated tensor to the product reading it as input 1, or why not."""
+    t, chain = reshape.outputs[0], []
+    while True:
+        node = _only_consumer(t, outputs)
+        if node is None:
+            return f"{t.name} has {len(t.outputs)} consumers (or is an output)"
+        if node.op == "MatMul":
+            return (tuple(chain), node) if node.inputs[1] is t else f"{node.name} reads it as its first operand"
+        if node.op not in _CHAIN_OPS or not _chain_ok(node, t) or len(chain) == _MAX_CHAIN:
+            return f"{node.name} ({node.op}) between the repeated heads and the product"
+        chain.append(node)
+        t = node.outputs[0]
+
+
+def _match(expand: gs.Node, dims: dict, ctx: PassContext, outputs: set) -> Group | str:
+    """The group ``expand`` starts, or why it is left alone."""
+    unsq = producer(expand.inputs[0])
+    if unsq is None or unsq.op != "Unsqueeze" or _unsqueeze_axes(unsq) not in ([2], [-3]):
+        return "not an Unsqueeze(x, [2]) repeat"
+    cache = unsq.inputs[0]
+    c = dims.get(cache.name)
+    if c is None or len(c) != 4 or not isinstance(c[1], int) or not isinstance(c[3], int):
+        return f"{cache.name}: not [B, kvh, S, d] with static kvh and d ({c})"
+    e = expand_dims(expand, c, dims)
+    if e is None or len(e) != 5 or not isinstance(e[2], int) or e[2] < 2:
+        return f"{expand.outputs[0].name}: the repeat count is not static ({e})"
+    kvh, g, d = c[1], e[2], c[3]
+    long_cache = _same(e[3], c[2]) or (e[3] is None and ctx.ctx_len is not None and ctx.ctx_len >= 2)
+    if not (_same(e[0], c[0]) and e[1] == kvh and e[4] == d and long_cache):
+        return f"{expand.outputs[0].name}: not [B, kvh, g, S, d] over {cache.name} ({e} over {c})"
+    reshape = _only_consumer(expand.outputs[0], outputs)
+    r = dims.get(reshape.outputs[0].name) if reshape is not None and reshape.op == "Reshape" else None
+    if r is None or len(r) != 4 or not _same(r[0], c[0]) or r[1] != g * kvh or r[3] != d:
+        return f"the repeated heads are not reshaped to [B, {g * kvh}, S, {d}] ({r})"
+    found = _follow(reshape, outputs)
+    if isinstance(found, str):
+        return found
+    chain, matmul = found
+    a = dims.get(matmul.inputs[0].name)
+    if a is None or len(a) != 4 or static_axis(matmul.inputs[0], 1, dims) != g * kvh:
+        return f"{matmul.name}: its first operand is not [B, {g * kvh}, s, x] ({a})"
+    return Group(cache, expand, reshape, chain, matmul, kvh, g * kvh)
+
+
+def find_groups(graph: gs.Graph, ctx: PassContext) -> tuple[list[Group], list[tuple[str, str]]]:
+    """Every repeated cache read the pass rewrites, and (Expand node, reason) for every
+    ``Unsqueeze(x, [2])`` Expand it leaves alone."""
+    candidates = [n for n in graph.nodes if n.op == "Expand" and producer(n.inputs[0]) is not None
+                  and producer(n.inputs[0]).op == "Unsqueeze"]
+    if not candidates:
+        return [], []
+    dims, outputs = symbolic_dims(graph), {id(t) for t in graph.outputs}
+    groups, skipped = [], []
+    for n in candidates:
+        m = _match(n, dims, ctx, outputs)
+        (skipped.append((n.name, m)) if isinstance(m, str) else groups.append(m))
+    return groups, [(n, why) for n, why in skipped if why != "not an Unsqueeze(x, [2]) repeat"]
+
+
+def _rewrite(b: Builder, grp: Group) -> None:
+    first = grp.chain[0] if grp.chain else grp.matmul
+    first.inputs[[i for i, t in enumerate(first.inputs) if t is grp.reshape.outputs[0]][0]] = grp.cache
+    for node in grp.chain:
+        node.outputs[0].shape = None  # the heads axis is kvh now, not H
+    mm = grp.matmul
+    grouped_q = b.op("Reshape", [mm.inputs[0], b.const(np.array([0, grp.kv_heads, -1, 0], np.int64), hint="kv_groups")],
+                     hint="grouped_operand", dtype=mm.inputs[0].dtype)
+    out = mm.outputs[0]
+    grouped = gs.Variable(b._name("grouped_product") + "_out", dtype=out.dtype)
+    mm.inputs[0] = grouped_q
+    mm.outputs[0] = grouped
+    b.op("Reshape", [grouped, b.const(np.array([0, grp.heads, -1, 0], np.int64), hint="heads")],
+         hint="heads_product", outputs=[out])
+
+
+def grouped_attention(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    need("grouped_attention", ctx)
+    if not any(n.op == "Expand" for n in graph.nodes):
+        return graph
+    graph = graph.copy()
+    groups, _ = find_groups(graph, ctx)
+    if not groups:
+        return graph
+    b = Builder(graph, "gqa")
+    for grp in groups:
+        _rewrite(b, grp)
+    graph.cleanup(remove_unused_graph_inputs=False)
+    return graph
