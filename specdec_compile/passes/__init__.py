@@ -79,6 +79,7 @@ from .lower import lower
 from .position_mask import position_mask
 from .retained_kv import retained_kv
 from .role_logits import role_logits
+from .share_shapes import share_shapes
 from .rotary_tables import rotary_tables
 from .synth_positions import synth_positions
 from .tile_to_expand import tile_to_expand
@@ -151,8 +152,13 @@ REGISTRY: tuple[Pass, ...] = (
          targets=("ort",)),
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
-         "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`",
-         targets=("qaic",)),
+         "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`; on `ort`, "
+         "every layer's reads of head counts and head dims"),
+    Pass("share_shapes", share_shapes,
+         "shape arithmetic once per graph, not per layer: every read of `batch_size`, `seq_len` or `ctx_len` "
+         "off a tensor's shape (where shape inference names the dim) reads it once off the graph input, then "
+         "identical nodes (same op, attributes and inputs; constants by value) are merged",
+         targets=("ort",)),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
          "becomes dense where it is exactly that form: every expert runs on every token and its output is "
