@@ -91,3 +91,35 @@ def test_anything_not_exactly_the_repeat_is_left_alone_with_the_reason(kwargs, w
     groups, skipped = find_groups(g, PassContext(ctx_len=16))
     assert groups == [] and len(skipped) == 1 and why in skipped[0][1], skipped
     assert serialized(passes.grouped_attention(g, PassContext(ctx_len=16))) == serialized(g)
+
+
+def test_onnx_runtime_runs_the_products_on_the_cache_itself(fixture_path, tmp_path):
+    """What the session actually runs (its optimized model dump): the key product is one
+    FusedMatMul on the cache (its transpose and scale fused in), the value product a MatMul on the
+    cache, and no Expand reads a cache."""
+    import onnx
+    import onnxruntime as ort
+
+    from specdec_compile import pipeline
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    nodes = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
+    caches = {o.name for o in model.graph.output if o.name.endswith("_RetainedState")}
+    readers = {}
+    for n in nodes:
+        for i in n.input:
+            if i in caches:
+                readers.setdefault(i, []).append(n)
+    assert set(readers) == caches
+    for name, ns in readers.items():
+        ops = sorted(n.op_type for n in ns)
+        if ".key" in name or "past_key" in name:
+            assert ops == ["FusedMatMul"], (name, ops)
+            attrs = {a.name: a for a in ns[0].attribute}
+            assert attrs["transB"].i == 1 and list(ns[0].input).index(name) == 1
+        else:
+            assert ops == ["MatMul"], (name, ops)
