@@ -13,6 +13,11 @@ target step  the export compiled ``--role dlm --target ort`` at each ``--step-fl
              input_ids and position_ids bound.
 widths       the export compiled ``--role tlm`` (at the first context), one call of each
              ``--step-floor-widths`` width (speculative verification), bare as above.
+int4         (``--step-floor-int4``, on by default) the export quantized weight-only to int4 by
+             ONNX Runtime's ``MatMulNBitsQuantizer`` (block 32, symmetric) before compiling, its
+             target step at the first context: as a ratio to the float32 floor and to the float32
+             target step (the tied LM head and the embedding stay float32: they are no MatMul
+             with a constant weight).
 
 Each time is the best median over ``--rounds`` interleaved rounds of ``--steps`` calls, and is
 reported as a ratio to the floor of the same run (widths also to the target step at that
@@ -26,6 +31,7 @@ and the step_floor key of bench/results.json.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -165,10 +171,35 @@ def _compile(export: Path, out: Path, args: list[str], log) -> Path:
     return out / "model.onnx"
 
 
-def _fns(export: Path, out: Path, ctxs, widths, threads, log) -> tuple[dict, dict]:
+def quantize_int4(export: Path, out: Path, log=print) -> Path:
+    """``export`` quantized weight-only to int4 by ONNX Runtime's ``MatMulNBitsQuantizer`` (block
+    32, symmetric; every MatMul with a constant weight becomes ``com.microsoft::MatMulNBits``),
+    cached in ``out``."""
+    dst = out / "model.onnx"
+    stamp = out / "source.txt"
+    if dst.exists() and stamp.exists() and stamp.read_text() == str(export.resolve()):
+        return dst
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    t = time.time()
+    q = MatMulNBitsQuantizer(onnx.load(str(export)), block_size=32, is_symmetric=True)
+    q.process()
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(q.model.model, str(dst))
+    stamp.write_text(str(export.resolve()))
+    log(f"[step_floor] int4 weight-only export: {dst} ({time.time() - t:.0f} s)")
+    return dst
+
+
+def _fns(export: Path, out: Path, ctxs, widths, threads, log, int4: bool = False) -> tuple[dict, dict]:
     """name -> step function, name -> (ctx, width); the compiled artifacts under ``out``."""
     common = ["--target", "ort", "--prefill-len", "32"]
     fns, what = {}, {}
+    if int4:
+        q = quantize_int4(export, out / "int4-export", log)
+        m = _compile(q, out / f"int4-dlm-{ctxs[0]}", ["--role", "dlm", *common, "--ctx-len", str(ctxs[0])], log)
+        fns[f"int4step{ctxs[0]}"], _ = bare_step(m, ctxs[0], 1, threads)
+        what[f"int4step{ctxs[0]}"] = (ctxs[0], 1)
     for c in ctxs:
         m = _compile(export, out / f"dlm-{c}", ["--role", "dlm", *common, "--ctx-len", str(c)], log)
         fns[f"step{c}"], _ = bare_step(m, c, 1, threads)
@@ -183,13 +214,18 @@ def _fns(export: Path, out: Path, ctxs, widths, threads, log) -> tuple[dict, dic
     return fns, what
 
 
+def _call(name: str) -> str:
+    return "int4 target step" if name.startswith("int4") else "target step" if name.startswith("step") else "verify"
+
+
 def measure(export: Path, out: Path, *, ctxs=(256, 2048), widths=(1, 2, 5, 8), steps: int = 50,
-            rounds: int = 5, threads: int = 1, log=print) -> dict:
-    """The section's record for the optimum export ``export`` (artifacts compiled under ``out``)."""
+            rounds: int = 5, threads: int = 1, log=print, int4: bool = False) -> dict:
+    """The section's record for the optimum export ``export`` (artifacts compiled under ``out``);
+    ``int4``: also the target step of the export quantized weight-only to int4 (first context)."""
     out.mkdir(parents=True, exist_ok=True)
     weights = weight_matrices(export)
     weight_bytes = int(sum(w.nbytes for w in weights))
-    fns, what = _fns(export, out, list(ctxs), list(widths), threads, log)
+    fns, what = _fns(export, out, list(ctxs), list(widths), threads, log, int4)
     fns = {"floor": floor_session(weights, threads), **fns}
     del weights
     best = {n: float("inf") for n in fns}
@@ -199,9 +235,9 @@ def measure(export: Path, out: Path, *, ctxs=(256, 2048), widths=(1, 2, 5, 8), s
     floor = best["floor"]
     rows = []
     for n, (c, w) in what.items():
-        row = {"call": "target step" if n.startswith("step") else "verify", "ctx_len": c, "width": w,
+        row = {"call": _call(n), "ctx_len": c, "width": w,
                "ms": round(best[n] * 1e3, 3), "over_floor": round(best[n] / floor, 3)}
-        if n.startswith("width") and f"step{c}" in best:
+        if not n.startswith("step") and f"step{c}" in best:
             row["over_target_step"] = round(best[n] / best[f"step{c}"], 3)
         rows.append(row)
     prof = profile_nodes(out / f"dlm-{ctxs[0]}" / "model.onnx", ctxs[0], threads, out / "profile")
@@ -223,6 +259,8 @@ def add_args(ap) -> None:
     ap.add_argument("--step-floor-widths", type=ints, default=[1, 2, 5, 8],
                     help="step_floor: verification widths (TLM at the first context)")
     ap.add_argument("--step-floor-steps", type=int, default=50, help="step_floor: calls per timing")
+    ap.add_argument("--step-floor-int4", action=argparse.BooleanOptionalAction, default=True,
+                    help="step_floor: also the int4 weight-only (MatMulNBits) target step")
 
 
 def run(a, only: set) -> dict:
@@ -234,7 +272,8 @@ def run(a, only: set) -> dict:
         a.log(f"[step_floor] skipped: no model at {export} (`make demo` builds it, or --step-floor-model PATH)")
         return {}
     rec = measure(export, a.out / "step-floor", ctxs=a.step_floor_ctx, widths=a.step_floor_widths,
-                  steps=a.step_floor_steps, rounds=a.rounds, threads=a.ort_threads, log=a.log)
+                  steps=a.step_floor_steps, rounds=a.rounds, threads=a.ort_threads, log=a.log,
+                  int4=a.step_floor_int4)
     rec["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     RESULTS.write_text(json.dumps(rec, indent=1) + "\n")
     RESULTS.with_suffix(".md").write_text("\n".join(markdown(rec)))

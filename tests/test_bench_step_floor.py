@@ -27,13 +27,17 @@ def test_the_floor_reads_every_weight_matrix_once(fixture_path):
 
 def test_the_section_on_a_tiny_export(fixture_path, tmp_path):
     rec = step_floor.measure(fixture_path("llama_gqa"), tmp_path / "sf", ctxs=[32, 64], widths=[2, 5],
-                             steps=2, rounds=1, threads=1, log=lambda *_: None)
+                             steps=2, rounds=1, threads=1, log=lambda *_: None, int4=True)
     assert rec["floor_ms"] > 0 and rec["weight_bytes"] > 0
     calls = [(r["call"], r["ctx_len"], r["width"]) for r in rec["rows"]]
-    assert calls == [("target step", 32, 1), ("target step", 64, 1), ("verify", 32, 2), ("verify", 32, 5)]
+    assert calls == [("int4 target step", 32, 1), ("target step", 32, 1), ("target step", 64, 1),
+                     ("verify", 32, 2), ("verify", 32, 5)]
+    import onnx as _onnx
+    q = _onnx.load(str(tmp_path / "sf" / "int4-export" / "model.onnx"), load_external_data=False)
+    assert any(n.op_type == "MatMulNBits" for n in q.graph.node)
     for r in rec["rows"]:
         assert abs(r["over_floor"] - r["ms"] / rec["floor_ms"]) < 0.05 * r["over_floor"] + 0.01
-    assert all("over_target_step" in r for r in rec["rows"] if r["call"] == "verify")
+    assert all("over_target_step" in r for r in rec["rows"] if r["call"] != "target step")
     # the profiler's count: every kernel of a step, and the same by op (each rounded per step)
     assert rec["nodes_per_step"] > 0 and abs(rec["nodes_per_step"] - sum(rec["by_op"].values())) <= len(rec["by_op"])
     assert rec["by_op"].get("MatMul", 0) + rec["by_op"].get("FusedMatMul", 0) > 0
