@@ -25,8 +25,9 @@ here, so the Expand cannot broadcast that axis), g >= 2 static; the Reshape outp
 the Reshape to the product has one consumer, and the product's other operand is [?, H, ?, ?].
 Anything else is left as it is, with the reason (``find_groups``).
 
-qaic keeps the repeated form: QEfficient's device graphs repeat the KV heads (its attention
-modules call ``repeat_kv``), so the grouped Reshape/MatMul form has no device precedent to cite.
+qaic keeps the repeated form: QEfficient's device graphs repeat the KV heads (its Llama attention,
+``eager_attention_forward`` in QEfficient/transformers/models/llama/modeling_llama.py, calls
+``repeat_kv`` on keys and values), so the grouped form has no device precedent to cite.
 """
 from __future__ import annotations
 
