@@ -145,10 +145,11 @@ REGISTRY: tuple[Pass, ...] = (
          "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
     Pass("grouped_attention", grouped_attention,
          "grouped-query attention reads the cache as it is: where the export repeats the KV heads "
-         "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the queries (and "
-         "the attention weights) are reshaped to `[batch, kv_heads, g*seq, x]` for the two products and the "
-         "results back to `[batch, heads, seq, x]` (views, no copy). Made only where shape inference proves "
-         "the repeat exact; any other form is left as it is",
+         "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the two products "
+         "read `Unsqueeze(cache, [2])` (a view, broadcast over the group) against the queries (and the "
+         "attention weights) reshaped to `[batch, kv_heads, g, seq, x]`, and the results are reshaped back to "
+         "`[batch, heads, seq, x]`: per head the export's own product, bit for bit. Made only where shape "
+         "inference proves the repeat exact; any other form is left as it is",
          targets=("ort",)),
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
