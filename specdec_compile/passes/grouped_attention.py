@@ -185,7 +185,25 @@ def _target(b: Builder, grp: Group, head: list[int], axis: int, hint: str) -> gs
                 hint=f"{hint}_target", dtype=np.int64, shape=[len(head) + 1])
 
 
-def _rewrite(b: Builder, grp: Group) -> None:
+def _scaled_operand(mm: gs.Node, outputs: set) -> tuple[gs.Tensor, list[gs.Node]]:
+    """(the product's first operand before any scalar Mul/Div that only it reads, those nodes from
+    the product up). The grouping Reshape goes above them, so a scale stays right before the
+    product, where ONNX Runtime folds it into the product (``FusedMatMul``'s alpha) as it did for
+    the export: a scale applied apart rounds differently."""
+    t, scales = mm.inputs[0], []
+    while len(t.outputs) == 1 and id(t) not in outputs and producer(t) is not None \
+            and producer(t).op in ("Mul", "Div"):
+        p = producer(t)
+        data = [x for x in p.inputs if const_value(x) is None]
+        k = [const_value(x) for x in p.inputs if const_value(x) is not None]
+        if len(data) != 1 or len(k) != 1 or k[0].size != 1 or (p.op == "Div" and p.inputs[0] is not data[0]):
+            break
+        scales.append(p)
+        t = data[0]
+    return t, scales
+
+
+def _rewrite(b: Builder, grp: Group, outputs: set) -> None:
     """The product reads Unsqueeze(cache, [2]) ([B, kvh, 1, S, d], a view) through the export's own
     chain (its transposes lifted to rank 5), against the other operand as [B, kvh, g, s, x]; each
     (batch, KV head, group member) is then the same matrix product as the export's per head."""
@@ -201,12 +219,15 @@ def _rewrite(b: Builder, grp: Group) -> None:
             node.attrs["perm"] = [0, 1, 2, perm[2] + 1, perm[3] + 1]
         node.outputs[0].shape = None  # rank 5 now, kvh heads
     mm = grp.matmul
-    a = mm.inputs[0]
-    grouped_a = b.op("Reshape", [a, _target(b, grp, [0, grp.kv_heads, g, -1], inner, "kv_groups")],
-                     hint="grouped_operand", dtype=a.dtype)
+    top, scales = _scaled_operand(mm, outputs)
+    grouped_a = b.op("Reshape", [top, _target(b, grp, [0, grp.kv_heads, g, -1], inner, "kv_groups")],
+                     hint="grouped_operand", dtype=top.dtype)
+    reader = scales[-1] if scales else mm
+    reader.inputs[[i for i, t in enumerate(reader.inputs) if t is top][0]] = grouped_a
+    for node in scales:
+        node.outputs[0].shape = None  # rank 5 now
     out = mm.outputs[0]
     grouped = gs.Variable(b._name("grouped_product") + "_out", dtype=out.dtype)
-    mm.inputs[0] = grouped_a
     mm.outputs[0] = grouped
     b.op("Reshape", [grouped, _target(b, grp, [0, grp.heads, -1], last, "heads")],
          hint="heads_product", outputs=[out])
@@ -221,7 +242,8 @@ def grouped_attention(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     if not groups:
         return graph
     b = Builder(graph, "gqa")
+    outputs = {id(t) for t in graph.outputs}
     for grp in groups:
-        _rewrite(b, grp)
+        _rewrite(b, grp, outputs)
     graph.cleanup(remove_unused_graph_inputs=False)
     return graph
