@@ -16,9 +16,11 @@ scale, Cast) applied to ``Unsqueeze(cache, [2])`` ([B, kvh, 1, S, d]: broadcast 
 never copied); the same for the values (``probs`` in place of Q). The Reshapes are views of
 contiguous data ([B, H, s, x] is [B, kvh, g, s, x]), and every node downstream of the products
 sees the same tensor as before. Each (batch, KV head, group member) is the very matrix product
-the export computed for its head (same shapes, same operands), so ONNX Runtime gives the same
-bits: merging the group into the rows instead (``[B, kvh, g*s, x]``) changes the kernel's
-blocking and, over SmolLM2's 30 layers, the logits by 3e-4.
+the export computed for its head (same shapes, same operands), and a scalar scale on the other
+operand (SDPA's sqrt of the softmax scale on the queries) stays right before the product, below
+the Reshape, where ONNX Runtime folds it into the product as it did for the export. So the
+result is the same bits (SmolLM2-135M, verify: max |diff| 0); with the scale applied apart,
+above the product's Reshape, SmolLM2's logits moved by 2.9e-4, past the contract's 1e-4.
 
 Found structurally, on every Expand whose input is ``Unsqueeze(x, [2])`` of a rank-4 x. The
 rewrite is exact, and only made, when shape inference (with data propagation) establishes:
