@@ -46,13 +46,20 @@ def test_no_grouped_heads_is_a_no_op(fixture_path):
     assert serialized(out) == serialized(g)
 
 
-def _attention(target=(1, 1, 2, 1, 1), q_heads=4, consumers=1):
-    """scores = q @ transpose(repeat(cache)) * 0.5 on a hand-made graph: cache [B, 2, S, 4]."""
+def _attention(target=(1, 1, 2, 1, 1), q_heads=4, consumers=1, q_scale=None):
+    """scores = q @ transpose(repeat(cache)) * 0.5 on a hand-made graph: cache [B, 2, S, 4]
+    (``q_scale``: q scaled first, as SDPA exports do)."""
     cache = gs.Variable("cache", np.float32, ["B", 2, "S", 4])
-    q = gs.Variable("q", np.float32, ["B", q_heads, "s", 4])
+    q_in = gs.Variable("q", np.float32, ["B", q_heads, "s", 4])
+    q = q_in
     t = {k: gs.Variable(k) for k in ("u", "e", "r", "t", "m")}
     y = gs.Variable("y", np.float32)
-    nodes = [gs.Node("Unsqueeze", name="unsq", inputs=[cache, gs.Constant("ax", np.array([2]))], outputs=[t["u"]]),
+    nodes = []
+    if q_scale is not None:
+        q = gs.Variable("qs", np.float32, ["B", q_heads, "s", 4])
+        nodes.append(gs.Node("Mul", name="q_scale", inputs=[q_in, gs.Constant("qk", np.array(q_scale, np.float32))],
+                             outputs=[q]))
+    nodes += [gs.Node("Unsqueeze", name="unsq", inputs=[cache, gs.Constant("ax", np.array([2]))], outputs=[t["u"]]),
              gs.Node("Expand", name="expand", inputs=[t["u"], gs.Constant("tg", np.array(target))], outputs=[t["e"]]),
              gs.Node("Reshape", name="reshape", inputs=[t["e"], gs.Constant("sh", np.array([0, 4, -1, 4]))],
                      outputs=[t["r"]]),
@@ -65,19 +72,25 @@ def _attention(target=(1, 1, 2, 1, 1), q_heads=4, consumers=1):
         z = gs.Variable("z", np.float32)
         nodes.append(gs.Node("Neg", name="other", inputs=[t["r"]], outputs=[z]))
         outs.append(z)
-    return gs.Graph(nodes=nodes, inputs=[cache, q], outputs=outs, opset=17)
+    return gs.Graph(nodes=nodes, inputs=[cache, q_in], outputs=outs, opset=17)
 
 
-def test_a_hand_made_repeat_is_grouped_and_equals_numpy():
-    g = _attention()
+@pytest.mark.parametrize("q_scale", [None, 0.35355339])
+def test_a_hand_made_repeat_is_grouped_and_equals_numpy(q_scale):
+    g = _attention(q_scale=q_scale)
     out = passes.grouped_attention(g, PassContext(ctx_len=16))
     assert _repeats(out) == 0
     rng = np.random.default_rng(0)
     cache = rng.standard_normal((2, 2, 16, 4)).astype(np.float32)
     q = rng.standard_normal((2, 4, 3, 4)).astype(np.float32)
-    want = q @ np.repeat(cache, 2, axis=1).transpose(0, 1, 3, 2) * 0.5
+    want = (q * (q_scale or 1.0)) @ np.repeat(cache, 2, axis=1).transpose(0, 1, 3, 2) * 0.5
     got = session(out).run(None, {"cache": cache, "q": q})[0]
     np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_array_equal(got, session(g).run(None, {"cache": cache, "q": q})[0])   # bit for bit
+    if q_scale is not None:   # the scale stays right before the product (ORT folds it there), under the Reshape
+        mm = next(n for n in out.nodes if n.op == "MatMul")
+        scale = mm.inputs[0].inputs[0]
+        assert scale.op == "Mul" and scale.inputs[0].inputs[0].op == "Reshape"
 
 
 @pytest.mark.parametrize("kwargs,why", [
