@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import time
 from collections import Counter
@@ -181,6 +182,7 @@ def quantize_int4(export: Path, out: Path, log=print) -> Path:
         return dst
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     t = time.time()
     q = MatMulNBitsQuantizer(onnx.load(str(export)), block_size=32, is_symmetric=True)
     q.process()

@@ -49,7 +49,7 @@ Calling one pass alone, in your own toolchain::
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
-``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions`` and ``grouped_attention`` need nothing (``PassContext()``),
+``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention`` and ``share_shapes`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
 ``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
