@@ -5,6 +5,7 @@
     python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, suffix, fallback,
                                                # real, real-ood
     python -m bench.run_bench --only suffix-real --real-build build/demo   # suffix drafts' SmolLM2 rows alone
+    python -m bench.run_bench --only step_floor --real-build build/demo    # SmolLM2's step against its weight-read floor
                                                # (--only suffix: the toy pair's rows, then SmolLM2's when built)
 
 Sections (keys of bench/results.json):
@@ -33,6 +34,9 @@ kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
 batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts (the toy pair) and
                 suffix_drafts_real (SmolLM2, when make demo's build exists; also written to
                 bench/results-suffix-real.{json,md}): bench/suffix.py.
+step_floor      SmolLM2's decode step (and verification widths) as ratios to the time to read
+                its weights once, and the kernels per step: bench/step_floor.py (also written to
+                bench/results-step-floor.{json,md}).
 step_latency    a decode step of the original optimum export (concatenating cache,
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
@@ -64,7 +68,7 @@ from pathlib import Path
 from demo import train_pair
 from demo.compiling import compile_artifact, compile_cmd
 
-from . import suffix
+from . import step_floor, suffix
 from .spec import bench_spec
 
 HERE = Path(__file__).resolve().parent
@@ -358,6 +362,8 @@ def markdown(res: dict) -> str:
         L += suffix.markdown(res["suffix_drafts"])
     if res.get("suffix_drafts_real"):
         L += suffix.markdown(res["suffix_drafts_real"], suffix.real_title(res.get("suffix_drafts_real_settings") or {}))
+    if res.get("step_floor"):
+        L += step_floor.markdown(res["step_floor"])
     if res.get("step_latency_by_ctx"):
         L.append("| ctx_len | original export step (ms) | rewritten step (ms) | original / rewritten |")
         L.append("|---|---|---|---|")
@@ -394,9 +400,9 @@ def _previous_results(path: Path) -> dict:
 
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood",
+    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood,step_floor",
                     help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
-                         "real-ood")
+                         "real-ood, step_floor")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
@@ -407,6 +413,7 @@ def _args(argv: list[str] | None):
     suffix.add_args(ap)
     ap.add_argument("--fdraft-head", type=Path, default=None,
                     help="real, real-ood: a feature-draft head trained elsewhere (scripts/feature_scaling.py --save-head)")
+    step_floor.add_args(ap)
     ap.add_argument("--real-prompts", type=int, default=4)
     ap.add_argument("--real-max-new-tokens", type=int, default=128)
     ap.add_argument("--real-repeats", type=int, default=2)
@@ -449,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         res.update(serving.run(pair, a.out, a, only))
         res.update(suffix.run(pair, a.out, a, only))
     res.update(suffix.run_real(a, only))                # SmolLM2's suffix rows: when built, else skipped
+    res.update(step_floor.run(a, only))                 # SmolLM2's step against its floor: when built
     if "spec" in only:
         rows, host, info = bench_spec(pair, a.out, a)
         res["spec_vs_target"] = rows

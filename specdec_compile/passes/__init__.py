@@ -50,7 +50,7 @@ Calling one pass alone, in your own toolchain::
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
-``greater_compares``, ``tile_to_expand`` and ``clamp_gather_positions`` need nothing (``PassContext()``),
+``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention`` and ``share_shapes`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
 ``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
@@ -76,12 +76,14 @@ from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
 from .greater_compares import greater_compares
+from .grouped_attention import grouped_attention
 from .logits_to_keep import logits_to_keep
 from .lower import lower
 from .position_mask import position_mask
 from .retained_kv import retained_kv
 from .role_logits import role_logits
 from .rotary_tables import rotary_tables
+from .share_shapes import share_shapes
 from .synth_positions import synth_positions
 from .tile_to_expand import tile_to_expand
 
@@ -156,10 +158,23 @@ REGISTRY: tuple[Pass, ...] = (
          "position], the form QEfficient's device graphs use); newer ops are rewritten to their opset-17 "
          "forms (Reduce* axes, Split num_outputs, Gelu). `ort`: opset 24, `TensorScatter(mode=\"circular\")`, "
          "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
+    Pass("grouped_attention", grouped_attention,
+         "grouped-query attention reads the cache as it is: where the export repeats the KV heads "
+         "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the two products "
+         "read `Unsqueeze(cache, [2])` (a view, broadcast over the group) against the queries (and the "
+         "attention weights) reshaped to `[batch, kv_heads, g, seq, x]`, and the results are reshaped back to "
+         "`[batch, heads, seq, x]`: per head the export's own product, bit for bit. Made only where shape "
+         "inference proves the repeat exact; any other form is left as it is",
+         targets=("ort",)),
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
-         "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`",
-         targets=("qaic",)),
+         "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`; on `ort`, "
+         "every layer's reads of head counts and head dims"),
+    Pass("share_shapes", share_shapes,
+         "shape arithmetic once per graph, not per layer: every read of `batch_size`, `seq_len` or `ctx_len` "
+         "off a tensor's shape (where shape inference names the dim) reads it once off the graph input, then "
+         "identical nodes (same op, attributes and inputs; constants by value) are merged",
+         targets=("ort",)),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
          "becomes dense where it is exactly that form: every expert runs on every token and its output is "

@@ -5,6 +5,7 @@ a pass that needs a fact it cannot establish leaves the node alone or refuses):
 
     elem_types(graph)   onnx element type of every tensor shape inference types
     inferred_dims(graph) the dims shape inference (with data propagation) establishes
+    symbolic_dims(graph) the same, each dim an int, its symbol (dim_param) or None
     vector(t)           the elements of a 1-D int64 shape-like tensor, each an int or None
     scalar(t)           (is t a rank-0 tensor, its value or None)
     rank_of(t)          the rank of t, or None
@@ -45,6 +46,22 @@ def inferred_dims(graph: gs.Graph) -> dict[str, list[int | None]]:
     for init in model.graph.initializer:
         dims[init.name] = list(init.dims)
     return dims
+
+
+def symbolic_dims(graph: gs.Graph) -> dict[str, list]:
+    """name -> dims as shape inference with data propagation gives them: an int, the
+    dim_param's name (one symbol, one value), or None (unknown; inference's ``unk__N``)."""
+    model = _inferred(graph, data_prop=True)
+    out = {}
+    for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else _symbol(d.dim_param) for d in t.shape.dim]
+    return out
+
+
+def _symbol(name: str):
+    return None if not name or name.startswith("unk__") else name
 
 
 def elem_types(graph: gs.Graph) -> dict[str, int]:
