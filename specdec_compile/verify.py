@@ -229,9 +229,38 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
     return calls
 
 
-def verify(original: str | Path, rewritten: str | Path, *, k: int = 7, prefill_len: int = 32,
-           ctx_len: int = 256, batch_size: int = 1, seed: int = 0, tol: float = 1e-4) -> VerifyReport:
+def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: int = 256, batch_size: int = 1,
+           seed: int = 0, tol: float = 1e-4, original_source=None, rewritten_source=None) -> VerifyReport:
+    """The rewrite against the export on ONNX Runtime (``VerifyReport``). ``original`` and
+    ``rewritten``: paths, ``onnx.ModelProto``s or ``onnx_ir.Model``s (a model in memory is
+    written to a scratch directory, its external data hard-linked from its source directory:
+    ``*_source``, the file it was read from, or an ir model's own ``base_dir``)."""
     check_options(k=k, prefill_len=prefill_len, ctx_len=ctx_len, batch_size=batch_size, optional=True)
+    import contextlib
+    with contextlib.ExitStack() as stack:
+        original = _as_path(original, original_source, stack)
+        rewritten = _as_path(rewritten, rewritten_source, stack)
+        return _verify_paths(original, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
+                             batch_size=batch_size, seed=seed, tol=tol)
+
+
+def _as_path(model, source, stack) -> Path:
+    """``model`` as a file ONNX Runtime can open: a path as it is, a model in memory saved to a
+    scratch directory that ``stack`` removes."""
+    import os
+    import tempfile
+
+    from .io import read_any, save_model
+    if isinstance(model, (str, os.PathLike)):
+        return Path(model)
+    proto, _, src_dir, _ = read_any(model, source)
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specdec-verify-")))
+    save_model(proto, tmp / "model.onnx", src_dir, link=True)
+    return tmp / "model.onnx"
+
+
+def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, ctx_len: int, batch_size: int,
+                  seed: int, tol: float) -> VerifyReport:
     need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size
     if ctx_len < need:
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")

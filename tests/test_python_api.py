@@ -62,7 +62,7 @@ def test_onnx_ir_in_onnx_ir_out(ext_model, tmp_path, target):
     ext = [v.const_value for v in got.graph.initializers.values() if isinstance(v.const_value, ir.ExternalTensor)]
     assert ext and all(Path(t.base_dir) == ext_model.parent.resolve() for t in ext)
     assert ext[0].numpy().size                                   # readable where the weights are
-    # (before the artifact hard-links the data file: onnx.load refuses a file with several links)
+    # (the artifact copies the data file; with --link-weights onnx.load would refuse it: several links)
     # a proto given: a proto back; in-memory weights (no external data) too
     assert isinstance(pipeline.rewrite(onnx.load(str(ext_model), load_external_data=True), **kw).as_given(),
                       onnx.ModelProto)
@@ -72,6 +72,10 @@ def test_onnx_ir_in_onnx_ir_out(ext_model, tmp_path, target):
     write_artifact(res, Options(role="tlm", k=3, target=target, ctx_len=64, prefill_len=8), out)
     assert (out / "model.onnx.data").exists()
     assert verify(ext_model, out / "model.onnx", k=3, prefill_len=8, ctx_len=64).ok
+    # verify takes models in memory too: a proto (with the file it came from) and an ir model
+    rep = verify(onnx.load(str(ext_model), load_external_data=False), res.as_given(), k=3, prefill_len=8,
+                 ctx_len=64, original_source=ext_model)
+    assert rep.ok and rep.max_logits_diff <= 1e-4
 
 
 def test_prepared_single_pass_leaves_the_graph_untouched(fixture_path):
@@ -92,6 +96,14 @@ def test_prepared_single_pass_leaves_the_graph_untouched(fixture_path):
 def test_a_model_of_another_kind_is_one_line(bad, needle):
     with pytest.raises(SpecdecError, match=re.escape(needle)):
         pipeline.rewrite(bad, role="dlm")
+
+
+def test_verify_of_a_proto_without_its_source_is_one_line(ext_model):
+    proto = onnx.load(str(ext_model), load_external_data=False)
+    with pytest.raises(SpecdecError, match="source directory is unknown"):
+        verify(proto, ext_model, k=3, prefill_len=8, ctx_len=64)
+    with pytest.raises(SpecdecError, match="expected a model path"):
+        verify(123, ext_model, k=3, prefill_len=8, ctx_len=64)
 
 
 def test_options_are_checked_like_the_cli(fixture_path):
