@@ -28,14 +28,23 @@ class CallCosts:
         return sum(t for _, t in self._t.values())
 
     def estimate(self, width: int) -> float | None:
-        """The mean time of ``width``. Unmeasured: a call's time is taken as affine in
-        its width (a fixed part, reading the weights, and a part per token), so
-        linear between the measured widths around it, the narrowest measured one's
-        below them, and above them the line through the two widest (never
+        """The mean time of ``width``, never above a wider measured width's: a narrower
+        call does less work, so a slower mean there is noise (one call of a new shape,
+        a busy core), and believing it would lock the loop out of that width for good,
+        since a width never chosen is never timed again. Unmeasured: a call's time is
+        taken as affine in its width (a fixed part, reading the weights, and a part per
+        token), so linear between the measured widths around it, the narrowest measured
+        one's below them, and above them the line through the two widest (never
         falling), or the one measured width's time. None when nothing is measured."""
         k = self.known()
         if not k:
             return None
+        raw = self._raw(k, width)
+        wider = [t for w, t in k.items() if w > width]
+        return min(raw, min(wider)) if wider else raw
+
+    @staticmethod
+    def _raw(k: dict[int, float], width: int) -> float:
         if width in k:
             return k[width]
         lo = [w for w in k if w < width]
@@ -75,4 +84,6 @@ class CostModel:
         h0, h1 = h.get(False), h.get(True)
         h0 = h1 if h0 is None else h0
         h1 = h0 if h1 is None else h1
+        if h0 is not None and h1 is not None:
+            h0 = min(h0, h1)          # a round without drafts never does more host work
         return h0 or 0.0, h1 or 0.0

@@ -36,6 +36,29 @@ def test_estimate_interpolates_and_extrapolates():
     assert c.estimate(2) == pytest.approx(3.0)
 
 
+def test_a_narrow_width_never_costs_more_than_a_wider_one():
+    c = costs({1: 0.200, 4: 0.050, 5: 0.055}, n=1)   # one slow width-1 call (a busy core, a new shape)
+    assert c.estimate(1) == pytest.approx(0.050)      # not 0.200: that would lock width 1 out
+    assert c.estimate(4) == pytest.approx(0.050) and c.estimate(5) == pytest.approx(0.055)
+    assert c.estimate(3) == pytest.approx(0.050)
+
+
+def test_the_fallback_is_chosen_after_a_noisy_first_width_1_call():
+    """The K=0 fallback must not be locked out by one slow width-1 call: with acceptance near 0
+    the policy decodes plainly (j = 0), as the measured wider calls cost at least as much."""
+    from specdec_compile.runtime.costs import CostModel
+    from specdec_compile.runtime.policy import WidthPolicy
+    cm = CostModel()
+    for w, t in {1: 0.200, 2: 0.049, 4: 0.053, 5: 0.055}.items():
+        cm.calls("tlm").add(w, t, 1 if w == 1 else 50)
+    cm.calls("dlm").add(1, 0.0036, 50)
+    cm.note_host(False, 0.004)
+    cm.note_host(True, 0.002, 50)
+    pol = WidthPolicy(costs=cm).bind(4, (0, 1, 2, 3, 4), [1, 2, 3, 4, 5])
+    assert pol.choose_drafts(0.023) == 0
+    assert pol.choose_drafts(0.8) > 0
+
+
 # ------------------------------------------------------------------- widths
 
 def test_no_prefill_is_the_widest_decoding_row():
