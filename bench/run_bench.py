@@ -59,7 +59,6 @@ import os
 import platform
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -101,14 +100,8 @@ def machine() -> dict:
 # --------------------------------------------------------------------------- KV in place / step latency
 
 def time_steps(fn, n: int, warm: int = 5) -> float:
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    """Median seconds of ``n`` calls of ``fn`` after ``warm`` untimed ones."""
+    return step_floor.time_median(fn, n, warm)
 
 
 def decode_step_fn(backend, ctx_len: int, check: bool = True):
