@@ -175,6 +175,7 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
             "draft": {k: built["draft"][k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
                                                      "metrics")},
             "fdraft": {"trained_params": fd["trained_params"], "head_rows": fd["head_rows"],
+                       "trained_elsewhere": fd.get("trained_elsewhere"),
                        "train_answer_tokens": fd["train_answer_tokens"],
                        "acceptance_given_previous": fd["metrics"]["acceptance_given_previous"],
                        "replay": {k: r["tokens_per_tlm_call"] for k, r in fd["metrics"]["replay"].items()}},
@@ -192,8 +193,9 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
 def markdown(rows: list[dict], info: dict) -> list[str]:
     d, sm = info.get("draft") or {}, info.get("sampling") or SAMPLING
     fd = info.get("fdraft") or {}
+    where = f", trained elsewhere: {fd['trained_elsewhere']}" if fd.get("trained_elsewhere") else ""
     feat = (f"feature draft: EAGLE-style head over the TLM's last-layer features ({fd['trained_params'] / 1e6:.1f}M "
-            f"trained parameters, head {fd.get('head_rows')} rows); " if fd.get("trained_params") else "")
+            f"trained parameters, head {fd.get('head_rows')} rows{where}); " if fd.get("trained_params") else "")
     L = [f"real_model: {info.get('model')}; {feat}distilled draft: layer(s) {d.get('layers')}, head "
          f"{d.get('head_rows')} rows; ngram: the runtime's prompt lookup; sampling T={sm['temperature']}, "
          f"top-p {sm['top_p']}; all rows measured", "",
