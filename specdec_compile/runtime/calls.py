@@ -126,8 +126,7 @@ def run_rows(backend: Backend, calls: list[tuple[int, Call]], B: int, width: int
     ids, pos = rows_of(calls, B, width)
     extra = extra_rows(calls, backend, B, width)
     t = time.perf_counter()
-    out = backend.run_outputs(ids, pos, check=False, inputs=extra,
-                              **({"rows": cache_rows} if cache_rows is not None else {}))
+    out = backend.run_outputs(ids, pos, check=False, inputs=extra, rows=cache_rows)
     return out, time.perf_counter() - t
 
 
