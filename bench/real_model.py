@@ -100,13 +100,17 @@ def _merge_hist(hs: list[dict]) -> dict:
 
 def decoders(tlm, dlm, eos, tlm_hs=None, fdlm=None) -> dict:
     """(draft, k) -> decoder; the n-gram ones only when the runtime has n-gram drafts; the feature
-    draft's (``fdlm`` over the TLM with hidden states ``tlm_hs``) when given."""
+    draft's (``fdlm`` over the TLM with hidden states ``tlm_hs``) and the hybrid's (prompt lookup,
+    else that feature draft; adaptive k only) when given."""
     from specdec_compile.runtime import SpecDecoder
     out = {}
     if fdlm is not None:
         for k in FEATURE_KS:
             fixed = k if isinstance(k, int) else None
             out[("feature", k)] = SpecDecoder(tlm_hs, fdlm, eos_token_id=eos, k=fixed, adaptive=fixed is None)
+        # prompt lookup when a 2+ token n-gram matches, the feature draft otherwise (drafts/hybrid.py)
+        out[("hybrid", "auto")] = SpecDecoder(tlm_hs, fdlm, draft="hybrid", ngram_max=real_demo.NGRAM_MAX,
+                                              eos_token_id=eos)
     for k in KS:
         fixed = k if isinstance(k, int) else None
         out[("distilled", k)] = SpecDecoder(tlm, dlm, eos_token_id=eos, k=fixed, adaptive=fixed is None)
@@ -214,7 +218,7 @@ def picture(rows: list[dict], path: Path) -> Path:
     """One SVG, drawn by hand (no plotting library needed): speedup (left) and tokens per TLM
     call (right) against k, one line per draft and mode (greedy solid, sampling dashed); the
     adaptive rows ("auto") as a marker at the right edge."""
-    colors = {"feature": "#d62728", "distilled": "#1f77b4", "ngram": "#2ca02c"}
+    colors = {"feature": "#d62728", "distilled": "#1f77b4", "ngram": "#2ca02c", "hybrid": "#9467bd"}
     fixed = sorted({r["k"] for r in rows if isinstance(r["k"], int)})
     if not fixed:
         raise ValueError("no fixed-k rows to draw")

@@ -28,7 +28,7 @@ CHAT = [
                                      "plan around trams, taxis and the flatter riverside districts."},
     {"role": "user", "content": "Which neighbourhoods should we stay in, and what should we pack?"},
 ]
-DRAFTS = ["feature", "ngram", "distilled"]
+DRAFTS = ["feature", "hybrid", "ngram", "distilled"]
 
 
 def requests(tok) -> list[tuple[str, list[int]]]:

@@ -82,10 +82,13 @@ def instruction_split(cfg: dict) -> tuple[list[str], list[str]]:
 
 def teacher_data(model, tok, instructions: list[str], cfg: dict, rep, label: str) -> list[dict]:
     """SmolLM2's greedy answers (and top-k distributions) to ``instructions``, in batches of
-    similar prompt length."""
+    similar prompt length. ``cfg["data"]["dtype"]`` ("bfloat16"): the teacher computes in that
+    dtype (``teacher.LeanLlama``); float32 when absent."""
+    import torch
+
     from . import teacher
     d = cfg["data"]
-    lean = teacher.LeanLlama(model)
+    lean = teacher.LeanLlama(model, getattr(torch, d.get("dtype", "float32")))
     eos = {int(tok.eos_token_id)}
     ps = [smollm2.chat_ids(tok, q) for q in instructions]
     order = sorted(range(len(ps)), key=lambda i: (len(ps[i]), i))

@@ -22,8 +22,9 @@ The head (``FeatureHead``), EAGLE-1's design:
 Data: SmolLM2's own greedy answers to standard-library instructions, with its
 features at every position captured while it answered (``teacher.greedy_batch``):
 the distilled draft's teacher answers (``distill``) plus ``extra_prompts`` more
-instructions answered here in batches (cached). No other text is needed: the
-labels are the target's own next-token distributions.
+instructions and ``prose_prompts`` prose ones (``prompts.prose_instructions``)
+answered here in batches, in bfloat16 (``teacher_dtype``; cached). No other
+text is needed: the labels are the target's own next-token distributions.
 
 Training (``feature_train``; deterministic, cached by a key over the data and
 this config): loss = smooth L1 of the feature (scaled by the features' RMS) +
@@ -65,17 +66,20 @@ from .progress import Reporter
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT_VERSION = "2"      # 2: training matched to the loop (feature_train)
+SCRIPT_VERSION = "3"      # 2: training matched to the loop (feature_train); 3: bfloat16 teacher, prose
 EVAL_VERSION = "3"       # what the evaluation reports (re-evaluates a cached head when it changes)
 
 CONFIG: dict = {
     "seed": 20261124,
     "head": {"init_layer": -1, "head_rows": 8192},
-    # extra_prompts: instructions SmolLM2 answers here on top of the distilled draft's 160 (the
-    # teacher runs ~400 tok/s at batch 80 on 2 quiet cores: 640 x 128 tokens ~ 3.5 min; 128 new
-    # tokens as the demo decodes, so late answer positions are covered too)
-    "data": {"feature_batch": 16, "extra_prompts": 640, "gen_len": 128, "teacher_batch": 80},
-    "train": {"epochs": 2, "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10, "weight_decay": 0.0,
+    # extra_prompts: stdlib instructions SmolLM2 answers here on top of the distilled draft's 160,
+    # prose_prompts: prose ones (prompts.prose_instructions); 128 new tokens as the demo decodes, so
+    # late answer positions are covered too. The teacher runs in bfloat16 (about 800 tok/s at batch
+    # 160 on 2 quiet cores with AMX, 2x float32): 1,440 x 128 tokens in about 3.5 min
+    "data": {"feature_batch": 16, "extra_prompts": 960, "prose_prompts": 480, "gen_len": 128,
+             "teacher_batch": 160, "teacher_dtype": "bfloat16"},
+    "train": {"epochs": 3, "amp": "bfloat16", "batch": 4, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup": 10,
+              "weight_decay": 0.0,
               "ce_weight": 0.5, "ce_rows": "answer", "noise": 0.05, "unroll": 3, "unroll_weights": [1.0, 0.8, 0.6]},
     "eval": {"k_max": 4, "replay_k": [4]},
     "export": {"batch": 2, "seq": 3, "past": 5},
@@ -232,6 +236,9 @@ def _extra_instructions(cfg: dict, dcfg: dict, target: dict) -> tuple[list[str],
     xs = prompts.training_instructions()
     random.Random(cfg["seed"]).shuffle(xs)
     extra = [x for x in xs if x not in used][: cfg["data"]["extra_prompts"]]
+    prose = prompts.prose_instructions()
+    random.Random(cfg["seed"] + 1).shuffle(prose)
+    extra += prose[: cfg["data"].get("prose_prompts", 0)]
     return extra, h("fteacher", target["keys"]["hf"], cfg["data"], cfg["seed"], extra, SCRIPT_VERSION)
 
 
@@ -246,7 +253,8 @@ def _extra_teacher(tmodel, tok, extra: list[str], key: str, cfg: dict, out: Path
     def answer() -> list[dict]:
         rep.line(f"[fdraft] SmolLM2 answers {len(extra)} more instructions greedily (up to {d['gen_len']} "
                  f"tokens, batch {d['teacher_batch']}), its features captured")
-        tcfg = {"data": {"batch": d["teacher_batch"], "gen_len": d["gen_len"]}}
+        tcfg = {"data": {"batch": d["teacher_batch"], "gen_len": d["gen_len"],
+                         "dtype": d.get("teacher_dtype", "float32")}}
         rows = distill.teacher_data(tmodel, tok, extra, tcfg, rep, "teacher fdraft") if extra else []
         return [{"prompt": r["prompt"], "gen": r["gen"], "feat": r["feat"]} for r in rows]
     data = cache.torch_cached(out / "cache" / f"fteacher-{key}.pt", answer, force=force)

@@ -53,6 +53,30 @@ _TOPIC_TEMPLATES = [
 ]
 
 
+# Prose instructions (``prose_instructions``): advice, comparisons, summaries, whose answers are
+# lists and paragraphs rather than code. {mod}: module; {a}, {b}: two public functions of it;
+# {doc}: the module docstring's first sentence; {topic}: a language reference topic.
+_PROSE_MODULE_TEMPLATES = [
+    "Give three tips for using the Python module `{mod}`.",
+    "What are common mistakes people make with the Python module `{mod}`, and how can they be avoided?",
+    "List the main steps to get started with the Python module `{mod}`.",
+    "Write a short paragraph that explains to a beginner what the Python module `{mod}` is for.",
+    "What are the advantages and disadvantages of using the Python module `{mod}`?",
+    "Summarize in plain English, in a few sentences: \"{doc}\"",
+]
+_PROSE_PAIR_TEMPLATES = [
+    "Explain the difference between `{mod}.{a}` and `{mod}.{b}`.",
+    "When should I use `{mod}.{a}` instead of `{mod}.{b}`?",
+    "Compare `{mod}.{a}` and `{mod}.{b}` in a few sentences.",
+]
+_PROSE_TOPIC_TEMPLATES = [
+    "Give three tips about {topic} in Python.",
+    "Summarize {topic} in Python in a few sentences, for a beginner.",
+    "What are common mistakes with {topic} in Python?",
+    "List the key points to remember about {topic} in Python.",
+]
+
+
 def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
@@ -169,4 +193,40 @@ def training_instructions() -> list[str]:
     for key in sorted(topics):
         title = key.replace("-", " ")
         add(_pick(_TOPIC_TEMPLATES, key).format(topic=f"`{title}`" if " " not in title else title))
+    return out
+
+
+def _topics() -> list[str]:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover
+        return []
+    return [f"`{k.replace('-', ' ')}`" if "-" not in k else k.replace("-", " ") for k in sorted(topics)]
+
+
+def prose_instructions() -> list[str]:
+    """Instructions whose answers are prose (advice, comparisons, summaries), from the same
+    standard library: per module one advice or summary instruction and one comparison of two of
+    its public functions, per language topic one; held-out words dropped as in
+    ``training_instructions``. Fixed order, deduplicated; callers shuffle."""
+    seen: set[str] = set()
+    out: list[str] = []
+
+    def add(s: str):
+        if s not in seen and not _held_out(s):
+            seen.add(s)
+            out.append(s)
+
+    for mod, path in _module_files():
+        items = list(_items(mod, path))
+        docs = [sentence for kind, _, _, _, sentence in items if kind == "module"]
+        funcs = sorted({name for kind, _, name, _, _ in items if kind == "func"})
+        add(_pick(_PROSE_MODULE_TEMPLATES, "prose:" + mod).format(mod=mod, doc=docs[0] if docs else mod))
+        if len(funcs) >= 2:
+            i = int(hashlib.sha256(("pair:" + mod).encode()).hexdigest()[:8], 16)
+            a, b = funcs[i % len(funcs)], funcs[(i // len(funcs) + 1 + i) % len(funcs)]
+            if a != b:
+                add(_pick(_PROSE_PAIR_TEMPLATES, "pair:" + mod).format(mod=mod, a=a, b=b))
+    for t in _topics():
+        add(_pick(_PROSE_TOPIC_TEMPLATES, "prose:" + t).format(topic=t))
     return out

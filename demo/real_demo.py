@@ -295,6 +295,8 @@ def main(a, console, log) -> int:
     target = TargetOnlyDecoder(base, eos_token_id=eos)
     tlm_hs, fdlm = open_feature_pair(a.out, a.ort_threads)
     drafts = {"feature": SpecDecoder(tlm_hs, fdlm, eos_token_id=eos, k=a.decode_k),
+              # prompt lookup when a 2+ token n-gram matches, the feature draft otherwise
+              "hybrid": SpecDecoder(tlm_hs, fdlm, draft="hybrid", ngram_max=NGRAM_MAX, eos_token_id=eos, k=a.decode_k),
               "distilled": SpecDecoder(tlm, dlm, eos_token_id=eos, k=a.decode_k)}
     ng_dec = runtime_ngram_decoder(tlm, eos, a.decode_k)
     if ng_dec is not None:

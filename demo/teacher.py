@@ -8,6 +8,11 @@ writes the same slot, per-row positions (a row's first real token has
 position 0), a key-padding mask, and the tied LM head. The weights are the
 checkpoint's own (``LlamaForCausalLM.state_dict()``); the arithmetic is the
 Llama block's (RMSNorm, rotary embedding, grouped-query attention, SiLU MLP).
+``dtype=torch.bfloat16`` runs it in bfloat16 (weights, activations, cache; the
+rotary angles and the logits in float32): on a CPU with AMX, 2x the float32
+tokens a second at batch 80-160 and 4.5x teacher-forced; its features differ
+from float32's by about 2% (relative, per position) and its top token agrees
+with float32's on 99% of positions (SmolLM2, measured 2026-11-24).
 
 What it returns per row: the tokens (prompt + generation), and per generated
 position the model's top-k token ids and probabilities -- the labels a
@@ -21,16 +26,17 @@ import math
 class LeanLlama:
     """A Llama forward pass over a preallocated cache (inference only)."""
 
-    def __init__(self, model):
+    def __init__(self, model, dtype=None):
         import torch
         c = model.config
+        self.dtype = dtype or torch.float32
         self.L = c.num_hidden_layers
         self.H = c.num_attention_heads
         self.KV = c.num_key_value_heads
         self.D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps = c.rms_norm_eps
         self.theta = c.rope_theta
-        sd = {k: v.detach() for k, v in model.state_dict().items()}
+        sd = {k: v.detach().to(self.dtype) for k, v in model.state_dict().items()}
         self.emb = sd["model.embed_tokens.weight"]
         self.head = sd.get("lm_head.weight", self.emb)
         self.norm = sd["model.norm.weight"]
@@ -58,7 +64,8 @@ class LeanLlama:
 
     def new_cache(self, B: int, T: int):
         import torch
-        return [(torch.zeros(B, self.KV, T, self.D), torch.zeros(B, self.KV, T, self.D)) for _ in range(self.L)]
+        return [(torch.zeros(B, self.KV, T, self.D, dtype=self.dtype),
+                 torch.zeros(B, self.KV, T, self.D, dtype=self.dtype)) for _ in range(self.L)]
 
     def forward(self, ids, pos, cache, start: int, key_ok):
         """ids, pos [B, S] written at slots start..start+S-1; key_ok [B, start+S] bool (False: padding).
@@ -73,8 +80,8 @@ class LeanLlama:
         B, S = ids.shape
         x = self.emb[ids]
         ang = pos[..., None].float() * self.inv_freq                    # [B, S, D/2]
-        cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]             # [B, 1, S, D]
-        sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
+        cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None].to(self.dtype)   # [B, 1, S, D]
+        sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None].to(self.dtype)
         T = start + S
         causal = torch.ones(S, T, dtype=torch.bool).tril(start)          # query i sees slots <= start+i
         mask = (causal[None] & key_ok[:, None, :T])[:, None]             # [B, 1, S, T]
@@ -94,7 +101,7 @@ class LeanLlama:
         return x
 
     def logits(self, hidden):
-        return hidden @ self.head.t()
+        return (hidden @ self.head.t()).float()
 
 
 def greedy_batch(lean: LeanLlama, prompts: list[list[int]], gen_len: int, *, eos: set[int], topk: int,

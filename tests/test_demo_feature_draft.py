@@ -174,6 +174,42 @@ def test_teacher_captures_the_features_it_would_compute_teacher_forced():
     assert rows2 == rows and all(torch.equal(a, b) for a, b in zip(hidden, hidden2))
 
 
+def test_bfloat16_teacher_is_close_to_float32():
+    """The bfloat16 teacher (the feature draft's extra answers): cache and activations in
+    bfloat16, logits in float32, features within a few percent of float32's, same greedy start."""
+    from demo import teacher
+    model = _target()
+    l32, lbf = teacher.LeanLlama(model), teacher.LeanLlama(model, torch.bfloat16)
+    assert lbf.new_cache(1, 4)[0][0].dtype == torch.bfloat16 and lbf.layers[0]["qkv"].dtype == torch.bfloat16
+    seqs = [[5, 9, 11, 40, 7, 7, 3], [7, 8, 9, 10, 11, 12, 3, 50, 60]]
+    f32, fbf = teacher.features(l32, seqs), teacher.features(lbf, seqs)
+    for a, b in zip(f32, fbf):
+        rel = (a.float() - b.float()).norm(dim=-1) / a.float().norm(dim=-1)
+        assert float(rel.max()) < 0.05 and float(rel.max()) > 0         # close, and really bfloat16
+    assert lbf.logits(lbf.emb[:2]).dtype == torch.float32
+    ps = [[5, 9, 11, 40], [7, 8, 9, 10, 11, 12, 3]]
+    r32 = teacher.greedy_batch(l32, ps, 6, eos={2}, topk=1)[0]
+    rbf = teacher.greedy_batch(lbf, ps, 6, eos={2}, topk=1)[0]
+    assert [r[:2] for r in r32] == [r[:2] for r in rbf]
+
+
+def test_bfloat16_autocast_training_keeps_float32_weights_and_learns():
+    from demo import feature_eval as fe
+    from demo import feature_train as ft
+    from demo.progress import Reporter
+    fd, model, head, ids, trs, evs = _setup()
+    cfg = copy.deepcopy(fd.CONFIG)
+    cfg["train"].update(epochs=3, batch=4, amp="bfloat16")
+    before = fe.chain_agreement(head, trs, 2)
+    w0 = head.fc.weight.detach().clone()
+    ft.train(head, trs, 1.0, cfg, Reporter(quiet=True))
+    assert head.fc.weight.dtype == torch.float32 and not torch.equal(w0, head.fc.weight)
+    assert fe.chain_agreement(head, trs, 2)["agreement"][0] >= before["agreement"][0]
+    cfg["train"]["amp"] = "float16"
+    with pytest.raises(SystemExit, match="train.amp"):
+        ft.train(head, trs, 1.0, cfg, Reporter(quiet=True))
+
+
 def test_bench_picture_draws_one_line_per_draft_and_mode(tmp_path):
     """bench/real_model.py's picture (hand-written SVG): speedup and tokens per TLM call against k."""
     import xml.etree.ElementTree as ET

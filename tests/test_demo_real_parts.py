@@ -26,6 +26,21 @@ def test_demo_prompts_are_held_out_of_the_distillation_set():
         assert not any(w in x for x in low), w
 
 
+def test_prose_instructions_are_held_out_and_not_stdlib_code_prompts():
+    xs = prompts.prose_instructions()
+    assert len(xs) > 300 and len(set(xs)) == len(xs)
+    assert xs == prompts.prose_instructions()                 # deterministic order
+    assert not set(xs) & set(prompts.training_instructions())
+    for p in prompts.DEMO_PROMPTS:
+        assert p not in xs
+    low = [x.lower() for x in xs]
+    for w in ("palindrome", "tuple", "readable"):
+        assert not any(w in x for x in low), w
+    # prose, not code: no instruction asks for a function, class or program
+    assert not any(x.startswith(("Write a Python function", "Implement", "Write a Python class")) for x in xs)
+    assert any(x.startswith("Explain the difference between") for x in xs)
+
+
 def test_ngram_proposer_and_replay():
     ctx = [5, 6, 7, 8, 9, 5, 6]
     assert ngram.propose(ctx, 3) == [7, 8, 9]                 # "5 6" seen before -> what followed
@@ -175,8 +190,9 @@ def _tiny_pair(fixture_path, tmp_path, k_list="0,1,2,3,4"):
 
 @pytest.mark.slow
 def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_path, monkeypatch):
-    """The demo's decode phase on a tiny compiled pair: the distilled (DLM) draft and the runtime's
-    n-gram draft, both run, both identical to target-only greedy output, summaries per draft."""
+    """The demo's decode phase on a tiny compiled pair: the distilled (DLM) draft, the runtime's
+    n-gram draft and the hybrid of both, all run, all identical to target-only greedy output,
+    summaries per draft."""
     pytest.importorskip("rich")
     from demo import real_demo
     from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
@@ -185,7 +201,7 @@ def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_
     base = OrtBackend(outs["dlm"], intra_op_threads=1)        # the same export at seq_len 1: a target-only baseline
     ng = real_demo.runtime_ngram_decoder(tlm, None)
     assert ng is not None                                    # the runtime has n-gram drafts
-    drafts = {"distilled": SpecDecoder(tlm, dlm), "ngram": ng}
+    drafts = {"distilled": SpecDecoder(tlm, dlm), "ngram": ng, "hybrid": SpecDecoder(tlm, dlm, draft="hybrid")}
 
     class Tok:
         def decode(self, ids, **kw):
@@ -201,7 +217,7 @@ def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_
                                 repeats=1, stream=NoStream(), streamed="ngram")
     assert [r["new_tokens"] for r in rows] == [12, 12]
     for r in rows:
-        assert r["identical"] and set(r["drafts"]) == {"distilled", "ngram"}
+        assert r["identical"] and set(r["drafts"]) == {"distilled", "ngram", "hybrid"}
         assert all(d["identical"] and d["speedup"] > 0 for d in r["drafts"].values())
     for name in drafts:
         s = real_demo.summarize(rows, name)

@@ -3,6 +3,7 @@
     specdec-run --tlm OUT_TLM --dlm OUT_DLM --tokenizer DIR --prompt "Hello"
     specdec-run --tlm OUT_TLM --draft ngram --tokenizer DIR --prompt "Hello"
     specdec-run --tlm OUT_TLM --draft suffix --tokenizer DIR --prompt "Hello" --prompt "Hello again"
+    specdec-run --tlm OUT_TLM --dlm OUT_DLM --draft hybrid --tokenizer DIR --prompt "Hello"
     specdec-run --tlm OUT_TLM --target-only --prompt-ids 1,2,3 --json
 
 Text streams as it is accepted (accepted drafts and target tokens in two
@@ -30,12 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
     p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with "
                    "--target-only, --draft ngram or --draft suffix)")
-    p.add_argument("--draft", choices=("dlm", "ngram", "suffix"), default=None,
+    p.add_argument("--draft", choices=("dlm", "ngram", "suffix", "hybrid"), default=None,
                    help="where drafts come from: the DLM (default when --dlm is given), n-gram "
                         "prompt lookup or suffix tries over the prompt, output and earlier requests' "
-                        "outputs (no draft model)")
+                        "outputs (no draft model), or hybrid: prompt lookup when an n-gram of 2+ "
+                        "tokens matches, the --dlm (a DLM or feature draft) otherwise")
     p.add_argument("--ngram-max", type=int, default=None, metavar="N",
-                   help="--draft ngram: the longest n-gram matched (default 3; at most 32 and the context length)")
+                   help="--draft ngram or hybrid: the longest n-gram matched (default 3; at most 32 and the "
+                        "context length)")
     p.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="N",
                    help="--draft suffix: tokens of earlier requests' outputs kept (default 16384; whole "
                         "requests evicted oldest first)")
@@ -228,8 +231,10 @@ def _check_args(args) -> None:
         raise SpecdecError("--draft ngram takes no --dlm (the drafts come from the text itself)")
     if args.draft == "ngram" and args.target_only:
         raise SpecdecError("--draft ngram has no meaning with --target-only")
-    if args.ngram_max is not None and args.draft != "ngram":
-        raise SpecdecError("--ngram-max is for --draft ngram")
+    if args.draft == "hybrid" and (args.target_only or not args.dlm):
+        raise SpecdecError("--draft hybrid needs --dlm DIR (prompt lookup first, that draft otherwise)")
+    if args.ngram_max is not None and args.draft not in ("ngram", "hybrid"):
+        raise SpecdecError("--ngram-max is for --draft ngram or hybrid")
     if args.ngram_max is not None:
         from ..runtime.drafts.ngram import NgramDraft
         if not 1 <= args.ngram_max <= NgramDraft.MAX_N:
@@ -362,7 +367,7 @@ def run(argv: list[str]) -> int:
     if args.target_only:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        source = None if dlm is not None else _draft_source(args)
+        source = "hybrid" if args.draft == "hybrid" else None if dlm is not None else _draft_source(args)
         dec = SpecDecoder(tlm, dlm, draft=source, ngram_max=args.ngram_max, eos_token_id=eos, k=args.k,
                           fallback=not args.no_fallback, tokenizer=tok, dlm_tokenizer=dlm_tok)
 

@@ -17,6 +17,7 @@ from .decoding import SpecDecoder, TargetOnlyDecoder, generate
 from .drafts import DraftContext, TargetStep
 from .drafts.dlm import DlmDraft
 from .drafts.feature import FeatureDraft
+from .drafts.hybrid import HybridDraft
 from .drafts.ngram import NgramDraft
 from .drafts.suffix import SuffixDraft
 from .metrics import GenerationResult, aggregate_metrics
@@ -24,7 +25,7 @@ from .policy import WidthPolicy
 from .sampling import SamplingParams
 from .vocab import PairVocab
 
-__all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "FeatureDraft", "GenerationResult", "NgramDraft", "TargetStep",
+__all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "FeatureDraft", "GenerationResult", "HybridDraft", "NgramDraft", "TargetStep",
            "WidthPolicy", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
            "SpecDecoder", "SuffixDraft", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
            "load_artifact", "open_backend"]

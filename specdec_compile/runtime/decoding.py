@@ -59,6 +59,8 @@ from .costs import CostModel
 from .drafts import make_draft_source
 from .drafts.dlm import DlmDraft
 from .drafts.feature import FeatureDraft
+from .drafts.hybrid import HybridDraft
+from .drafts.ngram import NgramDraft
 from .generation import OnTokens, _check_prompt, _Generation, _TargetGeneration
 from .hf_args import parse, resolve_tokenizer
 from .metrics import GenerationResult
@@ -201,9 +203,11 @@ class SpecDecoder(_Decoder):
     """Speculative decoding: a TLM backend verifies drafts from a draft source (see the module doc).
 
     The draft source, ``draft=``: a source object (drafts/: :class:`~.drafts.ngram.NgramDraft`,
-    :class:`~.drafts.suffix.SuffixDraft`, :class:`~.drafts.dlm.DlmDraft`, or your own), or
-    "ngram" (``ngram_max`` its longest n-gram) or "suffix" (its defaults). ``dlm=`` (the older spelling, also the second positional
-    argument): a DLM backend, or a source object.
+    :class:`~.drafts.suffix.SuffixDraft`, :class:`~.drafts.dlm.DlmDraft`,
+    :class:`~.drafts.hybrid.HybridDraft`, or your own), or "ngram" (``ngram_max`` its longest
+    n-gram) or "suffix" (its defaults), or "hybrid" with ``dlm``: prompt lookup (n-grams of 2 to
+    ``ngram_max`` tokens) when it matches, the DLM or feature draft otherwise. ``dlm=`` (the
+    older spelling, also the second positional argument): a DLM backend, or a source object.
     ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own; a
     tokenizer object or a local directory): text prompts, stop strings and results'
     ``text`` use it; the pair must agree on them (else on the manifests' special token ids), and the
@@ -245,6 +249,11 @@ class SpecDecoder(_Decoder):
 
 def _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer):
     """The draft source from SpecDecoder's arguments."""
+    if draft == "hybrid":
+        if dlm is None:
+            raise SpecdecError("draft='hybrid' needs a DLM backend: prompt lookup first, the DLM otherwise")
+        model = _source(dlm, None, None, tokenizer, dlm_tokenizer)
+        return HybridDraft(NgramDraft(3 if ngram_max is None else ngram_max, min_n=min(2, ngram_max or 3)), model)
     if dlm is not None and draft is not None and draft != "dlm":
         raise SpecdecError("give either a DLM or another draft source, not both")
     if dlm is None and (draft is None or draft == "dlm"):
