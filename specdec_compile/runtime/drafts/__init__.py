@@ -33,9 +33,10 @@ what makes the output exactly the target's.
 Sources here: :class:`~.dlm.DlmDraft` (a draft model with its own retained
 state), :class:`~.feature.FeatureDraft` (an EAGLE-style head that reads the
 target's hidden states from ``TargetStep.outputs``), :class:`~.ngram.NgramDraft`
-(prompt lookup: no model) and :class:`~.suffix.SuffixDraft` (suffix tries over
+(prompt lookup: no model), :class:`~.suffix.SuffixDraft` (suffix tries over
 the request and earlier requests' outputs, drafts sized by confidence: no
-model). A new source
+model) and :class:`~.hybrid.HybridDraft` (a model-free source first, a draft
+model otherwise, round by round). A new source
 is one module in this package with its tests; ``SpecDecoder(tlm, draft=...)``
 takes any object with this interface.
 """
