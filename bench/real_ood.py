@@ -46,7 +46,8 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
     """The ``real_ood`` rows and their settings."""
     from specdec_compile.runtime import SamplingParams, TargetOnlyDecoder
 
-    real_demo.build(out, k=4, prefill_len=64, ctx_len=256, threads=2, log=log, fdraft_head=a.fdraft_head)
+    real_demo.build(out, k=4, prefill_len=64, ctx_len=256, threads=a.real_threads, log=log,
+                    fdraft_head=a.fdraft_head)
     tok, tlm, dlm, base = real_demo.open_backends(out, a.ort_threads)
     tlm_hs, fdlm = real_demo.open_feature_pair(out, a.ort_threads)
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id

@@ -410,6 +410,9 @@ def _args(argv: list[str] | None):
     ap.add_argument("--real-prompts", type=int, default=4)
     ap.add_argument("--real-max-new-tokens", type=int, default=128)
     ap.add_argument("--real-repeats", type=int, default=2)
+    ap.add_argument("--real-threads", type=int, default=2,
+                    help="real, real-ood: torch threads for building the demo's models (the demo's --threads: "
+                         "a build made with other threads is retrained, as its cache key says)")
     ap.add_argument("--results", type=Path, default=HERE / "results.json")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
