@@ -166,9 +166,8 @@ def _held_out(text: str) -> bool:
     return any(w in t for w in _HELD_OUT_WORDS)
 
 
-def training_instructions() -> list[str]:
-    """Every instruction the standard library yields, in a fixed order (deduplicated);
-    callers shuffle with their own seed."""
+def _collector():
+    """(add, out): ``add(s)`` appends s to ``out`` unless it is there already or held out."""
     seen: set[str] = set()
     out: list[str] = []
 
@@ -176,6 +175,13 @@ def training_instructions() -> list[str]:
         if s not in seen and not _held_out(s):
             seen.add(s)
             out.append(s)
+    return add, out
+
+
+def training_instructions() -> list[str]:
+    """Every instruction the standard library yields, in a fixed order (deduplicated);
+    callers shuffle with their own seed."""
+    add, out = _collector()
 
     for mod, path in _module_files():
         for kind, m, name, sig, sentence in _items(mod, path):
@@ -209,13 +215,7 @@ def prose_instructions() -> list[str]:
     standard library: per module one advice or summary instruction and one comparison of two of
     its public functions, per language topic one; held-out words dropped as in
     ``training_instructions``. Fixed order, deduplicated; callers shuffle."""
-    seen: set[str] = set()
-    out: list[str] = []
-
-    def add(s: str):
-        if s not in seen and not _held_out(s):
-            seen.add(s)
-            out.append(s)
+    add, out = _collector()
 
     for mod, path in _module_files():
         items = list(_items(mod, path))

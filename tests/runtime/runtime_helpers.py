@@ -133,3 +133,13 @@ def one_line_error(code, err, *needles):
     assert len(lines) == 1 and lines[0].startswith("specdec-run: error: "), err
     for n in needles:
         assert n in lines[0], (n, lines[0])
+
+
+def same_as_target(spec, base, prompts, n=25, **kw):
+    """generate_many through the speculative decoder ``spec`` and the target-only ``base``: every
+    prompt's output must be the same; returns the speculative results."""
+    s = spec.generate_many(prompts, max_new_tokens=n, **kw)
+    b = base.generate_many(prompts, max_new_tokens=n, **kw)
+    for p, x, y in zip(prompts, s, b):
+        assert x.generated_ids == y.generated_ids, p
+    return s

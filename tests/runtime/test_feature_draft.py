@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, chi2, chi2_crit, sample_counts, sequence_dist
+from runtime_helpers import PROMPT, chi2, chi2_crit, sample_counts, same_as_target, sequence_dist
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import (DlmDraft, FeatureDraft, SamplingParams, SpecDecoder, TargetOnlyDecoder,
@@ -19,14 +19,6 @@ from specdec_compile.runtime.drafts.feature import FeatureDrafter
 from specdec_compile.runtime.testing import fake_feature_pair, fake_pair
 
 PROMPTS = [PROMPT, [5, 6, 7], [1] * 12, [2, 3], [9, 9, 9, 9, 9], [4, 8, 15, 16, 22, 19, 7]]
-
-
-def _same(spec, base, prompts, n=25, **kw):
-    s = spec.generate_many(prompts, max_new_tokens=n, **kw)
-    b = base.generate_many(prompts, max_new_tokens=n, **kw)
-    for p, x, y in zip(prompts, s, b):
-        assert x.generated_ids == y.generated_ids, p
-    return s
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
@@ -47,7 +39,7 @@ def test_greedy_equals_target_only_and_the_exact_draft_accepts_everything(k):
 
 def test_a_noisy_draft_keeps_greedy_output_and_rejects_some():
     tlm, d, _ = fake_feature_pair(k=3, noise=2.0)
-    r = _same(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), PROMPTS[:3])
+    r = same_as_target(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), PROMPTS[:3])
     assert all(0.0 < x.metrics["acceptance_rate"] < 1.0 for x in r)
 
 
@@ -95,14 +87,14 @@ def test_the_draft_gets_the_targets_features_paired_as_the_contract_says(wrong, 
 @pytest.mark.parametrize("k", [1, 3])
 def test_batches_and_continuous_batching(k):
     tlm, d, _ = fake_feature_pair(k=k, batch_size=3)
-    r = _same(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), PROMPTS)     # 6 prompts through 3 rows
+    r = same_as_target(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), PROMPTS)     # 6 prompts through 3 rows
     assert all(x.metrics["acceptance_rate"] == 1.0 for x in r)
 
 
 def test_prefill_longer_than_a_chunk_and_context_limit():
     tlm, d, _ = fake_feature_pair(k=4, ctx_len=40, prefill_len=4)
     prompts = [list(range(1, 20)), [3] * 33, [5] * 38]
-    r = _same(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), prompts, n=40)
+    r = same_as_target(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), prompts, n=40)
     assert [len(x.generated_ids) for x in r] == [21, 7, 2]
 
 
@@ -124,7 +116,7 @@ def test_k0_fallback_and_catch_up_after_rounds_without_drafts():
     rc = SpecDecoder(tlm, d, policy=_Cycle()).generate(PROMPT, max_new_tokens=30)
     assert rc.generated_ids == ref and rc.metrics["acceptance_rate"] == 1.0
     tlm, d, _ = fake_feature_pair(k=3, k_list=[0, 1, 3], batch_size=3)
-    _same(SpecDecoder(tlm, d, policy=_Cycle()), TargetOnlyDecoder(tlm), PROMPTS)
+    same_as_target(SpecDecoder(tlm, d, policy=_Cycle()), TargetOnlyDecoder(tlm), PROMPTS)
 
 
 @pytest.mark.parametrize("dlm_vocab", [19, 29])
@@ -132,7 +124,7 @@ def test_padded_vocabularies(dlm_vocab):
     tlm, d, _ = fake_feature_pair(k=3, dlm_vocab=dlm_vocab, batch_size=2)
     spec = SpecDecoder(tlm, d)
     assert spec.source.vocab is not None
-    r = _same(spec, TargetOnlyDecoder(tlm), PROMPTS[:4])
+    r = same_as_target(spec, TargetOnlyDecoder(tlm), PROMPTS[:4])
     acc = [x.metrics["acceptance_rate"] for x in r]
     # a wider draft reads every id: exact; a narrower one reads the ids it lacks as a fill id (and so
     # rebuilds another history from then on) and never proposes them
@@ -142,7 +134,7 @@ def test_padded_vocabularies(dlm_vocab):
 def test_sampling_seeded_equals_target_only_one_row_and_batched():
     tlm, d, _ = fake_feature_pair(k=3, noise=1.0, batch_size=3)
     params = SamplingParams(0.9, top_k=10, seed=11)
-    s = _same(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), PROMPTS, sampling=params)
+    s = same_as_target(SpecDecoder(tlm, d), TargetOnlyDecoder(tlm), PROMPTS, sampling=params)
     assert 0.0 < np.mean([x.metrics["acceptance_rate"] for x in s]) < 1.0
     one = SpecDecoder(tlm, d).generate(PROMPTS[2], max_new_tokens=25, sampling=params, prompt_index=2)
     assert one.generated_ids == s[2].generated_ids

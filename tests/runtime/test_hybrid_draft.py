@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, chi2, chi2_crit, one_line_error, run, sample_counts, sequence_dist
+from runtime_helpers import (PROMPT, chi2, chi2_crit, one_line_error, run, same_as_target, sample_counts,
+                             sequence_dist)
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import (FeatureDraft, HybridDraft, NgramDraft, SamplingParams, SpecDecoder,
@@ -79,20 +80,12 @@ class _EveryOther:
         return D()
 
 
-def _same(spec, base, prompts, n=25, **kw):
-    s = spec.generate_many(prompts, max_new_tokens=n, **kw)
-    b = base.generate_many(prompts, max_new_tokens=n, **kw)
-    for p, x, y in zip(prompts, s, b):
-        assert x.generated_ids == y.generated_ids, p
-    return s
-
-
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_greedy_equals_target_only_with_a_feature_draft_and_both_sources_draft(batch_size):
     tlm, d, _ = fake_feature_pair(k=3, noise=1.0, batch_size=batch_size)
     log_l, log_m = [], []
     src = HybridDraft(_Recorded(NgramDraft(3, 1), log_l), _Recorded(FeatureDraft(d), log_m))
-    _same(SpecDecoder(tlm, draft=src), TargetOnlyDecoder(tlm), PROMPTS)          # 6 prompts through the rows
+    same_as_target(SpecDecoder(tlm, draft=src), TargetOnlyDecoder(tlm), PROMPTS)          # 6 prompts through the rows
     assert any(d_ for _, d_ in log_l) and log_m, "both the lookup and the model drafted"
     # the string spelling builds the same composition
     spec = SpecDecoder(tlm, d, draft="hybrid")
@@ -127,8 +120,8 @@ def test_the_models_cache_catches_up_after_lookup_rounds(model):
 def test_greedy_with_a_draft_model_and_k0_fallback():
     tlm, d, _ = fake_pair(k=3, k_list=[0, 1, 2, 3], batch_size=2)
     src = HybridDraft(NgramDraft(3, 2), DlmDraft(d))
-    _same(SpecDecoder(tlm, draft=src), TargetOnlyDecoder(tlm), PROMPTS)
-    _same(SpecDecoder(tlm, draft=src, k=0), TargetOnlyDecoder(tlm), PROMPTS[:2])
+    same_as_target(SpecDecoder(tlm, draft=src), TargetOnlyDecoder(tlm), PROMPTS)
+    same_as_target(SpecDecoder(tlm, draft=src, k=0), TargetOnlyDecoder(tlm), PROMPTS[:2])
 
 
 def test_sampling_draws_from_the_target_distribution_through_the_hybrid_loop():
