@@ -253,7 +253,8 @@ def _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer):
         if dlm is None:
             raise SpecdecError("draft='hybrid' needs a DLM backend: prompt lookup first, the DLM otherwise")
         model = _source(dlm, None, None, tokenizer, dlm_tokenizer)
-        return HybridDraft(NgramDraft(3 if ngram_max is None else ngram_max, min_n=min(2, ngram_max or 3)), model)
+        n = 3 if ngram_max is None else ngram_max
+        return HybridDraft(NgramDraft(n, min_n=min(2, n)), model, weak=NgramDraft(n))
     if dlm is not None and draft is not None and draft != "dlm":
         raise SpecdecError("give either a DLM or another draft source, not both")
     if dlm is None and (draft is None or draft == "dlm"):

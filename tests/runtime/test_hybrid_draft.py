@@ -124,6 +124,47 @@ def test_greedy_with_a_draft_model_and_k0_fallback():
     same_as_target(SpecDecoder(tlm, draft=src, k=0), TargetOnlyDecoder(tlm), PROMPTS[:2])
 
 
+class _Kept(HybridDraft):
+    """Keeps the drafters it made, to read their counts."""
+
+    def drafter(self, ctx):
+        d = super().drafter(ctx)
+        self.made = getattr(self, "made", []) + [d]
+        return d
+
+
+def test_the_model_is_asked_only_while_it_pays():
+    """A hopeless DLM (another model) behind the lookup: after its acceptance estimate falls below
+    min_alpha the rounds the lookup cannot draft go without drafts, with a probe every 8th; an
+    exact DLM stays asked every time. Outputs are the target's either way."""
+    prompts = [PROMPT, [5, 6, 7, 5, 6, 7, 5, 6]]
+    runs = {}
+    for kind, min_alpha in (("independent", 0.15), ("independent", 0.0), ("same", 0.15)):
+        log = []
+        tlm, d, _ = fake_pair(k=3, dlm=kind, call_log=log)
+        src = _Kept(NgramDraft(3, 2), DlmDraft(d), min_alpha=min_alpha)
+        same_as_target(SpecDecoder(tlm, draft=src), TargetOnlyDecoder(tlm), prompts, n=40)
+        runs[kind, min_alpha] = (sum(1 for x in log if x[0] == "dlm"), src.made)
+    gated, ungated, exact = runs["independent", 0.15], runs["independent", 0.0], runs["same", 0.15]
+    assert gated[0] < ungated[0] / 2, (gated[0], ungated[0])          # far fewer DLM calls
+    for dr in gated[1]:
+        assert dr.rounds["none"] > 0 and dr.model_alpha() < 0.15
+        assert dr.rounds["model"] >= 2                                   # the first rounds, then probes
+    for dr in ungated[1]:
+        assert dr.rounds["none"] == 0
+    for dr in exact[1]:
+        assert dr.rounds["none"] == 0 and dr.model_alpha() > 0.8
+    # with a weak lookup (single-token matches), the gated rounds draft from it instead
+    log = []
+    tlm, d, _ = fake_pair(k=3, dlm="independent", call_log=log)
+    src = _Kept(NgramDraft(3, 2), DlmDraft(d), weak=NgramDraft(3, 1))
+    same_as_target(SpecDecoder(tlm, draft=src), TargetOnlyDecoder(tlm), prompts, n=40)
+    assert sum(dr.rounds["weak"] for dr in src.made) > 0
+    assert sum(1 for x in log if x[0] == "dlm") < ungated[0] / 2
+    spec = SpecDecoder(tlm, d, draft="hybrid")               # the runtime's hybrid has one
+    assert spec.source.weak.min_n == 1 and spec.source.lookup.min_n == 2
+
+
 def test_sampling_draws_from_the_target_distribution_through_the_hybrid_loop():
     V, N, n = 6, 3000, 3
     params = SamplingParams(1.0)
@@ -145,6 +186,10 @@ def test_bad_compositions_are_refused():
         HybridDraft(NgramDraft(), NgramDraft())
     with pytest.raises(SpecdecError, match="min_drafts"):
         HybridDraft(NgramDraft(), FeatureDraft(d), min_drafts=0)
+    with pytest.raises(SpecdecError, match="calls models"):
+        HybridDraft(NgramDraft(), FeatureDraft(d), weak=FeatureDraft(d))
+    with pytest.raises(SpecdecError, match="min_alpha"):
+        HybridDraft(NgramDraft(), FeatureDraft(d), min_alpha=1.0)
     with pytest.raises(SpecdecError, match="is not a draft source"):
         HybridDraft(object(), FeatureDraft(d))
     with pytest.raises(SpecdecError, match="needs a DLM"):

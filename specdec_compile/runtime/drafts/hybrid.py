@@ -11,6 +11,16 @@ catches up on the rounds the lookup drafted (as after rounds without drafts:
 contract section 6), and a feature draft still reads the target's features of
 every kept token.
 
+The model is asked only while it pays: the drafter keeps a decayed estimate
+of the model's own acceptance (from the verifications that follow its rounds)
+and, below ``min_alpha``, asks the ``weak`` lookup instead (a looser one: the
+runtime's hybrid uses single-token n-gram matches there, which the first
+lookup leaves to the model), or drafts nothing, asking the model again every
+``PROBE_EVERY``-th such round. On text the lookup covers and the model does
+not (a chat that repeats its own names), the hybrid then does what prompt
+lookup alone does; the width policy still sees one source (its pooled
+acceptance, the model's call cost).
+
 Drafts are tokens, whichever source made them, so greedy output is the
 target's and sampling stays exact (sampling.py: position-keyed noise).
 """
@@ -32,48 +42,67 @@ class HybridDraft:
     """``lookup``: a source without models (:class:`~.ngram.NgramDraft`,
     :class:`~.suffix.SuffixDraft`); ``model``: a draft-model source
     (:class:`~.dlm.DlmDraft`, :class:`~.feature.FeatureDraft`). ``min_drafts``:
-    the lookup's drafts are used when it proposes at least min(asked, min_drafts)."""
+    the lookup's drafts are used when it proposes at least min(asked, min_drafts).
+    ``min_alpha``: below this acceptance the model is only probed; ``weak``: a
+    model-free source asked in its place then (None: no drafts)."""
 
     kind = "hybrid"
 
-    def __init__(self, lookup, model, min_drafts: int = 1):
-        for name, s in (("lookup", lookup), ("model", model)):
+    def __init__(self, lookup, model, min_drafts: int = 1, min_alpha: float = 0.15, weak=None):
+        for name, s in (("lookup", lookup), ("model", model)) + ((("weak lookup", weak),) if weak else ()):
             if not all(hasattr(s, a) for a in ("drafter", "bind", "backends")):
                 raise SpecdecError(f"hybrid draft: {name} {type(s).__name__} is not a draft source")
-        if list(lookup.backends()):
-            raise SpecdecError(f"hybrid draft: the lookup source {lookup!r} calls models; give a source "
-                               f"without models (ngram, suffix) first")
+        for src in (lookup, weak):
+            if src is not None and list(src.backends()):
+                raise SpecdecError(f"hybrid draft: the lookup source {src!r} calls models; give a source "
+                                   f"without models (ngram, suffix) first")
         if not list(model.backends()):
             raise SpecdecError(f"hybrid draft: the model source {model!r} has no model; give a DLM or "
                                f"feature draft second")
         if int(min_drafts) != min_drafts or min_drafts < 1:
             raise SpecdecError(f"hybrid draft: min_drafts must be a positive integer (got {min_drafts})")
+        if not 0.0 <= min_alpha < 1.0:
+            raise SpecdecError(f"hybrid draft: min_alpha must be in [0, 1) (got {min_alpha})")
         self.lookup, self.model, self.min_drafts = lookup, model, int(min_drafts)
+        self.min_alpha, self.weak = float(min_alpha), weak
 
     @property
     def backend(self):
         return self.model.backend
 
     def bind(self, tlm) -> None:
-        self.lookup.bind(tlm)
-        self.model.bind(tlm)
+        for src in (self.lookup, self.model, self.weak):
+            if src is not None:
+                src.bind(tlm)
 
     def backends(self) -> list:
         return list(self.model.backends())
 
     def drafter(self, ctx) -> "HybridDrafter":
-        return HybridDrafter(self.lookup.drafter(ctx), self.model.drafter(ctx), self.min_drafts)
+        return HybridDrafter(self.lookup.drafter(ctx), self.model.drafter(ctx), self.min_drafts, self.min_alpha,
+                             self.weak.drafter(ctx) if self.weak is not None else None)
 
     def __repr__(self):
-        return f"HybridDraft({self.lookup!r}, {self.model!r}, min_drafts={self.min_drafts})"
+        return (f"HybridDraft({self.lookup!r}, {self.model!r}, min_drafts={self.min_drafts}, "
+                f"min_alpha={self.min_alpha}, weak={self.weak!r})")
 
 
 class HybridDrafter:
-    """One sequence: both drafters, and how many rounds each drafted (``rounds``)."""
+    """One sequence: both drafters, how many rounds each drafted and how many went without
+    (``rounds``), and the model's decayed acceptance (accepted / checked drafts)."""
 
-    def __init__(self, lookup, model, min_drafts: int):
-        self.lookup, self.model, self.min_drafts = lookup, model, min_drafts
-        self.rounds = {"lookup": 0, "model": 0}
+    DECAY, PROBE_EVERY = 0.8, 8
+
+    def __init__(self, lookup, model, min_drafts: int, min_alpha: float, weak=None):
+        self.lookup, self.model, self.min_drafts, self.min_alpha = lookup, model, min_drafts, min_alpha
+        self.weak = weak
+        self.rounds = {"lookup": 0, "model": 0, "weak": 0, "none": 0}
+        self.acc, self.chk = 0.0, 0.0
+        self.pending = None        # (q, n drafts) of the model's last round, until its verification
+        self.skipped = 0
+
+    def model_alpha(self) -> float:
+        return (self.acc + 0.5) / (self.chk + 1.0)
 
     def first(self, prompt):
         """(generator) The model's first draft (a DLM prefills here), else the lookup's."""
@@ -83,24 +112,43 @@ class HybridDrafter:
         return d
 
     def draft(self, seq, q: int, n: int):
-        """(generator) The lookup's drafts when it has enough, else the model's."""
+        """(generator) The lookup's drafts when it has enough, else the model's while it pays,
+        else the weak lookup's (or none)."""
         if n <= 0:
             return []
         d = yield from _value(self.lookup.draft(seq, q, n))
         if len(d) >= min(n, self.min_drafts):
             self.rounds["lookup"] += 1
             return d
+        if self.model_alpha() < self.min_alpha:
+            self.skipped += 1
+            if self.skipped % self.PROBE_EVERY:
+                d = (yield from _value(self.weak.draft(seq, q, n))) if self.weak is not None else []
+                self.rounds["weak" if d else "none"] += 1
+                return d
         self.rounds["model"] += 1
-        return (yield from _value(self.model.draft(seq, q, n)))
+        d = yield from _value(self.model.draft(seq, q, n))
+        self.pending = (q, len(d)) if d else None
+        return d
 
     def verified(self, step) -> None:
-        self.lookup.verified(step)
-        self.model.verified(step)
+        if self.pending is not None and step.start == self.pending[0] - 1:
+            # the verification of the model's round: [x_{q-1}, accepted drafts] kept
+            drafted = self.pending[1]
+            accepted = max(0, min(len(step.tokens) - 1, drafted))
+            self.acc = self.DECAY * self.acc + accepted
+            self.chk = self.DECAY * self.chk + accepted + (1 if accepted < drafted else 0)
+        self.pending = None
+        for d in self._all():
+            d.verified(step)
 
     def rollback(self, valid: int) -> None:
-        self.lookup.rollback(valid)
-        self.model.rollback(valid)
+        for d in self._all():
+            d.rollback(valid)
 
     def finish(self, seq) -> None:
-        self.lookup.finish(seq)
-        self.model.finish(seq)
+        for d in self._all():
+            d.finish(seq)
+
+    def _all(self) -> list:
+        return [self.lookup, self.model] + ([self.weak] if self.weak is not None else [])
