@@ -50,7 +50,7 @@ Calling one pass alone, in your own toolchain::
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
-``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention`` and ``share_shapes`` need nothing (``PassContext()``),
+``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention``, ``share_shapes`` and ``fuse_rotary`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
 ``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
@@ -75,6 +75,7 @@ from .expose_hidden_states import expose_hidden_states
 from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
+from .fuse_rotary import fuse_rotary
 from .greater_compares import greater_compares
 from .grouped_attention import grouped_attention
 from .logits_to_keep import logits_to_keep
@@ -147,8 +148,7 @@ REGISTRY: tuple[Pass, ...] = (
          "rotary `Cos`/`Sin` computed from `position_ids` become a `Gather` from constant cos/sin tables of "
          "exactly `ctx_len` rows, made at compile time by evaluating the export's own frequency subgraph in "
          "float64 (every rope variant it computes) and stored in the model dtype; the row is "
-         "`Max(position, 0)`. Under `-convert-to-fp16` the angles are then exact at every position",
-         targets=("qaic",)),
+         "`Max(position, 0)`. Under `-convert-to-fp16` the angles are then exact at every position"),
     Pass("fp16_safe", fp16_safe,
          f"embedded float constants are clamped to \u00b1{FP16_MAX:g}, so `-convert-to-fp16` cannot turn a "
          "float32-min mask fill into -inf"),
@@ -174,6 +174,13 @@ REGISTRY: tuple[Pass, ...] = (
          "shape arithmetic once per graph, not per layer: every read of `batch_size`, `seq_len` or `ctx_len` "
          "off a tensor's shape (where shape inference names the dim) reads it once off the graph input, then "
          "identical nodes (same op, attributes and inputs; constants by value) are merged",
+         targets=("ort",)),
+    Pass("fuse_rotary", fuse_rotary,
+         "each q/k rotation `x*cos + rotate_half(x)*sin` read from `rotary_tables`' tables becomes one "
+         "`RotaryEmbedding` (ai.onnx opset 23: x `[B, N, S, d]`, the tables' first halves as "
+         "`cos_cache`/`sin_cache`, `Max(position_ids, 0)`), one ONNX Runtime kernel in place of about "
+         "nine. Made only where the form is exactly that (halves of the tables equal, float32, shapes "
+         "inferred); any other rotation is left as it is, with the reason",
          targets=("ort",)),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "

@@ -1,0 +1,163 @@
+"""Finder: rotary applied to q or k as ``x*cos + rotate_half(x)*sin`` from constant tables.
+
+Not one of ``detect()``'s finders: the form it looks for is the one ``passes.rotary_tables``
+leaves (cos/sin gathered from constant ``ctx_len``-row tables at ``Max(position_ids, 0)``), so
+``passes.fuse_rotary`` calls it on the graph it rewrites. One site is, exactly::
+
+    Add(Mul(x, Unsqueeze(Gather(COS, row), [1])),
+        Mul(Concat(Neg(Slice(x, [h], [>=d], [-1])), Slice(x, [0], [h], [-1]), axis=-1),
+            Unsqueeze(Gather(SIN, row), [1])))
+
+(either operand order of each Mul and of the Add), where x is ``[B, N, S, d]`` with static
+even d, h = d/2, COS and SIN are constant float32 tables ``[M, d]`` whose two halves are
+equal (transformers' ``cat((freqs, freqs))``: the non-interleaved layout), gathered on axis 0
+with the same ``row = Max(position_ids, 0)``, position_ids is the graph input ``[B, S]``, and
+the Add's output is ``[B, N, S, d]``, x's own shape (no other broadcast). Partial rotary
+(transformers slices x to the rotary dims first) is this same form on the slice.
+
+Anything else is skipped with the reason: the interleaved layout (GPT-J's
+``rotate_every_two``, over its own constant table: no site here), tables whose halves
+differ, a dtype other than float32, a shape inference cannot establish.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..graph_utils import const_value, producer
+
+
+@dataclass(frozen=True)
+class RotateHalfSite:
+    """One rotation: ``add`` computes it from ``x`` (``[B, N, S, dim]``); ``cos``/``sin``
+    are the tables' first halves ``[M, dim/2]``, read at ``row``."""
+    add: gs.Node
+    x: gs.Tensor
+    row: gs.Tensor
+    cos: np.ndarray
+    sin: np.ndarray
+    dim: int
+
+
+def _ints(t: gs.Tensor) -> list[int] | None:
+    v = const_value(t)
+    return None if v is None or v.dtype.kind not in "iu" else [int(x) for x in np.atleast_1d(v)]
+
+
+def _table_read(t: gs.Tensor):
+    """``Unsqueeze(Gather(TABLE, row, axis=0), [1])``: (table, row) or a reason."""
+    u = producer(t)
+    if u is None or u.op != "Unsqueeze":
+        return "cos/sin operand is not an Unsqueeze"
+    axes = _ints(u.inputs[1]) if len(u.inputs) > 1 else u.attrs.get("axes")
+    if list(axes or []) != [1]:
+        return f"{u.name}: unsqueezes axes {axes}, not [1]"
+    gather = producer(u.inputs[0])
+    if gather is None or gather.op != "Gather" or gather.attrs.get("axis", 0) != 0:
+        return f"{u.name}: not a Gather on axis 0 of a table"
+    table = const_value(gather.inputs[0])
+    if table is None or table.ndim != 2:
+        return f"{gather.name}: does not read a constant 2-D table"
+    return table, gather.inputs[1]
+
+
+def _rotate_half(t: gs.Tensor, dim: int):
+    """``Concat(Neg(Slice(x, h:)), Slice(x, :h), axis=-1)``: x, or a reason."""
+    cat = producer(t)
+    if cat is None or cat.op != "Concat" or len(cat.inputs) != 2 or cat.attrs.get("axis") not in (-1, 3):
+        return "not Concat(-x2, x1) on the last axis"
+    neg = producer(cat.inputs[0])
+    if neg is None or neg.op != "Neg":
+        return f"{cat.name}: first half is not negated (interleaved or other layout)"
+    second, first = producer(neg.inputs[0]), producer(cat.inputs[1])
+    h = dim // 2
+    want = {id(second): ([h], dim), id(first): ([0], h)}
+    x = None
+    for s in (second, first):
+        if s is None or s.op != "Slice" or len(s.inputs) < 4:
+            return f"{cat.name}: halves are not Slices with explicit axes"
+        steps = _ints(s.inputs[4]) if len(s.inputs) > 4 else [1]
+        start, end, axes = _ints(s.inputs[1]), _ints(s.inputs[2]), _ints(s.inputs[3])
+        begin, least = want[id(s)]
+        if axes not in ([-1], [3]) or steps != [1] or start != begin or end is None or end[0] < least:
+            return f"{s.name}: not the half [{begin}:{least}] of the last axis"
+        if end[0] > least and least != dim:
+            return f"{s.name}: first half does not end at {h}"
+        if x is not None and s.inputs[0] is not x:
+            return f"{cat.name}: halves of different tensors"
+        x = s.inputs[0]
+    return x
+
+
+def _split(add: gs.Node):
+    """The Add's two Muls as (x, cos operand, rotate-half operand, sin operand), or a reason."""
+    muls = [producer(t) for t in add.inputs]
+    if len(muls) != 2 or any(m is None or m.op != "Mul" for m in muls):
+        return "not an Add of two Muls"
+    for a, b in (muls, muls[::-1]):
+        for ri, si in ((0, 1), (1, 0)):
+            rot = producer(b.inputs[ri])
+            if rot is not None and rot.op == "Concat":
+                for xi, ci in ((0, 1), (1, 0)):
+                    yield a.inputs[xi], a.inputs[ci], b.inputs[ri], b.inputs[si]
+
+
+def _site(add: gs.Node, dims: dict, positions: gs.Tensor):
+    reason = "not x*cos + rotate_half(x)*sin"
+    for x, c, r, s in _split(add):
+        shape = dims.get(x.name)
+        if not shape or len(shape) != 4 or not isinstance(shape[3], int):
+            reason = f"{add.name}: x {x.name!r} is not [B, N, S, d] with static d ({shape})"
+            continue
+        got = _rotate_half(r, shape[3])
+        if isinstance(got, str) or got is not x:
+            reason = f"{add.name}: {got}" if isinstance(got, str) else reason
+            continue
+        cos, sin = _table_read(c), _table_read(s)
+        bad = next((t for t in (cos, sin) if isinstance(t, str)), None)
+        if bad is not None:
+            return f"{add.name}: {bad}"
+        return _check_tables(add, x, cos, sin, shape[3], dims, positions)
+    return reason
+
+
+def _check_tables(add, x, cos, sin, dim, dims, positions):
+    (ct, row), (st, srow) = cos, sin
+    if row is not srow:
+        return f"{add.name}: cos and sin are read at different rows"
+    mx = producer(row)
+    if mx is None or mx.op != "Max" or len(mx.inputs) != 2 or mx.inputs[0] is not positions \
+            or _ints(mx.inputs[1]) != [0]:
+        return f"{add.name}: the table row is not Max(position_ids, 0)"
+    if dim % 2 or ct.shape != st.shape or ct.shape[1] != dim:
+        return f"{add.name}: tables {list(ct.shape)} do not match head dim {dim}"
+    if ct.dtype != np.float32 or st.dtype != np.float32 or x.dtype not in (np.float32, None):
+        return f"{add.name}: dtype {ct.dtype}, only float32 is fused"
+    h = dim // 2
+    if not (np.array_equal(ct[:, :h], ct[:, h:]) and np.array_equal(st[:, :h], st[:, h:])):
+        return f"{add.name}: the tables' two halves differ (not the rotate_half layout)"
+    xs, ps, out = dims.get(x.name), dims.get(positions.name), dims.get(add.outputs[0].name)
+    if ps is None or xs[0] != ps[0] or xs[2] != ps[1] or None in (xs[0], xs[2]) or out != xs:
+        return f"{add.name}: x {xs}, positions {ps} and output {out} do not share B and S"
+    return RotateHalfSite(add, x, row, ct[:, :h], st[:, :h], dim)
+
+
+def find_rotate_half(graph: gs.Graph, positions: gs.Tensor, dims: dict) -> tuple[list, list]:
+    """(sites, [(Add node name, reason skipped)]) over every Add reading a Mul by a table row.
+    ``dims``: tensor name -> dims from shape inference (an int, a symbol name or None)."""
+    sites, skipped = [], []
+    for n in graph.nodes:
+        if n.op != "Add" or not any(_is_table_mul(t) for t in n.inputs):
+            continue
+        got = _site(n, dims, positions)
+        (sites.append(got) if isinstance(got, RotateHalfSite) else skipped.append((n.name, got)))
+    return sites, skipped
+
+
+def _is_table_mul(t: gs.Tensor) -> bool:
+    m = producer(t)
+    return m is not None and m.op == "Mul" and any(
+        producer(i) is not None and producer(i).op == "Unsqueeze" and producer(producer(i).inputs[0]) is not None
+        and producer(producer(i).inputs[0]).op == "Gather" for i in m.inputs)

@@ -1,0 +1,77 @@
+"""Pass ``fuse_rotary`` (ort): each q/k rotation becomes one ONNX ``RotaryEmbedding`` node.
+
+After ``rotary_tables`` a rotary export rotates q and k in every layer as
+``x*cos + rotate_half(x)*sin``, with cos/sin gathered from constant tables at
+``Max(position_ids, 0)``: on ONNX Runtime that is about nine kernels per tensor (two Slices, Neg,
+Concat, two Muls, Add, and the per-layer Unsqueezes). Where ``detect.rotate_half`` finds exactly
+that form (its docstring lists each fact it checks), the Add's output is computed instead by the
+standard ``RotaryEmbedding`` (ai.onnx opset 23; the ``ort`` target is opset 24), which ONNX
+Runtime 1.32 runs as one CPU kernel::
+
+    RotaryEmbedding(x, cos_cache, sin_cache, Max(position_ids, 0), interleaved=0)
+
+with x ``[B, N, S, d]`` (the kernel's 4-D layout; N is read off x, so ``num_heads`` is not set), ``cos_cache``/``sin_cache`` the tables' first
+halves ``[ctx_len, d/2]`` (the halves are checked equal, so nothing is lost) and the rotary over
+the whole of x (partial rotary: x is already the export's slice of the rotary dims). Per element
+the kernel computes ``x[i]*cos[i] - x[i+h]*sin[i]`` and ``x[i+h]*cos[i] + x[i]*sin[i]``, the
+export's own products; only the order of rounding may differ (tests: 1e-4 against the export,
+the contract's tolerance). The same row index as the tables' Gather: padding (-1) reads row 0,
+and a position >= ctx_len is an error, as the Gather's is (ONNX Runtime checks the range).
+
+Sites in any other form are left as they are, each with the reason (logged at INFO; the pass
+returns the graph with those sites untouched). qaic keeps the unfused form: QEfficient's device
+graphs compute rotary with Mul/Concat/Slice, so ``RotaryEmbedding`` has no device precedent.
+"""
+from __future__ import annotations
+
+import logging
+
+import onnx_graphsurgeon as gs
+
+from ..contract import POSITION_IDS
+from ..detect.rotate_half import RotateHalfSite, find_rotate_half
+from ..graph_utils import Builder, graph_input
+from ._context import PassContext, need
+from ._static import symbolic_dims
+
+_log = logging.getLogger(__name__)
+#: the first ai.onnx opset with RotaryEmbedding
+_OPSET = 23
+
+
+def find_sites(graph: gs.Graph) -> tuple[list[RotateHalfSite], list[tuple[str, str]]]:
+    """(the rotations the pass fuses, [(Add node, reason)] for those it leaves)."""
+    positions = graph_input(graph, POSITION_IDS)
+    if positions is None or not any(n.op == "Neg" for n in graph.nodes):
+        return [], []
+    return find_rotate_half(graph, positions, symbolic_dims(graph))
+
+
+def _fuse(b: Builder, site: RotateHalfSite, caches: dict) -> None:
+    key = (site.cos.tobytes(), site.sin.tobytes(), site.cos.shape)
+    if key not in caches:
+        caches[key] = (b.const(site.cos, hint="cos_cache"), b.const(site.sin, hint="sin_cache"))
+    cos, sin = caches[key]
+    out = site.add.outputs[0]
+    site.add.outputs = []
+    b.op("RotaryEmbedding", [site.x, cos, sin, site.row], attrs={"interleaved": 0},
+         hint="rotary", outputs=[out])
+
+
+def fuse_rotary(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    need("fuse_rotary", ctx)
+    if (graph.opset or 0) < _OPSET:
+        _log.info("fuse_rotary: opset %s < %d, no RotaryEmbedding; left as is", graph.opset, _OPSET)
+        return graph
+    graph = graph.copy()
+    sites, skipped = find_sites(graph)
+    for name, why in skipped:
+        _log.info("fuse_rotary: left %s as is: %s", name, why)
+    if not sites:
+        return graph
+    b, caches = Builder(graph, "fuse_rotary"), {}
+    for site in sites:
+        _fuse(b, site, caches)
+    graph.cleanup(remove_unused_graph_inputs=False)
+    graph.toposort()
+    return graph
