@@ -81,46 +81,56 @@ def _rotate_half(t: gs.Tensor, dim: int):
         steps = _ints(s.inputs[4]) if len(s.inputs) > 4 else [1]
         start, end, axes = _ints(s.inputs[1]), _ints(s.inputs[2]), _ints(s.inputs[3])
         begin, least = want[id(s)]
-        if axes not in ([-1], [3]) or steps != [1] or start != begin or end is None or end[0] < least:
+        if axes not in ([-1], [3]) or steps != [1] or start != begin or end is None or end[0] < least \
+                or (end[0] > least and least != dim):
             return f"{s.name}: not the half [{begin}:{least}] of the last axis"
-        if end[0] > least and least != dim:
-            return f"{s.name}: first half does not end at {h}"
         if x is not None and s.inputs[0] is not x:
             return f"{cat.name}: halves of different tensors"
         x = s.inputs[0]
     return x
 
 
+def _reads_table(t: gs.Tensor) -> bool:
+    u = producer(t)
+    return u is not None and u.op == "Unsqueeze" and producer(u.inputs[0]) is not None \
+        and producer(u.inputs[0]).op == "Gather"
+
+
 def _split(add: gs.Node):
     """The Add's two Muls as (x, cos operand, rotate-half operand, sin operand), or a reason."""
     muls = [producer(t) for t in add.inputs]
-    if len(muls) != 2 or any(m is None or m.op != "Mul" for m in muls):
+    if len(muls) != 2 or any(m is None or m.op != "Mul" or len(m.inputs) != 2 for m in muls):
         return "not an Add of two Muls"
-    for a, b in (muls, muls[::-1]):
-        for ri, si in ((0, 1), (1, 0)):
-            rot = producer(b.inputs[ri])
-            if rot is not None and rot.op == "Concat":
-                for xi, ci in ((0, 1), (1, 0)):
-                    yield a.inputs[xi], a.inputs[ci], b.inputs[ri], b.inputs[si]
+    parts = []
+    for m in muls:
+        table = [t for t in m.inputs if _reads_table(t)]
+        if len(table) != 1:
+            return f"{m.name}: not a product with one table row"
+        other = m.inputs[1] if m.inputs[0] is table[0] else m.inputs[0]
+        parts.append((other, table[0]))
+    rot = [producer(o) is not None and producer(o).op == "Concat" for o, _ in parts]
+    if rot.count(True) != 1:
+        return f"{add.name}: not one rotate_half product and one plain product"
+    (x, c), (r, s) = parts if rot[1] else parts[::-1]
+    return x, c, r, s
 
 
 def _site(add: gs.Node, dims: dict, positions: gs.Tensor):
-    reason = "not x*cos + rotate_half(x)*sin"
-    for x, c, r, s in _split(add):
-        shape = dims.get(x.name)
-        if not shape or len(shape) != 4 or not isinstance(shape[3], int):
-            reason = f"{add.name}: x {x.name!r} is not [B, N, S, d] with static d ({shape})"
-            continue
-        got = _rotate_half(r, shape[3])
-        if isinstance(got, str) or got is not x:
-            reason = f"{add.name}: {got}" if isinstance(got, str) else reason
-            continue
-        cos, sin = _table_read(c), _table_read(s)
-        bad = next((t for t in (cos, sin) if isinstance(t, str)), None)
-        if bad is not None:
-            return f"{add.name}: {bad}"
-        return _check_tables(add, x, cos, sin, shape[3], dims, positions)
-    return reason
+    split = _split(add)
+    if isinstance(split, str):
+        return f"{add.name}: {split}" if not split.startswith(add.name) else split
+    x, c, r, s = split
+    shape = dims.get(x.name)
+    if not shape or len(shape) != 4 or not isinstance(shape[3], int):
+        return f"{add.name}: x {x.name!r} is not [B, N, S, d] with static d ({shape})"
+    got = _rotate_half(r, shape[3])
+    if isinstance(got, str) or got is not x:
+        return f"{add.name}: {got}" if isinstance(got, str) else f"{add.name}: rotate_half of another tensor"
+    cos, sin = _table_read(c), _table_read(s)
+    bad = next((t for t in (cos, sin) if isinstance(t, str)), None)
+    if bad is not None:
+        return f"{add.name}: {bad}"
+    return _check_tables(add, x, cos, sin, shape[3], dims, positions)
 
 
 def _check_tables(add, x, cos, sin, dim, dims, positions):
@@ -158,6 +168,4 @@ def find_rotate_half(graph: gs.Graph, positions: gs.Tensor, dims: dict) -> tuple
 
 def _is_table_mul(t: gs.Tensor) -> bool:
     m = producer(t)
-    return m is not None and m.op == "Mul" and any(
-        producer(i) is not None and producer(i).op == "Unsqueeze" and producer(producer(i).inputs[0]) is not None
-        and producer(producer(i).inputs[0]).op == "Gather" for i in m.inputs)
+    return m is not None and m.op == "Mul" and any(_reads_table(i) for i in m.inputs)
