@@ -93,10 +93,10 @@ def test_every_coverage_matrix_row_lowers_to_ops_with_precedent(row):
 
 
 def test_the_ort_target_is_not_legalized(artifact):
-    """ORT keeps what serves it (TensorScatter, IsNaN, on-device Cos/Sin): the check can fail."""
+    """ORT keeps what serves it (TensorScatter, IsNaN, the fused RotaryEmbedding): the check can fail."""
     model = onnx.load(str(artifact("llama_gqa", "tlm", "ort") / "model.onnx"), load_external_data=False)
     flagged = {u.op for u in without_precedent(model)}
-    assert {"TensorScatter", "IsNaN", "Cos", "Sin"} <= flagged
+    assert {"TensorScatter", "IsNaN", "RotaryEmbedding"} <= flagged
 
 
 def test_precedent_data_has_a_source_for_every_op():

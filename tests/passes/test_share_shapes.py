@@ -14,7 +14,7 @@ from specdec_compile.passes.share_shapes import merge_common
 
 
 @pytest.mark.parametrize("name,per_layer", [
-    ("llama_gqa", 1),      # the key update's shape: its batch dim is not named by inference (rotary broadcast)
+    ("llama_gqa", 0),      # rotary_tables' rows (Gather at position_ids) name the rotary broadcast's batch dim
     ("llama_dynamo", 0),
     ("gpt2", 9),           # inference does not name gpt2's batch dim: those reads stay
 ])
