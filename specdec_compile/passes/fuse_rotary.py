@@ -2,8 +2,8 @@
 
 After ``rotary_tables`` a rotary export rotates q and k in every layer as
 ``x*cos + rotate_half(x)*sin``, with cos/sin gathered from constant tables at
-``Max(position_ids, 0)``: on ONNX Runtime that is about nine kernels per tensor (two Slices, Neg,
-Concat, two Muls, Add, and the per-layer Unsqueezes). Where ``detect.rotate_half`` finds exactly
+``Max(position_ids, 0)``: on ONNX Runtime that is seven kernels per tensor (two Slices, Neg,
+Concat, two Muls, Add). Where ``detect.rotate_half`` finds exactly
 that form (its docstring lists each fact it checks), the Add's output is computed instead by the
 standard ``RotaryEmbedding`` (ai.onnx opset 23; the ``ort`` target is opset 24), which ONNX
 Runtime 1.32 runs as one CPU kernel::
