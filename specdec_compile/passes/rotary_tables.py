@@ -16,6 +16,9 @@ export computes (partial rotary, interleaved layouts, llama3/yarn scaling,
 attention factors) is tabulated as it is. A table is stored in the dtype the
 site had (the model dtype).
 
+Both targets: on ``ort`` the tables are what ``fuse_rotary`` hands to ONNX Runtime's
+``RotaryEmbedding`` (its ``cos_cache``/``sin_cache``).
+
 Refused (one line, naming the node), never guessed: a site whose values
 depend on any graph input other than the positions (beyond its shape), a
 frequency constant stored as external data, or a site that is not a
