@@ -8,16 +8,25 @@ leaves (cos/sin gathered from constant ``ctx_len``-row tables at ``Max(position_
         Mul(Concat(Neg(Slice(x, [h], [>=d], [-1])), Slice(x, [0], [h], [-1]), axis=-1),
             Unsqueeze(Gather(SIN, row), [1])))
 
+or, interleaved (Cohere's ``rotate_half``: ``stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)``)::
+
+    Mul(Reshape(Concat(Unsqueeze(Neg(Slice(x, [1], [>=d], [-1], [2])), [-1]),
+                       Unsqueeze(Slice(x, [0], [>=d], [-1], [2]), [-1]), axis=-1), shape), ...)
+
+with the Reshape's output x's shape (inference names its B, S and d: a row-major reshape of
+``[B, N, S, d/2, 2]`` to that is the flatten of the last two axes),
 (either operand order of each Mul and of the Add), where x is ``[B, N, S, d]`` with static
 even d, h = d/2, COS and SIN are constant float32 tables ``[M, d]`` whose two halves are
-equal (transformers' ``cat((freqs, freqs))``: the non-interleaved layout), gathered on axis 0
+equal (transformers' ``cat((freqs, freqs))``; interleaved: each even column equal to the next,
+``repeat_interleave(freqs, 2)``), gathered on axis 0
 with the same ``row = Max(position_ids, 0)``, position_ids is the graph input ``[B, S]``, and
 the Add's output is ``[B, N, S, d]``, x's own shape (no other broadcast). Partial rotary
 (transformers slices x to the rotary dims first) is this same form on the slice.
 
-Anything else is skipped with the reason: the interleaved layout (GPT-J's
-``rotate_every_two``, over its own constant table: no site here), tables whose halves
-differ, a dtype other than float32, a shape inference cannot establish.
+Anything else is skipped with the reason: tables whose halves (pairs) differ, a table read
+through more ops (Helium's and GLM's ``cos[..., :d/2].repeat_interleave(2)``), a dtype other
+than float32, a shape inference cannot establish. GPT-J and CodeGen gather from their own
+table, not ``rotary_tables``': no site.
 """
 from __future__ import annotations
 
@@ -32,13 +41,15 @@ from ..graph_utils import const_value, producer
 @dataclass(frozen=True)
 class RotateHalfSite:
     """One rotation: ``add`` computes it from ``x`` (``[B, N, S, dim]``); ``cos``/``sin``
-    are the tables' first halves ``[M, dim/2]``, read at ``row``."""
+    are the tables' first halves ``[M, dim/2]`` (interleaved: their even columns), read at
+    ``row``."""
     add: gs.Node
     x: gs.Tensor
     row: gs.Tensor
     cos: np.ndarray
     sin: np.ndarray
     dim: int
+    interleaved: bool = False
 
 
 def _ints(t: gs.Tensor) -> list[int] | None:
@@ -90,6 +101,56 @@ def _rotate_half(t: gs.Tensor, dim: int):
     return x
 
 
+def _step_slice(s: gs.Node | None, begin: int, dim: int) -> gs.Tensor | str:
+    """``Slice(x, [begin], [>=dim], [-1], [2])``: x, or a reason."""
+    if s is None or s.op != "Slice" or len(s.inputs) != 5:
+        return "not a Slice with steps"
+    start, end, axes, steps = (_ints(t) for t in s.inputs[1:5])
+    if axes not in ([-1], [3]) or steps != [2] or start != [begin] or end is None or end[0] < dim:
+        return f"{s.name}: not x[..., {begin}::2]"
+    return s.inputs[0]
+
+
+def _rotate_pairs(t: gs.Tensor, shape: list, dims: dict):
+    """``Reshape(Concat(Unsqueeze(-x[..., 1::2], -1), Unsqueeze(x[..., ::2], -1)), x's shape)``:
+    x, or a reason."""
+    r = producer(t)
+    cat = producer(r.inputs[0])
+    if cat is None or cat.op != "Concat" or len(cat.inputs) != 2 or cat.attrs.get("axis") not in (-1, 4):
+        return f"{r.name}: not a flatten of Concat(-x_odd, x_even) on a new last axis"
+    ups = [producer(i) for i in cat.inputs]
+    if any(u is None or u.op != "Unsqueeze" or (_ints(u.inputs[1]) if len(u.inputs) > 1 else None) not in ([-1], [4])
+           for u in ups):
+        return f"{cat.name}: its operands are not Unsqueeze(., [-1])"
+    neg = producer(ups[0].inputs[0])
+    if neg is None or neg.op != "Neg":
+        return f"{cat.name}: the odd elements are not negated first"
+    odd, even = _step_slice(producer(neg.inputs[0]), 1, shape[3]), _step_slice(producer(ups[1].inputs[0]), 0, shape[3])
+    bad = next((v for v in (odd, even) if isinstance(v, str)), None)
+    if bad is not None or odd is not even:
+        return bad or f"{cat.name}: pairs of different tensors"
+    out = dims.get(r.outputs[0].name)
+    if not _flattens_last_two(r, cat) and (out is None or out[0] != shape[0] or out[2:] != shape[2:]
+                                           or None in (out[0], out[2])):
+        return f"{r.name}: the flatten's output {out} is not x's shape {shape}"
+    return odd
+
+
+def _flattens_last_two(r: gs.Node, cat: gs.Node) -> bool:
+    """Is ``r`` ``Reshape(c, Concat(Shape(c)[:3], [-1]))`` (torch's ``flatten(-2)`` of rank 5)?"""
+    p = producer(r.inputs[1])
+    if p is None or p.op != "Concat" or len(p.inputs) != 2 or _ints(p.inputs[1]) != [-1]:
+        return False
+    sl = producer(p.inputs[0])
+    if sl is None or sl.op != "Slice" or len(sl.inputs) < 3:
+        return False
+    shp = producer(sl.inputs[0])
+    rest = [_ints(t) for t in sl.inputs[3:]]
+    return (shp is not None and shp.op == "Shape" and shp.inputs[0] is cat.outputs[0] and not shp.attrs
+            and _ints(sl.inputs[1]) == [0] and _ints(sl.inputs[2]) in ([-2], [3])
+            and rest in ([], [[0]], [[0], [1]]))
+
+
 def _reads_table(t: gs.Tensor) -> bool:
     u = producer(t)
     return u is not None and u.op == "Unsqueeze" and producer(u.inputs[0]) is not None \
@@ -108,7 +169,7 @@ def _split(add: gs.Node):
             return f"{m.name}: not a product with one table row"
         other = m.inputs[1] if m.inputs[0] is table[0] else m.inputs[0]
         parts.append((other, table[0]))
-    rot = [producer(o) is not None and producer(o).op == "Concat" for o, _ in parts]
+    rot = [producer(o) is not None and producer(o).op in ("Concat", "Reshape") for o, _ in parts]
     if rot.count(True) != 1:
         return f"{add.name}: not one rotate_half product and one plain product"
     (x, c), (r, s) = parts if rot[1] else parts[::-1]
@@ -123,17 +184,18 @@ def _site(add: gs.Node, dims: dict, positions: gs.Tensor):
     shape = dims.get(x.name)
     if not shape or len(shape) != 4 or not isinstance(shape[3], int):
         return f"{add.name}: x {x.name!r} is not [B, N, S, d] with static d ({shape})"
-    got = _rotate_half(r, shape[3])
+    interleaved = producer(r).op == "Reshape"
+    got = _rotate_pairs(r, shape, dims) if interleaved else _rotate_half(r, shape[3])
     if isinstance(got, str) or got is not x:
         return f"{add.name}: {got}" if isinstance(got, str) else f"{add.name}: rotate_half of another tensor"
     cos, sin = _table_read(c), _table_read(s)
     bad = next((t for t in (cos, sin) if isinstance(t, str)), None)
     if bad is not None:
         return f"{add.name}: {bad}"
-    return _check_tables(add, x, cos, sin, shape[3], dims, positions)
+    return _check_tables(add, x, cos, sin, shape[3], dims, positions, interleaved)
 
 
-def _check_tables(add, x, cos, sin, dim, dims, positions):
+def _check_tables(add, x, cos, sin, dim, dims, positions, interleaved):
     (ct, row), (st, srow) = cos, sin
     if row is not srow:
         return f"{add.name}: cos and sin are read at different rows"
@@ -146,12 +208,13 @@ def _check_tables(add, x, cos, sin, dim, dims, positions):
     if ct.dtype != np.float32 or st.dtype != np.float32 or x.dtype not in (np.float32, None):
         return f"{add.name}: dtype {ct.dtype}, only float32 is fused"
     h = dim // 2
-    if not (np.array_equal(ct[:, :h], ct[:, h:]) and np.array_equal(st[:, :h], st[:, h:])):
-        return f"{add.name}: the tables' two halves differ (not the rotate_half layout)"
+    a, b = (np.s_[:, 0::2], np.s_[:, 1::2]) if interleaved else (np.s_[:, :h], np.s_[:, h:])
+    if not (np.array_equal(ct[a], ct[b]) and np.array_equal(st[a], st[b])):
+        return f"{add.name}: the tables' two {'column pairs' if interleaved else 'halves'} differ"
     xs, ps, out = dims.get(x.name), dims.get(positions.name), dims.get(add.outputs[0].name)
     if ps is None or xs[0] != ps[0] or xs[2] != ps[1] or None in (xs[0], xs[2]) or out != xs:
         return f"{add.name}: x {xs}, positions {ps} and output {out} do not share B and S"
-    return RotateHalfSite(add, x, row, ct[:, :h], st[:, :h], dim)
+    return RotateHalfSite(add, x, row, np.ascontiguousarray(ct[a]), np.ascontiguousarray(st[a]), dim, interleaved)
 
 
 def find_rotate_half(graph: gs.Graph, positions: gs.Tensor, dims: dict) -> tuple[list, list]:

@@ -3,17 +3,19 @@
 After ``rotary_tables`` a rotary export rotates q and k in every layer as
 ``x*cos + rotate_half(x)*sin``, with cos/sin gathered from constant tables at
 ``Max(position_ids, 0)``: on ONNX Runtime that is seven kernels per tensor (two Slices, Neg,
-Concat, two Muls, Add). Where ``detect.rotate_half`` finds exactly
-that form (its docstring lists each fact it checks), the Add's output is computed instead by the
-standard ``RotaryEmbedding`` (ai.onnx opset 23; the ``ort`` target is opset 24), which ONNX
-Runtime 1.32 runs as one CPU kernel::
+Concat, two Muls, Add; Cohere's interleaved layout adds two Unsqueezes and a Reshape). Where
+``detect.rotate_half`` finds exactly that form (its docstring lists each fact it checks), the
+Add's output is computed instead by the standard ``RotaryEmbedding`` (ai.onnx opset 23; the
+``ort`` target is opset 24), which ONNX Runtime 1.32 runs as one CPU kernel::
 
-    RotaryEmbedding(x, cos_cache, sin_cache, Max(position_ids, 0), interleaved=0)
+    RotaryEmbedding(x, cos_cache, sin_cache, Max(position_ids, 0), interleaved=0 or 1)
 
-with x ``[B, N, S, d]`` (the kernel's 4-D layout; N is read off x, so ``num_heads`` is not set), ``cos_cache``/``sin_cache`` the tables' first
-halves ``[ctx_len, d/2]`` (the halves are checked equal, so nothing is lost) and the rotary over
-the whole of x (partial rotary: x is already the export's slice of the rotary dims). Per element
-the kernel computes ``x[i]*cos[i] - x[i+h]*sin[i]`` and ``x[i+h]*cos[i] + x[i]*sin[i]``, the
+with x ``[B, N, S, d]`` (the kernel's 4-D layout; N is read off x, so ``num_heads`` is not
+set), ``cos_cache``/``sin_cache`` ``[ctx_len, d/2]``: the tables' first halves (interleaved:
+their even columns; the other half, or odd column, is checked equal, so nothing is lost), and
+the rotary over the whole of x (partial rotary: x is already the export's slice of the rotary
+dims). Per element the kernel computes ``x[i]*cos[i] - x[i+h]*sin[i]`` and
+``x[i+h]*cos[i] + x[i]*sin[i]`` (interleaved: the same on each pair ``(2i, 2i+1)``), the
 export's own products; only the order of rounding may differ (tests: 1e-4 against the export,
 the contract's tolerance). The same row index as the tables' Gather: padding (-1) reads row 0,
 and a position >= ctx_len is an error, as the Gather's is (ONNX Runtime checks the range).
@@ -54,7 +56,7 @@ def _fuse(b: Builder, site: RotateHalfSite, caches: dict) -> None:
     cos, sin = caches[key]
     out = site.add.outputs[0]
     site.add.outputs = []
-    b.op("RotaryEmbedding", [site.x, cos, sin, site.row], attrs={"interleaved": 0},
+    b.op("RotaryEmbedding", [site.x, cos, sin, site.row], attrs={"interleaved": int(site.interleaved)},
          hint="rotary", outputs=[out])
 
 

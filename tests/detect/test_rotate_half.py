@@ -95,3 +95,55 @@ def test_a_row_that_is_not_the_clamped_positions_is_skipped():
     next(n for n in g.nodes if n.name == "max").inputs[0] = other
     sites, skipped = find_rotate_half(g, pos, _dims(g))
     assert sites == [] and "Max(position_ids, 0)" in skipped[0][1]
+
+
+def _interleaved(pairs_equal=True, odd_negated=True):
+    """Cohere's layout: rotate = flatten(stack((-x[..., 1::2], x[..., ::2]), -1)), tables with
+    each even column equal to the next (``repeat_interleave``)."""
+    x = gs.Variable("x", np.float32, ["B", 2, "S", D])
+    pos = gs.Variable("position_ids", np.int64, ["B", "S"])
+    y = gs.Variable("y", np.float32, ["B", 2, "S", D])
+    ang = np.random.default_rng(1).standard_normal((M, D // 2))
+    both = np.repeat(ang, 2, axis=1) + (0 if pairs_equal else np.tile([0, 0.5], D // 2))
+    cos, sin = np.cos(both).astype(np.float32), np.sin(both).astype(np.float32)
+    v = {k: gs.Variable(k) for k in ("row", "cr", "sr", "cu", "su", "ev", "od", "n", "ue", "un", "c", "r", "a", "b")}
+    c = lambda name, val: gs.Constant(name, np.array(val, np.int64))  # noqa: E731
+    first, second = ("od", "ev") if odd_negated else ("ev", "od")
+    nodes = [gs.Node("Max", "max", inputs=[pos, c("zero", 0)], outputs=[v["row"]]),
+             gs.Node("Gather", "gc", {"axis": 0}, [gs.Constant("COS", cos), v["row"]], [v["cr"]]),
+             gs.Node("Gather", "gs", {"axis": 0}, [gs.Constant("SIN", sin), v["row"]], [v["sr"]]),
+             gs.Node("Unsqueeze", "uc", inputs=[v["cr"], c("ax", [1])], outputs=[v["cu"]]),
+             gs.Node("Unsqueeze", "us", inputs=[v["sr"], c("ax2", [1])], outputs=[v["su"]]),
+             gs.Node("Slice", "se", inputs=[x, c("a0", [0]), c("a1", [2**63 - 1]), c("a2", [-1]), c("a3", [2])],
+                     outputs=[v["ev"]]),
+             gs.Node("Slice", "so", inputs=[x, c("b0", [1]), c("b1", [2**63 - 1]), c("b2", [-1]), c("b3", [2])],
+                     outputs=[v["od"]]),
+             gs.Node("Neg", "neg", inputs=[v[first]], outputs=[v["n"]]),
+             gs.Node("Unsqueeze", "un_", inputs=[v["n"], c("m1", [-1])], outputs=[v["un"]]),
+             gs.Node("Unsqueeze", "ue_", inputs=[v[second], c("m2", [-1])], outputs=[v["ue"]]),
+             gs.Node("Concat", "cat", {"axis": -1}, [v["un"], v["ue"]], [v["c"]]),
+             gs.Node("Reshape", "flat", inputs=[v["c"], c("shape", [0, 0, 0, D])], outputs=[v["r"]]),
+             gs.Node("Mul", "mc", inputs=[x, v["cu"]], outputs=[v["a"]]),
+             gs.Node("Mul", "ms", inputs=[v["r"], v["su"]], outputs=[v["b"]]),
+             gs.Node("Add", "add", inputs=[v["a"], v["b"]], outputs=[y])]
+    g = gs.Graph(nodes=nodes, inputs=[x, pos], outputs=[y], opset=24)
+    return g, pos, {**_dims(g), "r": ["B", 2, "S", D]}
+
+
+def test_finds_the_interleaved_rotation_and_its_even_columns():
+    g, pos, dims = _interleaved()
+    sites, skipped = find_rotate_half(g, pos, dims)
+    assert skipped == [] and len(sites) == 1 and sites[0].interleaved
+    cos = next(n for n in g.nodes if n.name == "gc").inputs[0].values
+    np.testing.assert_array_equal(sites[0].cos, cos[:, 0::2])
+
+
+@pytest.mark.parametrize("kwargs, why", [({"pairs_equal": False}, "column pairs differ"),
+                                         ({"odd_negated": False}, "not x[..., 1::2]")])
+def test_an_interleaved_rotation_that_differs_is_skipped(kwargs, why):
+    g, pos, dims = _interleaved(**kwargs)
+    sites, skipped = find_rotate_half(g, pos, dims)
+    assert sites == [] and why in skipped[0][1], skipped
+    g, pos, dims = _interleaved()
+    dims["r"] = ["B", 2, 1, D]
+    assert "not x's shape" in find_rotate_half(g, pos, dims)[1][0][1]

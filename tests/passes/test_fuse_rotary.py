@@ -41,6 +41,21 @@ def test_every_rotation_is_one_rotary_embedding(fixture_path, name):
     assert_same_outputs(g, out, atol=1e-5)
 
 
+def test_the_interleaved_layout_fuses_too():
+    """Cohere (coverage row): rotate_half over interleaved pairs, tables from repeat_interleave;
+    one RotaryEmbedding(interleaved=1) each, the outputs those of the unfused graph."""
+    from families import rows
+    from matrix import export_row
+    row = next(r for r in rows()[0] if r.id == "cohere")
+    g, ctx = pipeline_until(export_row(row), "fuse_rotary", target="ort")
+    sites, skipped = find_sites(g)
+    assert len(sites) == 2 * ctx.detection.info.num_layers and not skipped, skipped
+    assert all(s.interleaved for s in sites)
+    out = passes.fuse_rotary(g, ctx)
+    assert [n.attrs["interleaved"] for n in out.nodes if n.op == "RotaryEmbedding"] == [1] * len(sites)
+    assert_same_outputs(g, out, atol=1e-5)
+
+
 def test_the_compiled_rewrite_verifies_against_the_export(fixture_path, tmp_path):
     """The whole ort pipeline, fused, against the original export (the contract's 1e-4)."""
     model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="tlm", target="ort", k=3, ctx_len=64)
