@@ -178,7 +178,8 @@ REGISTRY: tuple[Pass, ...] = (
     Pass("fuse_rotary", fuse_rotary,
          "each q/k rotation `x*cos + rotate_half(x)*sin` read from `rotary_tables`' tables becomes one "
          "`RotaryEmbedding` (ai.onnx opset 23: x `[B, N, S, d]`, the tables' first halves as "
-         "`cos_cache`/`sin_cache`, `Max(position_ids, 0)`), one ONNX Runtime kernel in place of "
+         "`cos_cache`/`sin_cache`, `Max(position_ids, 0)`; Cohere's interleaved pairs: `interleaved=1`), "
+         "one ONNX Runtime kernel in place of "
          "seven. Made only where the form is exactly that (halves of the tables equal, float32, shapes "
          "inferred); any other rotation is left as it is, with the reason",
          targets=("ort",)),
