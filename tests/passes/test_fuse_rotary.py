@@ -10,12 +10,29 @@ import pytest
 from pass_helpers import serialized
 from qaic_helpers import CTX_LEN, assert_same_outputs, pipeline_until
 
+import dataclasses
+
 from specdec_compile import passes, pipeline
 from specdec_compile.passes import PassContext
 from specdec_compile.passes.fuse_rotary import find_sites
 from specdec_compile.verify import verify
 
 ROTARY = ["llama_gqa", "llama_dynamo", "qwen2", "mistral", "phi3", "gpt_neox", "llama3_rope", "qwen2_yarn"]
+
+
+def _until(path):
+    """The graph fuse_rotary gets in an ort compile, and its context with the pass switched on."""
+    g, ctx = pipeline_until(path, "fuse_rotary", target="ort")
+    return g, dataclasses.replace(ctx, fuse_rotary=True)
+
+
+def test_off_by_default_it_changes_nothing(fixture_path):
+    """The default compile keeps the export's own rotation (bit for bit the export's rounding)."""
+    g, ctx = pipeline_until(fixture_path("llama_gqa"), "fuse_rotary", target="ort")
+    assert not ctx.fuse_rotary and find_sites(g)[0]
+    assert passes.fuse_rotary(g, ctx) is g
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64)
+    assert not any(n.op_type == "RotaryEmbedding" for n in model.graph.node)
 
 
 def _ops(g) -> dict:
@@ -29,7 +46,7 @@ def _ops(g) -> dict:
 def test_every_rotation_is_one_rotary_embedding(fixture_path, name):
     """q and k of every layer; the input graph untouched; no Neg (rotate_half) left; the
     outputs those of the graph before the pass (logits and every cache, padding included)."""
-    g, ctx = pipeline_until(fixture_path(name), "fuse_rotary", target="ort")
+    g, ctx = _until(fixture_path(name))
     sites, skipped = find_sites(g)
     assert len(sites) == 2 * ctx.detection.info.num_layers and not skipped, skipped
     before = serialized(g)
@@ -47,7 +64,7 @@ def test_the_interleaved_layout_fuses_too():
     from families import rows
     from matrix import export_row
     row = next(r for r in rows()[0] if r.id == "cohere")
-    g, ctx = pipeline_until(export_row(row), "fuse_rotary", target="ort")
+    g, ctx = _until(export_row(row))
     sites, skipped = find_sites(g)
     assert len(sites) == 2 * ctx.detection.info.num_layers and not skipped, skipped
     assert all(s.interleaved for s in sites)
@@ -58,7 +75,8 @@ def test_the_interleaved_layout_fuses_too():
 
 def test_the_compiled_rewrite_verifies_against_the_export(fixture_path, tmp_path):
     """The whole ort pipeline, fused, against the original export (the contract's 1e-4)."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="tlm", target="ort", k=3, ctx_len=64)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="tlm", target="ort", k=3, ctx_len=64,
+                                   fuse_rotary=True)
     assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 4
     onnx.checker.check_model(model, full_check=True)
     report = verify(fixture_path("llama_gqa"), model, k=3, prefill_len=16, ctx_len=64,
@@ -70,7 +88,8 @@ def test_the_compiled_rewrite_verifies_against_the_export(fixture_path, tmp_path
 def test_onnx_runtime_runs_the_fused_op(fixture_path, tmp_path):
     """What the session actually runs (its optimized model dump): one RotaryEmbedding per q/k per
     layer, and no rotate_half (Neg) anywhere."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64,
+                                   fuse_rotary=True)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = 1
@@ -83,13 +102,13 @@ def test_onnx_runtime_runs_the_fused_op(fixture_path, tmp_path):
 @pytest.mark.parametrize("name", ["gpt2", "gptj"])
 def test_no_rotate_half_is_a_no_op(fixture_path, name):
     """GPT-2 has no rotary; GPT-J rotates interleaved pairs from its own table: left as is."""
-    g, ctx = pipeline_until(fixture_path(name), "fuse_rotary", target="ort")
+    g, ctx = _until(fixture_path(name))
     assert find_sites(g) == ([], [])
     assert serialized(passes.fuse_rotary(g, ctx)) == serialized(g)
 
 
 def test_below_opset_23_is_left_alone(fixture_path):
-    g, ctx = pipeline_until(fixture_path("llama_gqa"), "fuse_rotary", target="ort")
+    g, ctx = _until(fixture_path("llama_gqa"))
     g.opset = 22
     assert serialized(passes.fuse_rotary(g, ctx)) == serialized(g)
 
@@ -97,7 +116,7 @@ def test_below_opset_23_is_left_alone(fixture_path):
 def test_a_position_past_the_table_is_an_error_not_a_read(fixture_path):
     """The kernel checks the row range as the Gather did: padding (-1) reads row 0, and a position
     >= ctx_len fails the run (the contract never sends one)."""
-    g, ctx = pipeline_until(fixture_path("llama_gqa"), "fuse_rotary", target="ort")
+    g, ctx = _until(fixture_path("llama_gqa"))
     from pass_helpers import session
     sess = session(passes.fuse_rotary(g, ctx))
     feeds = {"input_ids": np.zeros((1, 2), np.int64), "position_ids": np.array([[CTX_LEN - 1, -1]])}
