@@ -63,7 +63,7 @@ def _fuse(b: Builder, site: RotateHalfSite, caches: dict) -> None:
         caches[key] = (b.const(site.cos, hint="cos_cache"), b.const(site.sin, hint="sin_cache"))
     cos, sin = caches[key]
     out = site.add.outputs[0]
-    site.add.outputs = []
+    site.add.outputs.clear()
     b.op("RotaryEmbedding", [site.x, cos, sin, site.row], attrs={"interleaved": int(site.interleaved)},
          hint="rotary", outputs=[out])
 
