@@ -241,7 +241,7 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     if interface != "default":
         model.metadata_props.add(key=INTERFACE_KEY, value=interface)
     _features.record(model, hidden_states, feature_layers)
-    if target == "qaic":  # fixed on the device, and the rotary tables hold exactly this many rows
+    if target == "qaic" or ctx.fuse_rotary:  # fixed on the device / the rotary tables hold this many rows
         model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx.ctx_len))
     _log.info("checking the rewritten graph (onnx.checker, shape inference, the contract's interface)")
     inferred = check_model(model)

@@ -61,7 +61,7 @@ def test_pass_order_is_derived_from_the_registry():
     assert passes.names()[0] == REGISTRY[0].name and passes.names()[-1] == REGISTRY[-1].name
     qaic_only = {p.name for p in REGISTRY if p.targets == ("qaic",)}
     ort_only = {p.name for p in REGISTRY if p.targets == ("ort",)}
-    assert {"dense_experts", "flatten_to_reshape", "castlike_to_cast",
+    assert {"rotary_tables", "dense_experts", "flatten_to_reshape", "castlike_to_cast",
             "greater_compares", "drop_nan_guards", "tile_to_expand", "clamp_gather_positions"} == qaic_only, "the qaic legalizations are the only qaic-restricted entries"
     assert {"grouped_attention", "share_shapes", "fuse_rotary"} == ort_only, "the ONNX Runtime lowering's passes are the only ort-restricted entries"
     qeff_only = {p.name for p in REGISTRY if p.interfaces == ("qeff",)}

@@ -50,9 +50,9 @@ Calling one pass alone, in your own toolchain::
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
-``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention``, ``share_shapes`` and ``fuse_rotary`` need nothing (``PassContext()``),
+``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention`` and ``share_shapes`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
-``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
+``rotary_tables`` and ``fuse_rotary`` (when on) the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
 """
 from __future__ import annotations
@@ -148,7 +148,8 @@ REGISTRY: tuple[Pass, ...] = (
          "rotary `Cos`/`Sin` computed from `position_ids` become a `Gather` from constant cos/sin tables of "
          "exactly `ctx_len` rows, made at compile time by evaluating the export's own frequency subgraph in "
          "float64 (every rope variant it computes) and stored in the model dtype; the row is "
-         "`Max(position, 0)`. Under `-convert-to-fp16` the angles are then exact at every position"),
+         "`Max(position, 0)`. Under `-convert-to-fp16` the angles are then exact at every position",
+         targets=("qaic",)),
     Pass("fp16_safe", fp16_safe,
          f"embedded float constants are clamped to \u00b1{FP16_MAX:g}, so `-convert-to-fp16` cannot turn a "
          "float32-min mask fill into -inf"),
@@ -177,7 +178,8 @@ REGISTRY: tuple[Pass, ...] = (
          targets=("ort",)),
     Pass("fuse_rotary", fuse_rotary,
          "opt-in (`fuse_rotary=True`; off, a no-op: the kernel's fused multiply-adds round unlike the export, "
-         "past 1e-4 on SmolLM2-135M): each q/k rotation `x*cos + rotate_half(x)*sin` read from `rotary_tables`' tables becomes one "
+         "past 1e-4 on SmolLM2-135M): the rotary Cos/Sin become `rotary_tables`' tables (evaluated by ONNX Runtime, "
+         "`ctx_len` rows: the graph's context is then fixed) and each q/k rotation `x*cos + rotate_half(x)*sin` becomes one "
          "`RotaryEmbedding` (ai.onnx opset 23: x `[B, N, S, d]`, the tables' first halves as "
          "`cos_cache`/`sin_cache`, `Max(position_ids, 0)`; Cohere's interleaved pairs: `interleaved=1`), "
          "one ONNX Runtime kernel in place of "

@@ -1,12 +1,16 @@
-"""Pass ``fuse_rotary`` (ort): each q/k rotation becomes one ONNX ``RotaryEmbedding`` node.
+"""Pass ``fuse_rotary`` (ort, opt-in): each q/k rotation becomes one ONNX ``RotaryEmbedding`` node.
 
-After ``rotary_tables`` a rotary export rotates q and k in every layer as
-``x*cos + rotate_half(x)*sin``, with cos/sin gathered from constant tables at
-``Max(position_ids, 0)``: on ONNX Runtime that is seven kernels per tensor (two Slices, Neg,
-Concat, two Muls, Add; Cohere's interleaved layout adds two Unsqueezes and a Reshape). Where
-``detect.rotate_half`` finds exactly that form (its docstring lists each fact it checks), the
-Add's output is computed instead by the standard ``RotaryEmbedding`` (ai.onnx opset 23; the
-``ort`` target is opset 24), which ONNX Runtime 1.32 runs as one CPU kernel::
+When on (``PassContext.fuse_rotary``), the pass first turns the export's rotary ``Cos``/``Sin``
+of the positions into ``rotary_tables``' constant tables of ``ctx_len`` rows, evaluated for the
+ort target (the export's own dtypes, by ONNX Runtime's own kernels: bit for bit what the export
+computes per call; ``with_tables``). The graph's context is then fixed at ``ctx_len`` (a
+position past the table is an error, where the unfused ort graph takes any cache length), so
+the pipeline records it (``specdec.ctx_len``), as for qaic. Each layer then rotates q and k as
+``x*cos + rotate_half(x)*sin`` from those tables: on ONNX Runtime seven kernels per tensor (two
+Slices, Neg, Concat, two Muls, Add; Cohere's interleaved layout adds two Unsqueezes and a
+Reshape). Where ``detect.rotate_half`` finds exactly that form (its docstring lists each fact it
+checks), the Add's output is computed instead by the standard ``RotaryEmbedding`` (ai.onnx opset
+23; the ``ort`` target is opset 24), which ONNX Runtime 1.32 runs as one CPU kernel::
 
     RotaryEmbedding(x, cos_cache, sin_cache, Max(position_ids, 0), interleaved=0 or 1)
 
@@ -26,7 +30,8 @@ default: ONNX Runtime 1.32's kernel (the standard op and ``com.microsoft``'s ali
 from the export's in the last bit. That stays within 1e-4 on every fixture and coverage row,
 but SmolLM2-135M amplifies it: ``specdec-compile verify`` at ctx 256 gives 3e-5..7e-5 on the
 short scenarios and 4.8e-4 on ``fill`` (positions up to 255), past the contract's 1e-4, where
-the unfused rewrite is bit for bit the export. Off, the pass returns the graph as it is.
+the unfused rewrite is bit for bit the export. Off, the pass returns the graph as it is (the
+export's Cos/Sin per call, any context length).
 
 Sites in any other form are left as they are, each with the reason (logged at INFO; the pass
 returns the graph with those sites untouched). qaic keeps the unfused form: QEfficient's device
@@ -34,6 +39,7 @@ graphs compute rotary with Mul/Concat/Slice, so ``RotaryEmbedding`` has no devic
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import onnx_graphsurgeon as gs
@@ -43,14 +49,26 @@ from ..detect.rotate_half import RotateHalfSite, find_rotate_half
 from ..graph_utils import Builder, graph_input
 from ._context import PassContext, need
 from ._static import symbolic_dims
+from .rotary_tables import rotary_tables
 
 _log = logging.getLogger(__name__)
 #: the first ai.onnx opset with RotaryEmbedding
 _OPSET = 23
 
 
+def with_tables(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
+    """``graph`` with its rotary Cos/Sin turned into ``rotary_tables``' tables, evaluated for the
+    ort target (the export's dtypes, ONNX Runtime's kernels: its own bits); as it is when the
+    export has no on-device angles (or none left)."""
+    det = ctx.detection
+    if not det.rotary or not any(n.op in ("Cos", "Sin") for n in graph.nodes):
+        return graph
+    return rotary_tables(graph, dataclasses.replace(ctx, target="ort"))
+
+
 def find_sites(graph: gs.Graph) -> tuple[list[RotateHalfSite], list[tuple[str, str]]]:
-    """(the rotations the pass fuses, [(Add node, reason)] for those it leaves)."""
+    """(the rotations the pass fuses, [(Add node, reason)] for those it leaves), on a graph whose
+    rotary reads constant tables (``with_tables``)."""
     positions = graph_input(graph, POSITION_IDS)
     if positions is None or not any(n.op == "Neg" for n in graph.nodes):
         return [], []
@@ -72,10 +90,11 @@ def fuse_rotary(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("fuse_rotary", ctx)
     if not ctx.fuse_rotary:
         return graph
+    need("fuse_rotary", ctx, "detection")
     if (graph.opset or 0) < _OPSET:
         _log.info("fuse_rotary: opset %s < %d, no RotaryEmbedding; left as is", graph.opset, _OPSET)
         return graph
-    graph = graph.copy()
+    graph = with_tables(graph, ctx).copy()
     sites, skipped = find_sites(graph)
     for name, why in skipped:
         _log.info("fuse_rotary: left %s as is: %s", name, why)

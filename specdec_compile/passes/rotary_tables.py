@@ -16,8 +16,8 @@ export computes (partial rotary, interleaved layouts, llama3/yarn scaling,
 attention factors) is tabulated as it is. A table is stored in the dtype the
 site had (the model dtype).
 
-Both targets. On ``ort`` the tables are what ``fuse_rotary`` hands to ONNX Runtime's
-``RotaryEmbedding`` (its ``cos_cache``/``sin_cache``), and they are evaluated as the export
+A qaic pass; ``fuse_rotary`` (ort, opt-in) calls it with an ort context, and its tables become
+ONNX Runtime's ``RotaryEmbedding`` ``cos_cache``/``sin_cache``. For ort they are evaluated as the export
 computes them at run time: in its own dtypes, by ONNX Runtime's own kernels (its float32
 ``Cos``/``Sin`` differ from numpy's in the last bit on about 5% of SmolLM2's angles). The
 contract compares with that export at 1e-4, and SmolLM2-135M amplifies last-bit differences

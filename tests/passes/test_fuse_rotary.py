@@ -14,25 +14,46 @@ import dataclasses
 
 from specdec_compile import passes, pipeline
 from specdec_compile.passes import PassContext
-from specdec_compile.passes.fuse_rotary import find_sites
+from specdec_compile.passes.fuse_rotary import find_sites, with_tables
 from specdec_compile.verify import verify
 
 ROTARY = ["llama_gqa", "llama_dynamo", "qwen2", "mistral", "phi3", "gpt_neox", "llama3_rope", "qwen2_yarn"]
 
 
 def _until(path):
-    """The graph fuse_rotary gets in an ort compile, and its context with the pass switched on."""
+    """The graph fuse_rotary gets in an ort compile with its rotary read from tables (what the
+    pass does first), and the context with the pass switched on."""
     g, ctx = pipeline_until(path, "fuse_rotary", target="ort")
-    return g, dataclasses.replace(ctx, fuse_rotary=True)
+    ctx = dataclasses.replace(ctx, fuse_rotary=True)
+    return with_tables(g, ctx), ctx
 
 
 def test_off_by_default_it_changes_nothing(fixture_path):
     """The default compile keeps the export's own rotation (bit for bit the export's rounding)."""
     g, ctx = pipeline_until(fixture_path("llama_gqa"), "fuse_rotary", target="ort")
-    assert not ctx.fuse_rotary and find_sites(g)[0]
+    assert not ctx.fuse_rotary and any(n.op == "Cos" for n in g.nodes)
     assert passes.fuse_rotary(g, ctx) is g
     model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64)
-    assert not any(n.op_type == "RotaryEmbedding" for n in model.graph.node)
+    assert not any(n.op_type in ("RotaryEmbedding", "Gather") and "rotary" in n.name for n in model.graph.node)
+    assert "specdec.ctx_len" not in {p.key for p in model.metadata_props}   # any context length
+
+
+def test_on_its_context_is_fixed_and_recorded(fixture_path):
+    """The tables hold ctx_len rows: the fused graph records its context, as a qaic graph does."""
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64,
+                                   fuse_rotary=True)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["specdec.ctx_len"] == "64"
+    assert not any(n.op_type in ("Cos", "Sin") for n in model.graph.node)
+
+
+def test_the_tables_are_the_exports_own_bits(fixture_path):
+    """Before fusing: the tables (ONNX Runtime's kernels, the export's dtypes) leave the graph's
+    outputs bit for bit those of the graph computing Cos/Sin per call (valid positions)."""
+    g, ctx = pipeline_until(fixture_path("llama_gqa"), "fuse_rotary", target="ort")
+    tab = with_tables(g, dataclasses.replace(ctx, fuse_rotary=True))
+    assert not any(n.op in ("Cos", "Sin") for n in tab.nodes)
+    assert_same_outputs(g, tab, padded_logits=False, atol=0.0)
 
 
 def _ops(g) -> dict:
