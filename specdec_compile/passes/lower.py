@@ -14,7 +14,10 @@ ONNX Runtime updates in place when the output is bound to the input's buffer.
 Padding, on both targets: a padded token (position -1) is written to the slot
 ``(first position + j) mod ctx_len``, distinct from every valid slot of its
 row, with the value that slot already holds. So padding never changes the
-cache, and never collides with a valid write at the end of the context.
+cache, and never collides with a valid write at the end of the context. The guard (the old
+slot values, gathered, kept where the token is padding) is per write; on ``ort`` its gather
+index is expanded to the update's shape ``[B, kv_heads, S, d]`` once for every write of that
+shape (built from the positions' shape and the cache's static dims), not from each update.
 """
 from __future__ import annotations
 
