@@ -170,7 +170,8 @@ def _from_options(options: Options | None, given: dict) -> dict:
 def prepare(model_or_path, options: Options | None = None, *, role: str | None = None, target: str = "qaic",
             k: int | None = None, ctx_len: int = DEFAULT_CTX_LEN, source=None,
             hidden_states: tuple[int, ...] | None = None,
-            feature_layers: tuple[int, ...] | None = None, interface: str = "default") -> Prepared:
+            feature_layers: tuple[int, ...] | None = None, interface: str = "default",
+            fuse_rotary: bool = False) -> Prepared:
     """Load (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``), import and detect, and
     build the pass context once: from ``options`` (the same ``Options`` the CLI builds) or
     from the keywords. ``interface``: "default", or "qeff" for QEfficient's (contract
@@ -197,7 +198,7 @@ def prepare(model_or_path, options: Options | None = None, *, role: str | None =
     hidden_layers = _features.check(det, kw["role"], kw["hidden_states"], kw["feature_layers"])
     ctx = _passes.PassContext(detection=det, role=kw["role"], target=kw["target"], k=kw["k"],
                               source_opset=source_opset, ctx_len=kw["ctx_len"], hidden_layers=hidden_layers,
-                              interface=kw["interface"])
+                              interface=kw["interface"], fuse_rotary=bool(fuse_rotary))
     return Prepared(graph, ctx, list(_passes.select(kw["role"], kw["target"], kw["interface"])), original, source,
                     source_dir, kind, kw["hidden_states"], kw["feature_layers"], kw["interface"])
 
@@ -206,7 +207,7 @@ def rewrite(model_or_path, *, role: str | None = None, target: str = "qaic", k: 
             record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None,
             hidden_states: tuple[int, ...] | None = None,
             feature_layers: tuple[int, ...] | None = None, options: Options | None = None,
-            interface: str = "default") -> CompileResult:
+            interface: str = "default", fuse_rotary: bool = False) -> CompileResult:
     """Rewrite a stock decoder-LM export into the contract's retained-state graph.
 
     ``model_or_path``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``
@@ -218,9 +219,12 @@ def rewrite(model_or_path, *, role: str | None = None, target: str = "qaic", k: 
     outputs become the ``hidden_states`` output. ``feature_layers`` (DLM): the model
     is a feature draft reading these layers of its target. ``options``: the CLI's
     ``Options`` instead of role/target/k/ctx_len/hidden_states/feature_layers/interface.
-    ``interface``: "default", or "qeff" for QEfficient's (contract section 7)."""
+    ``interface``: "default", or "qeff" for QEfficient's (contract section 7). ``fuse_rotary``
+    (ort): q/k rotations as ONNX Runtime's ``RotaryEmbedding`` kernel (fewer kernels per step;
+    its rounding differs from the export's, see ``passes.fuse_rotary``)."""
     prep = prepare(model_or_path, options, role=role, target=target, k=k, ctx_len=ctx_len, source=source,
-                   hidden_states=hidden_states, feature_layers=feature_layers, interface=interface)
+                   hidden_states=hidden_states, feature_layers=feature_layers, interface=interface,
+                   fuse_rotary=fuse_rotary)
     graph, snapshots = prep.run(record=record)
     return prep.finish(graph, snapshots)
 
@@ -237,7 +241,7 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     if interface != "default":
         model.metadata_props.add(key=INTERFACE_KEY, value=interface)
     _features.record(model, hidden_states, feature_layers)
-    if target == "qaic":  # fixed on the device, and the rotary tables hold exactly this many rows
+    if target == "qaic" or ctx.fuse_rotary:  # fixed on the device / the rotary tables hold this many rows
         model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx.ctx_len))
     _log.info("checking the rewritten graph (onnx.checker, shape inference, the contract's interface)")
     inferred = check_model(model)

@@ -52,7 +52,7 @@ the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts`
 ``flatten_to_reshape``, ``castlike_to_cast``,
 ``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention`` and ``share_shapes`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
-``rotary_tables`` the detection and, for a rotary model, ``ctx_len``; the others
+``rotary_tables`` and ``fuse_rotary`` (when on) the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
 """
 from __future__ import annotations
@@ -75,6 +75,7 @@ from .expose_hidden_states import expose_hidden_states
 from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
+from .fuse_rotary import fuse_rotary
 from .greater_compares import greater_compares
 from .grouped_attention import grouped_attention
 from .logits_to_keep import logits_to_keep
@@ -174,6 +175,16 @@ REGISTRY: tuple[Pass, ...] = (
          "shape arithmetic once per graph, not per layer: every read of `batch_size`, `seq_len` or `ctx_len` "
          "off a tensor's shape (where shape inference names the dim) reads it once off the graph input, then "
          "identical nodes (same op, attributes and inputs; constants by value) are merged",
+         targets=("ort",)),
+    Pass("fuse_rotary", fuse_rotary,
+         "opt-in (`fuse_rotary=True`; off, a no-op: the kernel's fused multiply-adds round unlike the export, "
+         "past 1e-4 on SmolLM2-135M): the rotary Cos/Sin become `rotary_tables`' tables (evaluated by ONNX Runtime, "
+         "`ctx_len` rows: the graph's context is then fixed) and each q/k rotation `x*cos + rotate_half(x)*sin` becomes one "
+         "`RotaryEmbedding` (ai.onnx opset 23: x `[B, N, S, d]`, the tables' first halves as "
+         "`cos_cache`/`sin_cache`, `Max(position_ids, 0)`; Cohere's interleaved pairs: `interleaved=1`), "
+         "one ONNX Runtime kernel in place of "
+         "seven. Made only where the form is exactly that (halves of the tables equal, float32, shapes "
+         "inferred); any other rotation is left as it is, with the reason",
          targets=("ort",)),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "

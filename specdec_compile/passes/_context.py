@@ -25,6 +25,9 @@ class PassContext:
     hidden_layers the decoder layers whose outputs ``expose_hidden_states`` adds as an
                   output (as given: negative from the end); None: none
     interface     "default" or "qeff" (QEfficient's: ``batch_index``, ``logits_to_keep``)
+    fuse_rotary   ort: rotate q/k with ONNX Runtime's ``RotaryEmbedding`` kernel (``fuse_rotary``);
+                  off by default: the kernel rounds differently (fused multiply-adds), within
+                  1e-4 on the fixtures but not on every model (SmolLM2-135M: 4.8e-4)
 
     A field a pass does not read may stay None; a pass that needs one refuses
     to run without it (``need``). Options for passes to come (a window size,
@@ -39,6 +42,7 @@ class PassContext:
     ctx_len: int | None = None
     hidden_layers: tuple[int, ...] | None = None
     interface: str = "default"
+    fuse_rotary: bool = False
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)

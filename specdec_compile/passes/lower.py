@@ -14,7 +14,10 @@ ONNX Runtime updates in place when the output is bound to the input's buffer.
 Padding, on both targets: a padded token (position -1) is written to the slot
 ``(first position + j) mod ctx_len``, distinct from every valid slot of its
 row, with the value that slot already holds. So padding never changes the
-cache, and never collides with a valid write at the end of the context.
+cache, and never collides with a valid write at the end of the context. The guard (the old
+slot values, gathered, kept where the token is padding) is per write; on ``ort`` its gather
+index is expanded to the update's shape ``[B, kv_heads, S, d]`` once for every write of that
+shape (built from the positions' shape and the cache's static dims), not from each update.
 """
 from __future__ import annotations
 
@@ -97,12 +100,14 @@ def _expand_cache_writes(graph: gs.Graph, target: str) -> None:
     idx4 = b.op("Unsqueeze", [slots if target == "qaic" else wrap, b.const([1, 3], "int64")], hint="slots4")
     valid4 = b.op("Unsqueeze", [valid, b.const([1, 3], "int64")], hint="valid4")                 # [B,1,S,1]
     start = b.op("Squeeze", [first, b.const([1], "int64")], hint="write_index") if target == "ort" else None
+    shared: dict = {}
     for node in writes:
         cache, _, update = node.inputs
         out = node.outputs[0]
         layer = node.name.split("/")[1] if node.name.count("/") >= 2 else "kv"
         lb = Builder(graph, f"{layer}/{node.name.rsplit('_', 1)[-1]}")
-        index = lb.op("Expand", [idx4, lb.op("Shape", [update], hint="update_shape")], hint="old_index")
+        index = _shared_index(b, idx4, pos, cache, shared) if target == "ort" else None
+        index = index or lb.op("Expand", [idx4, lb.op("Shape", [update], hint="update_shape")], hint="old_index")
         old = lb.op("GatherElements", [cache, index], attrs={"axis": 2}, hint="old_slots")
         keep = lb.op("Where", [valid4, update, old], hint="pad_keeps_old")
         node.inputs.clear()
@@ -115,6 +120,24 @@ def _expand_cache_writes(graph: gs.Graph, target: str) -> None:
                                        attrs={"axis": 2, "mode": "circular"},
                                        inputs=[cache, keep, start], outputs=[out]))
     graph.cleanup(remove_unused_graph_inputs=False)
+
+
+def _shared_index(b: Builder, idx4: gs.Tensor, pos: gs.Tensor, cache: gs.Tensor, shared: dict):
+    """ort: the old-slot index expanded to ``[B, kv_heads, S, d]`` once per (kv_heads, d), not
+    per write: a CacheWrite's update is that shape by definition (B and S of the positions, the
+    cache's static heads and head dim). None where the cache's heads or head dim are not static."""
+    dims = list(cache.shape or [])
+    if len(dims) != 4 or not all(isinstance(d, int) for d in (dims[1], dims[3])):
+        return None
+    key = (dims[1], dims[3])
+    if key not in shared:
+        bs = b.op("Shape", [pos], hint="batch_seq")                                                # [B, S]
+        shape = b.op("Concat", [b.op("Slice", [bs, b.const([0], "int64"), b.const([1], "int64")]),
+                                b.const([dims[1]], "int64"),
+                                b.op("Slice", [bs, b.const([1], "int64"), b.const([2], "int64")]),
+                                b.const([dims[3]], "int64")], attrs={"axis": 0}, hint="update_shape")
+        shared[key] = b.op("Expand", [idx4, shape], hint="old_index")
+    return shared[key]
 
 
 def _truncate(node: gs.Node, n: int) -> None:

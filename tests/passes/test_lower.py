@@ -107,3 +107,29 @@ def test_lower_qaic_split_num_outputs_takes_the_dim_from_shape_inference():
     got = session(low).run(None, feeds)
     want = np.arange(6, dtype=np.float32).reshape(2, 3) @ np.ones((3, 8), np.float32)
     np.testing.assert_array_equal(got[0], want[:, :4])
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_ort_guard_index_is_expanded_once_for_every_write(fixture_path, name):
+    """ort: the padding guard's old-slot index is expanded to [B, kv_heads, S, d] once (K and V
+    share their shape here), not per write; every guard gathers with it, and padding still leaves
+    the cache as it was (qaic_helpers' feeds pad row 0; the comparison is with the export's
+    own per-write form, computed by reading each update's shape)."""
+    from qaic_helpers import assert_same_outputs, pipeline_until
+
+    import importlib
+    lower_mod = importlib.import_module("specdec_compile.passes.lower")
+    g, c = pipeline_until(fixture_path(name), "lower", target="ort")
+    out = passes.lower(g, c)
+    gathers = [n for n in out.nodes if n.op == "GatherElements"]
+    indices = {id(n.inputs[1]) for n in gathers}
+    assert len(gathers) == 2 * c.detection.info.num_layers and len(indices) == 1
+    assert not any(n.op == "Shape" and n.name.endswith("update_shape") for n in out.nodes)
+    per_write = lower_mod._shared_index
+    try:
+        lower_mod._shared_index = lambda *a: None          # the per-write form, as before
+        ref = passes.lower(g, c)
+    finally:
+        lower_mod._shared_index = per_write
+    assert len({id(n.inputs[1]) for n in ref.nodes if n.op == "GatherElements"}) == len(gathers)
+    assert_same_outputs(ref, out, atol=0.0)

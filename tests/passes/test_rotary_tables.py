@@ -154,3 +154,23 @@ def test_the_rotary_finder_finds_no_site_left(fixture_path):
     out = passes.rotary_tables(g, ctx(det, ctx_len=16))
     pos = next(t for t in out.inputs if t.name == "position_ids")
     assert find_rotary(out, topo_nodes(out), pos) == []
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_dynamo", "phi3", "qwen2_yarn"])
+def test_for_ort_the_tables_hold_the_exports_own_bits(fixture_path, name):
+    """With an ort context (fuse_rotary's use) the tables are evaluated as the export computes
+    them (its dtypes, ONNX Runtime's kernels): the ort rewrite with them is bit for bit the one
+    computing Cos/Sin per call, at valid positions."""
+    from qaic_helpers import assert_same_outputs
+    g0, det = load(fixture_path(name))
+    c = ctx(det, role="tlm", target="ort", k=3, source_opset=g0.opset, ctx_len=64)
+    graphs = []
+    for tables in (True, False):
+        g = g0
+        for p in passes.REGISTRY:
+            if p.applies("tlm", "ort") or (tables and p.name == "rotary_tables"):
+                g = p.run(g, c)
+        graphs.append(g)
+    assert not any(n.op in ("Cos", "Sin") for n in graphs[0].nodes)
+    assert any(n.op in ("Cos", "Sin") for n in graphs[1].nodes)
+    assert_same_outputs(graphs[1], graphs[0], padded_logits=False, atol=0.0)  # padding: unspecified
