@@ -147,6 +147,9 @@ class _Generation:
         q = len(self.seq)                     # position of the next token
         remaining = min(self.max_new - len(self.out), self.CL - q)
         round1 = self.first_round and self.first_accepted
+        share = getattr(self.drafter, "model_share", None)            # a hybrid: lookup drafts cost no call
+        if share is not None:
+            self.row.draft_cost_share = share()
         j = policy.round1_drafts() if round1 else policy.choose(self.row)   # round 1: TLM width k, [d1..dk]
         kv = max(min(j, remaining - 1), 0)   # drafts worth making
         drafts = list((yield from _maybe(self.drafter.draft(self.seq, q, kv))) if kv else [])[:kv]

@@ -26,6 +26,7 @@ class RowState:
     def __init__(self, policy: "WidthPolicy"):
         self.policy = policy
         self.acc, self.chk = 0.0, 0.0          # decayed counts: accepted / checked drafts
+        self.draft_cost_share = 1.0            # the share of drafts that call the draft model (a hybrid's < 1)
         self.zero_rounds, self.probe_every = 0, policy.PROBE_FIRST
 
     def alpha(self) -> float:
@@ -91,7 +92,8 @@ class WidthPolicy:
     def choose(self, row: RowState) -> int:
         """This round's draft count: the adaptive choice, with a probe now and then
         when it has settled on drafting nothing."""
-        j = self.choose_drafts(self.pooled_alpha(row))
+        share = row.draft_cost_share
+        j = self.choose_drafts(self.pooled_alpha(row), share=share)
         if j != 0 or not self.adaptive:
             row.zero_rounds, row.probe_every = 0, self.PROBE_FIRST
             return j
@@ -100,7 +102,7 @@ class WidthPolicy:
             return 0
         row.zero_rounds = 0
         row.probe_every = min(2 * row.probe_every, self.PROBE_MAX)
-        return self.choose_drafts(self.pooled_alpha(row), drafting=True)
+        return self.choose_drafts(self.pooled_alpha(row), drafting=True, share=share)
 
     # -- the choice ------------------------------------------------------------
     def width_for(self, n_tokens: int) -> int:
@@ -116,13 +118,14 @@ class WidthPolicy:
             return j + 1.0
         return (1.0 - alpha ** (j + 1)) / (1.0 - alpha)
 
-    def choose_drafts(self, alpha: float, drafting: bool = False) -> int:
+    def choose_drafts(self, alpha: float, drafting: bool = False, share: float = 1.0) -> int:
         """The number of drafts j (from the compiled widths) with the most expected
-        tokens per second; ``drafting``: the best j > 0 (a probe)."""
+        tokens per second; ``drafting``: the best j > 0 (a probe); ``share``: the share of
+        drafts that call the draft model (a hybrid source's lookup drafts cost no call)."""
         if not self.adaptive:
             return self.k
         tlm = self.costs.calls("tlm")
-        c_d = self.costs.calls("dlm").estimate(1) or 0.0
+        c_d = (self.costs.calls("dlm").estimate(1) or 0.0) * share
         seen = tlm.known()
         if not drafting and 0 in self.choices and self.width_for(1) not in seen:
             return 0  # time plain decoding once: priced like a wider call it would never be chosen

@@ -202,3 +202,20 @@ def test_cli_hybrid_needs_a_dlm(tmp_path, capsys):
     code, _, err = run(["--tlm", str(tmp_path), "--dlm", str(tmp_path), "--ngram-max", "2", "--prompt-ids", "1"],
                        capsys)
     one_line_error(code, err, "--ngram-max is for --draft ngram or hybrid")
+
+
+def test_the_policy_prices_lookup_drafts_at_no_model_call():
+    """A draft model as dear as the target: at a middling acceptance the policy drafts nothing when
+    every draft calls it, and drafts when a hybrid's lookup makes most of them (model_share)."""
+    from specdec_compile.runtime import WidthPolicy
+    from specdec_compile.runtime.testing import known_costs
+    pol = WidthPolicy(costs=known_costs(dlm=(5, 1.0), tlm={w: (5, t) for w, t in ((1, 1.0), (2, 1.05), (3, 1.1), (4, 1.15))}))
+    pol.bind(3, [0, 1, 2, 3], [1, 2, 3, 4])
+    assert pol.choose_drafts(0.5) == 0
+    assert pol.choose_drafts(0.5, share=0.1) > 0
+    # the hybrid's share: the model's rounds over drafting rounds, decayed
+    tlm, d, _ = fake_feature_pair(k=3)
+    src = _Kept(_EveryOther(), FeatureDraft(d))
+    SpecDecoder(tlm, draft=src).generate(PROMPT, max_new_tokens=30)
+    dr = src.made[0]
+    assert dr.rounds["lookup"] > 0 and dr.rounds["model"] > 0 and 0.3 < dr.model_share() < 0.7

@@ -18,8 +18,9 @@ runtime's hybrid uses single-token n-gram matches there, which the first
 lookup leaves to the model), or drafts nothing, asking the model again every
 ``PROBE_EVERY``-th such round. On text the lookup covers and the model does
 not (a chat that repeats its own names), the hybrid then does what prompt
-lookup alone does; the width policy still sees one source (its pooled
-acceptance, the model's call cost).
+lookup alone does. The width policy sees one source (its pooled
+acceptance), and prices a draft at the model's call cost times the share of
+recent drafting rounds the model drafted (``model_share``).
 
 Drafts are tokens, whichever source made them, so greedy output is the
 target's and sampling stays exact (sampling.py: position-keyed noise).
@@ -100,9 +101,20 @@ class HybridDrafter:
         self.acc, self.chk = 0.0, 0.0
         self.pending = None        # (q, n drafts) of the model's last round, until its verification
         self.skipped = 0
+        self.m_rounds, self.d_rounds = 0.0, 0.0
 
     def model_alpha(self) -> float:
         return (self.acc + 0.5) / (self.chk + 1.0)
+
+    def model_share(self) -> float:
+        """The decayed share of drafting rounds the model drafted (1 before any): what the
+        width policy scales the draft model's call cost by (lookup drafts cost no call)."""
+        return (self.m_rounds + 0.5) / (self.d_rounds + 0.5)
+
+    def _drafted(self, by_model: bool) -> None:
+        lam = self.DECAY
+        self.m_rounds = lam * self.m_rounds + (1.0 if by_model else 0.0)
+        self.d_rounds = lam * self.d_rounds + 1.0
 
     def first(self, prompt):
         """(generator) The model's first draft (a DLM prefills here), else the lookup's."""
@@ -119,14 +131,17 @@ class HybridDrafter:
         d = yield from _value(self.lookup.draft(seq, q, n))
         if len(d) >= min(n, self.min_drafts):
             self.rounds["lookup"] += 1
+            self._drafted(False)
             return d
         if self.model_alpha() < self.min_alpha:
             self.skipped += 1
             if self.skipped % self.PROBE_EVERY:
                 d = (yield from _value(self.weak.draft(seq, q, n))) if self.weak is not None else []
                 self.rounds["weak" if d else "none"] += 1
+                self._drafted(False)
                 return d
         self.rounds["model"] += 1
+        self._drafted(True)
         d = yield from _value(self.model.draft(seq, q, n))
         self.pending = (q, len(d)) if d else None
         return d
