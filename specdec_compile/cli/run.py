@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where drafts come from: the DLM (default when --dlm is given), n-gram "
                         "prompt lookup or suffix tries over the prompt, output and earlier requests' "
                         "outputs (no draft model), or hybrid: prompt lookup when an n-gram of 2+ "
-                        "tokens matches, the --dlm (a DLM or feature draft) otherwise")
+                        "tokens matches, the --dlm (a DLM or feature draft) otherwise while its "
+                        "drafts pay, 1-token matches when they do not")
     p.add_argument("--ngram-max", type=int, default=None, metavar="N",
                    help="--draft ngram or hybrid: the longest n-gram matched (default 3; at most 32 and the "
                         "context length)")
