@@ -71,6 +71,12 @@ def test_batch_3_continuous_batching(arts, target):
     s = SpecDecoder(tlm, head, k=3).generate_many(PROMPTS, max_new_tokens=15, sampling=params)
     b = TargetOnlyDecoder(tlm).generate_many(PROMPTS, max_new_tokens=15, sampling=params)
     assert [x.generated_ids for x in s] == [x.generated_ids for x in b]
+    # the hybrid (prompt lookup, else the head) over the same rows, greedy and sampling
+    h = SpecDecoder(tlm, head, draft="hybrid").generate_many(PROMPTS, max_new_tokens=20)
+    assert [x.generated_ids for x in h] == [x.generated_ids for x in TargetOnlyDecoder(tlm).generate_many(
+        PROMPTS, max_new_tokens=20)]
+    h = SpecDecoder(tlm, head, draft="hybrid").generate_many(PROMPTS, max_new_tokens=15, sampling=params)
+    assert [x.generated_ids for x in h] == [x.generated_ids for x in b]
 
 
 def test_hidden_states_output_equals_a_plain_session(arts):
@@ -134,6 +140,9 @@ def test_cli_runs_a_feature_pair_and_refuses_mismatches(arts, tmp_path, capsys):
     assert code == 0, err
     got = json.loads(out)["results"][0]["generated_ids"]
     code, out, _ = run(["--tlm", tlm, "--target-only", *ids], capsys)
+    assert json.loads(out)["results"][0]["generated_ids"] == got
+    code, out, err = run(["--tlm", tlm, "--dlm", head, "--draft", "hybrid", *ids], capsys)   # lookup, else the head
+    assert code == 0, err
     assert json.loads(out)["results"][0]["generated_ids"] == got
 
     code, _, err = run(["--tlm", arts("plain"), "--dlm", head, *ids], capsys)
