@@ -9,14 +9,13 @@ width policy (policy.py), each token from sampling.py's position-keyed rule.
 """
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Callable
 
 from ..errors import SpecdecError
 from .backends import Backend
 from .calls import Runner
-from .drafts import DraftContext, TargetStep
+from .drafts import DraftContext, TargetStep, answer
 from .metrics import GenerationResult, _Meter
 from .sampling import Noise, SamplingParams, choose, verify
 
@@ -37,13 +36,6 @@ def _check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int
     if v and (min(ids) < 0 or max(ids) >= v):
         raise SpecdecError(f"prompt token id out of range [0, {v})")
     return ids
-
-
-def _maybe(res):
-    """(generator) A draft source's answer: a coroutine (a draft model makes calls) or a plain value."""
-    if inspect.isgenerator(res):
-        return (yield from res)
-    return res
 
 
 class _Generation:
@@ -129,7 +121,7 @@ class _Generation:
         """(generator) Prefill the TLM (and the draft source), then the first token from L0 and d1."""
         n = len(self.prompt)
         L0 = yield from self.tlm.prefill(self.prompt, on_chunk=self._verified)
-        d1 = (yield from _maybe(self.drafter.first(self.prompt))) if self.policy.fixed_k != 0 else None
+        d1 = (yield from answer(self.drafter.first(self.prompt))) if self.policy.fixed_k != 0 else None
         if d1 is None:                    # no first draft (n-gram: nothing matched; --k 0)
             return self.emit([choose(L0, self.sampling, self.noise, n)], ["target"])
         a, tok = verify([d1], L0[None], n, self.sampling, self.noise, bonus=False)
@@ -152,7 +144,7 @@ class _Generation:
             self.row.draft_cost_share = share()
         j = policy.round1_drafts() if round1 else policy.choose(self.row)   # round 1: TLM width k, [d1..dk]
         kv = max(min(j, remaining - 1), 0)   # drafts worth making
-        drafts = list((yield from _maybe(self.drafter.draft(self.seq, q, kv))) if kv else [])[:kv]
+        drafts = list((yield from answer(self.drafter.draft(self.seq, q, kv))) if kv else [])[:kv]
         kv = len(drafts)
         start = self.tlm_valid
         pending_t = self.seq[start:q]

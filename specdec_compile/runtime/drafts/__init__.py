@@ -42,6 +42,7 @@ takes any object with this interface.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,6 +50,13 @@ import numpy as np
 
 from ...errors import SpecdecError
 from ..sampling import Noise, SamplingParams, choose, choose_from
+
+
+def answer(res):
+    """(generator) A drafter's answer: a coroutine of calls (a draft model) or a plain value."""
+    if inspect.isgenerator(res):
+        return (yield from res)
+    return res
 
 
 @dataclass(frozen=True)

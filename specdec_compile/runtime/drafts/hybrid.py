@@ -27,16 +27,8 @@ target's and sampling stays exact (sampling.py: position-keyed noise).
 """
 from __future__ import annotations
 
-import inspect
-
 from ...errors import SpecdecError
-
-
-def _value(x):
-    """(generator) The value of a drafter call that may be a value or a generator of calls."""
-    if inspect.isgenerator(x):
-        return (yield from x)
-    return x
+from . import answer
 
 
 class HybridDraft:
@@ -118,9 +110,9 @@ class HybridDrafter:
 
     def first(self, prompt):
         """(generator) The model's first draft (a DLM prefills here), else the lookup's."""
-        d = yield from _value(self.model.first(prompt))
+        d = yield from answer(self.model.first(prompt))
         if d is None:
-            d = yield from _value(self.lookup.first(prompt))
+            d = yield from answer(self.lookup.first(prompt))
         return d
 
     def draft(self, seq, q: int, n: int):
@@ -128,7 +120,7 @@ class HybridDrafter:
         else the weak lookup's (or none)."""
         if n <= 0:
             return []
-        d = yield from _value(self.lookup.draft(seq, q, n))
+        d = yield from answer(self.lookup.draft(seq, q, n))
         if len(d) >= min(n, self.min_drafts):
             self.rounds["lookup"] += 1
             self._drafted(False)
@@ -136,13 +128,13 @@ class HybridDrafter:
         if self.model_alpha() < self.min_alpha:
             self.skipped += 1
             if self.skipped % self.PROBE_EVERY:
-                d = (yield from _value(self.weak.draft(seq, q, n))) if self.weak is not None else []
+                d = (yield from answer(self.weak.draft(seq, q, n))) if self.weak is not None else []
                 self.rounds["weak" if d else "none"] += 1
                 self._drafted(False)
                 return d
         self.rounds["model"] += 1
         self._drafted(True)
-        d = yield from _value(self.model.draft(seq, q, n))
+        d = yield from answer(self.model.draft(seq, q, n))
         self.pending = (q, len(d)) if d else None
         return d
 
