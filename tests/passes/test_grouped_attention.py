@@ -87,6 +87,9 @@ def test_a_hand_made_repeat_is_grouped_and_equals_numpy(q_scale):
     got = session(out).run(None, {"cache": cache, "q": q})[0]
     np.testing.assert_allclose(got, want, atol=1e-5)
     np.testing.assert_array_equal(got, session(g).run(None, {"cache": cache, "q": q})[0])   # bit for bit
+    assert not any(n.op == "Unsqueeze" for n in out.nodes)    # keys: [B, kvh, g*s, d] against the cache itself
+    mm = next(n for n in out.nodes if n.op == "MatMul")
+    assert mm.inputs[1].inputs[0].op == "Mul" and mm.inputs[1].inputs[0].inputs[0].inputs[0].op == "Transpose"
     if q_scale is not None:   # the scale stays right before the product (ORT folds it there), under the Reshape
         mm = next(n for n in out.nodes if n.op == "MatMul")
         scale = mm.inputs[0].inputs[0]
@@ -108,8 +111,8 @@ def test_anything_not_exactly_the_repeat_is_left_alone_with_the_reason(kwargs, w
 
 def test_onnx_runtime_runs_the_products_on_the_cache_itself(fixture_path, tmp_path):
     """What the session actually runs (its optimized model dump): each cache is read through one
-    Unsqueeze (a view) by the key product, one FusedMatMul (its transpose and scale fused in), or
-    the value product, a MatMul; nothing else reads a cache (no Expand, no copy)."""
+    FusedMatMul (the key product, its transpose and scale fused in), or through one Unsqueeze (a
+    view) by the value product, a MatMul; nothing else reads a cache (no Expand, no copy)."""
     import onnx
     import onnxruntime as ort
 
@@ -129,9 +132,10 @@ def test_onnx_runtime_runs_the_products_on_the_cache_itself(fixture_path, tmp_pa
     assert caches
     for name in caches:
         readers = consumers.get(name, [])
-        assert [n.op_type for n in readers] == ["Unsqueeze"], (name, [n.op_type for n in readers])
-        products = consumers.get(readers[0].output[0], [])
-        want = "FusedMatMul" if "key" in name else "MatMul"
-        assert [n.op_type for n in products] == [want], (name, [n.op_type for n in products])
-        if want == "FusedMatMul":
-            assert {a.name: a.i for a in products[0].attribute}["transB"] == 1
+        if "key" in name:    # scores: the queries as [B, kvh, g*s, d] against the cache itself
+            assert [n.op_type for n in readers] == ["FusedMatMul"], (name, [n.op_type for n in readers])
+            assert {a.name: a.i for a in readers[0].attribute}["transB"] == 1
+        else:                # values: the weights as [B, kvh, g, s, S] against a view of the cache
+            assert [n.op_type for n in readers] == ["Unsqueeze"], (name, [n.op_type for n in readers])
+            products = consumers.get(readers[0].output[0], [])
+            assert [n.op_type for n in products] == ["MatMul"], (name, [n.op_type for n in products])
