@@ -17,7 +17,11 @@ int4         (``--step-floor-int4``, on by default) the export quantized weight-
              ONNX Runtime's ``MatMulNBitsQuantizer`` (block 32, symmetric) before compiling, its
              target step at the first context: as a ratio to the float32 floor and to the float32
              target step (the tied LM head and the embedding stay float32: they are no MatMul
-             with a constant weight).
+             with a constant weight). With ``make demo``'s build (not ``--step-floor-model``), also
+             its speculative decode of the demo's instructions: prompt lookup, the hybrid and the
+             feature draft on the int4 target, against the int4 and float32 targets alone
+             (``bench/int4_spec.py``; ``--real-prompts``, ``--real-repeats``,
+             ``--real-max-new-tokens``).
 
 Each time is the best median over ``--rounds`` interleaved rounds of ``--steps`` calls, and is
 reported as a ratio to the floor of the same run (widths also to the target step at that
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -178,7 +183,8 @@ def quantize_int4(export: Path, out: Path, log=print) -> Path:
     cached in ``out``."""
     dst = out / "model.onnx"
     stamp = out / "source.txt"
-    if dst.exists() and stamp.exists() and stamp.read_text() == str(export.resolve()):
+    key = f"{export.resolve()} with its config and tokenizer files"
+    if dst.exists() and stamp.exists() and stamp.read_text() == key:
         return dst
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -188,7 +194,10 @@ def quantize_int4(export: Path, out: Path, log=print) -> Path:
     q.process()
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(q.model.model, str(dst))
-    stamp.write_text(str(export.resolve()))
+    for side in export.parent.iterdir():      # config, tokenizer, generation config: the manifest's facts
+        if side.is_file() and side.suffix in (".json", ".jinja", ".txt") and side.name != "specdec-stamp.json":
+            shutil.copyfile(side, out / side.name)
+    stamp.write_text(key)
     log(f"[step_floor] int4 weight-only export: {dst} ({time.time() - t:.0f} s)")
     return dst
 
@@ -262,7 +271,8 @@ def add_args(ap) -> None:
                     help="step_floor: verification widths (TLM at the first context)")
     ap.add_argument("--step-floor-steps", type=int, default=50, help="step_floor: calls per timing")
     ap.add_argument("--step-floor-int4", action=argparse.BooleanOptionalAction, default=True,
-                    help="step_floor: also the int4 weight-only (MatMulNBits) target step")
+                    help="step_floor: also the int4 weight-only (MatMulNBits) target step, and (with make demo's "
+                         "build) its speculative decode (bench/int4_spec.py)")
 
 
 def run(a, only: set) -> dict:
@@ -276,6 +286,12 @@ def run(a, only: set) -> dict:
     rec = measure(export, a.out / "step-floor", ctxs=a.step_floor_ctx, widths=a.step_floor_widths,
                   steps=a.step_floor_steps, rounds=a.rounds, threads=a.ort_threads, log=a.log,
                   int4=a.step_floor_int4)
+    if a.step_floor_int4 and a.step_floor_model is None:
+        from . import int4_spec
+        rec["int4_speculative"] = int4_spec.run(
+            a.real_out, a.out / "step-floor" / "int4-export" / "model.onnx", a.out / "step-floor" / "int4",
+            ort_threads=a.ort_threads, repeats=a.real_repeats, prompts=a.real_prompts,
+            max_new_tokens=a.real_max_new_tokens, log=a.log)
     rec["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     RESULTS.write_text(json.dumps(rec, indent=1) + "\n")
     RESULTS.with_suffix(".md").write_text("\n".join(markdown(rec)))
@@ -293,4 +309,5 @@ def markdown(rec: dict) -> list[str]:
         ts = f"{r['over_target_step']:.2f}" if "over_target_step" in r else "-"
         L.append(f"| {r['call']} | {r['ctx_len']} | {r['width']} | {r['ms']:.2f} | {r['over_floor']:.2f}x | {ts} |")
     top = ", ".join(f"{k} {v}" for k, v in list(rec["by_op"].items())[:10])
-    return L + ["", f"Kernels per step by op (top 10): {top}.", ""]
+    from . import int4_spec
+    return L + ["", f"Kernels per step by op (top 10): {top}.", ""] + int4_spec.markdown(rec.get("int4_speculative") or {})

@@ -52,3 +52,25 @@ def test_skipped_with_the_reason_without_a_model(tmp_path):
     assert said and "skipped: no model at" in said[0]
     assert step_floor.run(a, {"kv"}) == {}
     assert Path(step_floor.RESULTS).name == "results-step-floor.json"
+
+
+def test_int4_speculative_rows_need_the_demo_build(tmp_path):
+    """Without make demo's build the int4 speculative rows are skipped with the reason (the section
+    itself still runs); the reason reaches the markdown."""
+    from bench import int4_spec
+    rec = int4_spec.run(tmp_path / "no-build", tmp_path / "int4.onnx", tmp_path / "out")
+    assert "tokenizer" in rec["skipped"] and "make demo" in rec["skipped"]
+    assert "skipped" in "\n".join(int4_spec.markdown(rec))
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_int4_export_keeps_its_config_and_tokenizer_files(fixture_path, tmp_path):
+    """The compiled int4 artifact reads its eos ids and vocabulary from the files beside the export."""
+    src = tmp_path / "export"
+    src.mkdir()
+    (src / "model.onnx").write_bytes(Path(fixture_path("llama_gqa")).read_bytes())
+    (src / "config.json").write_text('{"eos_token_id": 2}')
+    (src / "specdec-stamp.json").write_text("{}")
+    q = step_floor.quantize_int4(src / "model.onnx", tmp_path / "q", log=lambda *_: None)
+    assert (q.parent / "config.json").read_text() == '{"eos_token_id": 2}'
+    assert not (q.parent / "specdec-stamp.json").exists()

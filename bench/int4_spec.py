@@ -1,0 +1,112 @@
+"""``step_floor``'s speculative rows on the int4 target: SmolLM2-135M-Instruct quantized weight-only
+to int4 (``step_floor.quantize_int4``, ``MatMulNBits``) before compiling, decoding the demo's
+instructions target-only and with drafts, as CPU users would run it.
+
+Needs ``make demo``'s build (its tokenizer, its float32 target-only baseline ``tlm-base`` and
+its feature draft ``fdlm``). Compiled here from the int4 export, with the demo's settings (ctx
+256, prefill 64, widths 1..9): the TLM with ``--hidden-states -1`` (the hybrid's and the feature
+draft's target; prompt lookup runs on it too) and the target-only baseline (``--role dlm``).
+The feature draft is the demo's, trained on the float32 target's features: the int4 target's
+features differ a little, which its acceptance shows.
+
+Greedy, ``k = "auto"`` (the adaptive width choice with the K=0 fallback), 128 new tokens per
+instruction, every speculative output checked token for token against the int4 target alone;
+target-only (float32 and int4) and each draft interleaved and repeated, fastest decode kept.
+The rows are ``real_model``'s columns (``speedup`` over the int4 target alone) plus
+``over_float32_target``: the same decode rate over the float32 target alone, measured in the
+same run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from demo import prompts as prompt_sets
+from demo import real_demo, smollm2
+from demo.compiling import compile_artifact
+from demo.rates import decode_rate
+
+DRAFTS = ("ngram", "hybrid", "feature")
+
+
+def compile_int4(int4_export: Path, out: Path, log=print) -> dict:
+    """The int4 TLM with hidden states and the int4 target-only baseline, as the demo compiles its own."""
+    common = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
+    ks = ["--k", "4", "--k-list", ",".join(map(str, real_demo.K_LIST))]
+    return {"tlm-hs": compile_artifact(int4_export, out / "tlm-hs", ["--role", "tlm", *ks, "--hidden-states", "-1",
+                                                                     *common], log=log),
+            "tlm-base": compile_artifact(int4_export, out / "tlm-base", ["--role", "dlm", *common], log=log)}
+
+
+def run(build: Path, int4_export: Path, out: Path, *, ort_threads: int = 1, repeats: int = 2, prompts: int = 4,
+        max_new_tokens: int = 128, log=print) -> dict:
+    """The rows and their settings; ``{"skipped": reason}`` without the demo's build."""
+    from specdec_compile.runtime import OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder
+    from specdec_compile.runtime.tokenizer import load_tokenizer
+
+    from . import real_model
+
+    missing = [p for p in ("tokenizer", "tlm-base", "fdlm") if not (build / p).exists()]
+    if missing:
+        return {"skipped": f"no {', '.join(missing)} in {build} (`make demo` builds them)"}
+    compile_int4(int4_export, out, log)
+    kw = {"intra_op_threads": ort_threads}
+    tok = load_tokenizer(build / "tokenizer")
+    tlm, base, fbase, fdlm = (OrtBackend(out / "tlm-hs", **kw), OrtBackend(out / "tlm-base", **kw),
+                              OrtBackend(build / "tlm-base", **kw), OrtBackend(build / "fdlm", **kw))
+    eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
+    decs = {"target": TargetOnlyDecoder(base, eos_token_id=eos),
+            "float32 target": TargetOnlyDecoder(fbase, eos_token_id=eos),
+            "ngram": real_demo.runtime_ngram_decoder(tlm, eos),
+            "hybrid": SpecDecoder(tlm, fdlm, draft="hybrid", ngram_max=real_demo.NGRAM_MAX, eos_token_id=eos),
+            "feature": SpecDecoder(tlm, fdlm, eos_token_id=eos, adaptive=True)}
+    decs = {k: d for k, d in decs.items() if d is not None}
+    ids_list = [smollm2.chat_ids(tok, t) for t in prompt_sets.DEMO_PROMPTS[:prompts]]
+    warm = smollm2.chat_ids(tok, prompt_sets.WARMUP_PROMPT)
+    for d in decs.values():
+        d.generate(warm, max_new_tokens=16)
+    best: dict = {}
+    answers: dict = {}
+    for r in range(repeats):
+        for pi, ids in enumerate(ids_list):
+            for name, d in decs.items():
+                res = d.generate(ids, max_new_tokens=max_new_tokens, sampling=SamplingParams())
+                if name == "target":
+                    answers[pi] = res.generated_ids
+                elif name != "float32 target" and res.generated_ids != answers[pi]:
+                    raise SystemExit(f"int4 target, {name}: speculative output differs from the int4 target alone")
+                key = (name, pi)
+                if key not in best or (decode_rate(res.metrics) or 0.0) > (decode_rate(best[key]) or 0.0):
+                    best[key] = res.metrics
+        log(f"  [step_floor] int4 speculative: repeat {r + 1}/{repeats} done")
+    per = range(len(ids_list))
+    tms = [best[("target", p)] for p in per]
+    f_tok, f_t = real_model._rate([best[("float32 target", p)] for p in per])
+    rows = []
+    for name in [d for d in DRAFTS if d in decs]:
+        row = real_model._row(name, "greedy", "auto", [best[(name, p)] for p in per], tms)
+        row["over_float32_target"] = round(row["spec_tokens_per_s"] / (f_tok / f_t), 3)
+        rows.append(row)
+        log(f"  [step_floor] int4 {name}: {row['speedup']:.2f}x over int4 target-only "
+            f"({row['over_float32_target']:.2f}x over float32 target-only), "
+            f"{row['tokens_per_tlm_call']} tokens per TLM call")
+    for b in (tlm, base, fbase, fdlm):
+        b.close()
+    int4_rate = real_model._rate(tms)
+    return {"rows": rows, "int4_target_tokens_per_s": round(int4_rate[0] / int4_rate[1], 2),
+            "float32_target_tokens_per_s": round(f_tok / f_t, 2), "prompts": prompts,
+            "max_new_tokens": max_new_tokens, "repeats": repeats, "ort_threads": ort_threads}
+
+
+def markdown(rec: dict) -> list[str]:
+    if not rec or "rows" not in rec:
+        return [f"int4 speculative rows skipped: {rec.get('skipped')}", ""] if rec else []
+    L = [f"The int4 target decoding the demo's {rec['prompts']} instructions (greedy, k = auto, "
+         f"{rec['max_new_tokens']} new tokens, best of {rec['repeats']}; every output identical to the int4 "
+         f"target alone): int4 target-only {rec['int4_target_tokens_per_s']} tok/s, float32 target-only "
+         f"{rec['float32_target_tokens_per_s']} tok/s.", "",
+         "| draft on the int4 target | tok/s | speedup over int4 target-only | over float32 target-only "
+         "| tokens / TLM call |", "|---|---|---|---|---|"]
+    for r in rec["rows"]:
+        L.append(f"| {r['draft']} | {r['spec_tokens_per_s']} | {r['speedup']:.2f}x | {r['over_float32_target']:.2f}x "
+                 f"| {r['tokens_per_tlm_call']} |")
+    return L + [""]
