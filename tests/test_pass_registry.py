@@ -63,7 +63,7 @@ def test_pass_order_is_derived_from_the_registry():
     ort_only = {p.name for p in REGISTRY if p.targets == ("ort",)}
     assert {"rotary_tables", "dense_experts", "flatten_to_reshape", "castlike_to_cast",
             "greater_compares", "drop_nan_guards", "tile_to_expand", "clamp_gather_positions"} == qaic_only, "the qaic legalizations are the only qaic-restricted entries"
-    assert {"grouped_attention", "share_shapes", "fuse_rotary"} == ort_only, "the ONNX Runtime lowering's passes are the only ort-restricted entries"
+    assert {"grouped_attention", "share_shapes", "fuse_rotary", "gather_rotate_half"} == ort_only, "the ONNX Runtime lowering's passes are the only ort-restricted entries"
     qeff_only = {p.name for p in REGISTRY if p.interfaces == ("qeff",)}
     assert qeff_only == {"batch_index", "logits_to_keep"}, "--interface qeff's passes are its only entries"
     default = tuple(p for p in REGISTRY if p.name not in qeff_only)

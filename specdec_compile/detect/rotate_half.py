@@ -232,3 +232,35 @@ def find_rotate_half(graph: gs.Graph, positions: gs.Tensor, dims: dict) -> tuple
 def _is_table_mul(t: gs.Tensor) -> bool:
     m = producer(t)
     return m is not None and m.op == "Mul" and any(_reads_table(i) for i in m.inputs)
+
+
+def rotate_half_of(t: gs.Tensor, dims: dict) -> tuple[gs.Tensor, bool] | str:
+    """``t`` is ``rotate_half(x)`` of a tensor x ``[B, N, S, d]`` with static even d, in either
+    layout the sites above use (``Concat(-x2, x1)`` on the last axis, or Cohere's interleaved
+    pairs): (x, interleaved), or the reason it is not. Unlike ``find_rotate_half`` it does not
+    look at what the result is multiplied by."""
+    p = producer(t)
+    if p is None or p.op not in ("Concat", "Reshape"):
+        return "not a Concat or Reshape"
+    if p.op == "Concat":
+        shape = dims.get(t.name)
+        if not shape or not isinstance(shape[-1], int) or shape[-1] % 2:
+            return f"{p.name}: last axis not static and even ({shape})"
+        x = _rotate_half(t, shape[-1])
+        if isinstance(x, str):
+            return x
+        xs = dims.get(x.name)
+        if not xs or xs[-1] != shape[-1]:
+            return f"{p.name}: x {x.name!r} is not {shape[-1]} wide on its last axis ({xs})"
+        return x, False
+    cat = producer(p.inputs[0])
+    if cat is None or cat.op != "Concat" or len(cat.inputs) != 2 or producer(cat.inputs[1]) is None:
+        return f"{p.name}: not a flatten of a Concat"
+    even = producer(producer(cat.inputs[1]).inputs[0]) if producer(cat.inputs[1]).inputs else None
+    if even is None or even.op != "Slice":
+        return f"{p.name}: not the interleaved pairs of a tensor"
+    shape = dims.get(even.inputs[0].name)
+    if not shape or len(shape) != 4 or not isinstance(shape[3], int) or shape[3] % 2:
+        return f"{p.name}: x is not [B, N, S, d] with static even d ({shape})"
+    x = _rotate_pairs(t, shape, dims)
+    return x if isinstance(x, str) else (x, True)

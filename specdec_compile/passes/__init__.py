@@ -50,7 +50,7 @@ Calling one pass alone, in your own toolchain::
 A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
-``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention`` and ``share_shapes`` need nothing (``PassContext()``),
+``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention``, ``gather_rotate_half`` and ``share_shapes`` need nothing (``PassContext()``),
 ``lower`` needs the target, ``role_logits`` and ``expose_hidden_states`` the detection and the role,
 ``rotary_tables`` and ``fuse_rotary`` (when on) the detection and, for a rotary model, ``ctx_len``; the others
 the detection.
@@ -76,6 +76,7 @@ from .flatten_to_reshape import flatten_to_reshape
 from .fold_static_shapes import fold_static_shapes
 from .fp16_safe import fp16_safe
 from .fuse_rotary import fuse_rotary
+from .gather_rotate_half import gather_rotate_half
 from .greater_compares import greater_compares
 from .grouped_attention import grouped_attention
 from .logits_to_keep import logits_to_keep
@@ -161,11 +162,12 @@ REGISTRY: tuple[Pass, ...] = (
          "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
     Pass("grouped_attention", grouped_attention,
          "grouped-query attention reads the cache as it is: where the export repeats the KV heads "
-         "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the two products "
-         "read `Unsqueeze(cache, [2])` (a view, broadcast over the group) against the queries (and the "
-         "attention weights) reshaped to `[batch, kv_heads, g, seq, x]`, and the results are reshaped back to "
-         "`[batch, heads, seq, x]`: per head the export's own product, bit for bit. Made only where shape "
-         "inference proves the repeat exact; any other form is left as it is",
+         "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the key product "
+         "reads the cache itself against the queries as `[batch, kv_heads, g*seq, head_dim]` (each KV head's "
+         "keys read once), the value product `Unsqueeze(cache, [2])` (a view, broadcast over the group) "
+         "against the attention weights as `[batch, kv_heads, g, seq, ctx]`; the results are reshaped back to "
+         "`[batch, heads, seq, x]`: each element the export's own dot product, bit for bit. Made only where "
+         "shape inference proves the repeat exact; any other form is left as it is",
          targets=("ort",)),
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
@@ -185,6 +187,12 @@ REGISTRY: tuple[Pass, ...] = (
          "one ONNX Runtime kernel in place of "
          "seven. Made only where the form is exactly that (halves of the tables equal, float32, shapes "
          "inferred); any other rotation is left as it is, with the reason",
+         targets=("ort",)),
+    Pass("gather_rotate_half", gather_rotate_half,
+         "each rotary `rotate_half(x) * sin` left (two Slices, a Neg, a Concat and a Mul) becomes "
+         "`Gather(x, permutation) * (sin * sign)`: `-x[j] * s` is `x[j] * -s` bit for bit, and the signed "
+         "sin is computed once per call for every layer (Cohere's interleaved pairs too). Made only where the "
+         "form is exactly that and the sin operand is `d` wide; anything else is left as it is, with the reason",
          targets=("ort",)),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
