@@ -2,10 +2,11 @@
 to int4 (``step_floor.quantize_int4``, ``MatMulNBits``) before compiling, decoding the demo's
 instructions target-only and with drafts, as CPU users would run it.
 
-Needs ``make demo``'s build (its tokenizer, its float32 target-only baseline ``tlm-base`` and
-its feature draft ``fdlm``). Compiled here from the int4 export, with the demo's settings (ctx
-256, prefill 64, widths 1..9): the TLM with ``--hidden-states -1`` (the hybrid's and the feature
-draft's target; prompt lookup runs on it too) and the target-only baseline (``--role dlm``).
+Needs ``make demo``'s build (its tokenizer, its export and its feature draft ``fdlm``). Compiled
+here with the demo's settings (ctx 256, prefill 64, widths 1..9): from the int4 export, the TLM
+with ``--hidden-states -1`` (the hybrid's and the feature draft's target; prompt lookup runs on
+it too) and the target-only baseline (``--role dlm``); from the float32 export, its target-only
+baseline, by the same compiler.
 The feature draft is the demo's, trained on the float32 target's features: the int4 target's
 features differ a little, which its acceptance shows.
 
@@ -28,13 +29,15 @@ from demo.rates import decode_rate
 DRAFTS = ("ngram", "hybrid", "feature")
 
 
-def compile_int4(int4_export: Path, out: Path, log=print) -> dict:
-    """The int4 TLM with hidden states and the int4 target-only baseline, as the demo compiles its own."""
+def compile_int4(int4_export: Path, float_export: Path, out: Path, log=print) -> dict:
+    """The int4 TLM with hidden states and the int4 target-only baseline, as the demo compiles its own;
+    and the float32 target-only baseline by the same compiler (``float32-base``)."""
     common = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
     ks = ["--k", "4", "--k-list", ",".join(map(str, real_demo.K_LIST))]
     return {"tlm-hs": compile_artifact(int4_export, out / "tlm-hs", ["--role", "tlm", *ks, "--hidden-states", "-1",
                                                                      *common], log=log),
-            "tlm-base": compile_artifact(int4_export, out / "tlm-base", ["--role", "dlm", *common], log=log)}
+            "tlm-base": compile_artifact(int4_export, out / "tlm-base", ["--role", "dlm", *common], log=log),
+            "float32-base": compile_artifact(float_export, out / "float32-base", ["--role", "dlm", *common], log=log)}
 
 
 def run(build: Path, int4_export: Path, out: Path, *, ort_threads: int = 1, repeats: int = 2, prompts: int = 4,
@@ -45,14 +48,14 @@ def run(build: Path, int4_export: Path, out: Path, *, ort_threads: int = 1, repe
 
     from . import real_model
 
-    missing = [p for p in ("tokenizer", "tlm-base", "fdlm") if not (build / p).exists()]
+    missing = [p for p in ("tokenizer", "export/tlm/model.onnx", "fdlm") if not (build / p).exists()]
     if missing:
         return {"skipped": f"no {', '.join(missing)} in {build} (`make demo` builds them)"}
-    compile_int4(int4_export, out, log)
+    compile_int4(int4_export, build / "export" / "tlm" / "model.onnx", out, log)
     kw = {"intra_op_threads": ort_threads}
     tok = load_tokenizer(build / "tokenizer")
     tlm, base, fbase, fdlm = (OrtBackend(out / "tlm-hs", **kw), OrtBackend(out / "tlm-base", **kw),
-                              OrtBackend(build / "tlm-base", **kw), OrtBackend(build / "fdlm", **kw))
+                              OrtBackend(out / "float32-base", **kw), OrtBackend(build / "fdlm", **kw))
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
     decs = {"target": TargetOnlyDecoder(base, eos_token_id=eos),
             "float32 target": TargetOnlyDecoder(fbase, eos_token_id=eos),
