@@ -40,9 +40,44 @@ def compile_int4(int4_export: Path, float_export: Path, out: Path, log=print) ->
             "float32-base": compile_artifact(float_export, out / "float32-base", ["--role", "dlm", *common], log=log)}
 
 
-def run(build: Path, int4_export: Path, out: Path, *, ort_threads: int = 1, repeats: int = 2, prompts: int = 4,
-        max_new_tokens: int = 128, log=print) -> dict:
-    """The rows and their settings; ``{"skipped": reason}`` without the demo's build."""
+def width_dependence(tlm_model: Path, *, tokens: int = 24, width: int = 4, seed: int = 0) -> dict:
+    """How much a compiled TLM's logits depend on the width of the call: ``tokens`` random tokens
+    fed one at a time and ``width`` at a time from an empty cache; the largest |difference| of
+    their logits and the positions whose top token differs. A speculative loop reproduces the
+    target's own greedy decoding only where this is (close to) 0: its verification computes a
+    position's logits in a call of several tokens, target-only decoding in a call of one."""
+    import numpy as np
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(tlm_model), so, providers=["CPUExecutionProvider"])
+    outs = [o.name for o in sess.get_outputs()]
+    vocab = next(o.shape[-1] for o in sess.get_outputs() if o.name == "logits")
+    ids = np.random.default_rng(seed).integers(0, vocab if isinstance(vocab, int) else 5000, tokens)
+    logits = {}
+    for w in (1, width):
+        feeds = {i.name: np.zeros((1, i.shape[1], 256, i.shape[3]), np.float32)
+                 for i in sess.get_inputs() if i.name.startswith("past_")}
+        rows = []
+        for st in range(0, tokens, w):
+            feeds["input_ids"] = ids[None, st:st + w].astype(np.int64)
+            feeds["position_ids"] = np.arange(st, st + w, dtype=np.int64)[None]
+            o = dict(zip(outs, sess.run(None, feeds)))
+            for k in [k for k in feeds if k.startswith("past_")]:
+                feeds[k] = o[k + "_RetainedState"]
+            rows.append(o["logits"][0])
+        logits[w] = np.concatenate(rows)
+    return {"max_abs_diff": float(np.max(np.abs(logits[1] - logits[width]))),
+            "top_token_differs": int((logits[1].argmax(-1) != logits[width].argmax(-1)).sum()),
+            "tokens": tokens, "width": width}
+
+
+def run(build: Path, int4_export: Path, out: Path, int8_act_export: Path | None = None, *, ort_threads: int = 1,
+        repeats: int = 2, prompts: int = 4, max_new_tokens: int = 128, log=print) -> dict:
+    """The rows and their settings; ``{"skipped": reason}`` without the demo's build.
+    ``int8_act_export``: the int4 export with int8 activations (accuracy_level 4), of which only
+    the width dependence is measured (its speculative output cannot equal its own target-only)."""
     from specdec_compile.runtime import OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder
     from specdec_compile.runtime.tokenizer import load_tokenizer
 
@@ -52,6 +87,15 @@ def run(build: Path, int4_export: Path, out: Path, *, ort_threads: int = 1, repe
     if missing:
         return {"skipped": f"no {', '.join(missing)} in {build} (`make demo` builds them)"}
     compile_int4(int4_export, build / "export" / "tlm" / "model.onnx", out, log)
+    dep = {"float32": width_dependence(build / "tlm-hs" / "model.onnx") if (build / "tlm-hs").exists() else None,
+           "int4": width_dependence(out / "tlm-hs" / "model.onnx")}
+    if int8_act_export is not None and int8_act_export.exists():
+        common = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
+        compile_artifact(int8_act_export, out / "int8-act-tlm", ["--role", "tlm", "--k", "4", *common], log=log)
+        dep["int4, int8 activations"] = width_dependence(out / "int8-act-tlm" / "model.onnx")
+    log("  [step_floor] logits' dependence on the call width (1 vs 4 tokens a call): " + "; ".join(
+        f"{k}: max |diff| {v['max_abs_diff']:.2g}, {v['top_token_differs']} top tokens differ"
+        for k, v in dep.items() if v))
     kw = {"intra_op_threads": ort_threads}
     tok = load_tokenizer(build / "tokenizer")
     tlm, base, fbase, fdlm = (OrtBackend(out / "tlm-hs", **kw), OrtBackend(out / "tlm-base", **kw),
@@ -95,7 +139,7 @@ def run(build: Path, int4_export: Path, out: Path, *, ort_threads: int = 1, repe
     for b in (tlm, base, fbase, fdlm):
         b.close()
     int4_rate = real_model._rate(tms)
-    return {"rows": rows, "int4_target_tokens_per_s": round(int4_rate[0] / int4_rate[1], 2),
+    return {"rows": rows, "width_dependence": dep, "int4_target_tokens_per_s": round(int4_rate[0] / int4_rate[1], 2),
             "float32_target_tokens_per_s": round(f_tok / f_t, 2), "prompts": prompts,
             "max_new_tokens": max_new_tokens, "repeats": repeats, "ort_threads": ort_threads}
 
@@ -112,4 +156,9 @@ def markdown(rec: dict) -> list[str]:
     for r in rec["rows"]:
         L.append(f"| {r['draft']} | {r['spec_tokens_per_s']} | {r['speedup']:.2f}x | {r['over_float32_target']:.2f}x "
                  f"| {r['tokens_per_tlm_call']} |")
+    dep = {k: v for k, v in (rec.get("width_dependence") or {}).items() if v}
+    if dep:
+        L += ["", "How much the TLM's logits depend on the call width (24 random tokens, 1 vs 4 a call):", "",
+              "| target | max abs logit difference | top tokens that differ |", "|---|---|---|"]
+        L += [f"| {k} | {v['max_abs_diff']:.2g} | {v['top_token_differs']} of {v['tokens']} |" for k, v in dep.items()]
     return L + [""]

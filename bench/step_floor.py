@@ -14,8 +14,8 @@ target step  the export compiled ``--role dlm --target ort`` at each ``--step-fl
 widths       the export compiled ``--role tlm`` (at the first context), one call of each
              ``--step-floor-widths`` width (speculative verification), bare as above.
 int4         (``--step-floor-int4``, on by default) the export quantized weight-only to int4 by
-             ONNX Runtime's ``MatMulNBitsQuantizer`` (block 32, symmetric, accuracy_level 4: int8
-             activations) before compiling, its
+             ONNX Runtime's ``MatMulNBitsQuantizer`` (block 32, symmetric; accuracy_level 0, and
+             4: int8 activations) before compiling, its
              target step at the first context: as a ratio to the float32 floor and to the float32
              target step (the tied LM head and the embedding stay float32: they are no MatMul
              with a constant weight). With ``make demo``'s build (not ``--step-floor-model``), also
@@ -178,13 +178,14 @@ def _compile(export: Path, out: Path, args: list[str], log) -> Path:
     return out / "model.onnx"
 
 
-def quantize_int4(export: Path, out: Path, log=print, accuracy_level: int = 4) -> Path:
+def quantize_int4(export: Path, out: Path, log=print, accuracy_level: int = 0) -> Path:
     """``export`` quantized weight-only to int4 by ONNX Runtime's ``MatMulNBitsQuantizer`` (block
     32, symmetric; every MatMul with a constant weight becomes ``com.microsoft::MatMulNBits``),
     cached in ``out``. ``accuracy_level`` 4: the kernels quantize the activations to int8 per block
     and multiply in int8 (as CPU engines' 4-bit formats do); on this CPU that made SmolLM2's step
-    18.9 ms instead of 22.7 and a width-5 verification 1.55 steps instead of 2.0 (level 0
-    dequantizes the weights for every call of more than one token)."""
+    18.9 ms instead of 22.7 and a width-5 verification 1.55 steps instead of 2.0, but its logits
+    then depend on the width of the call (``int4_spec.width_dependence``), so a speculative loop
+    cannot reproduce the target's own one-token decoding."""
     dst = out / "model.onnx"
     stamp = out / "source.txt"
     key = f"{export.resolve()} with its config and tokenizer files, accuracy_level {accuracy_level}"
@@ -211,10 +212,11 @@ def _fns(export: Path, out: Path, ctxs, widths, threads, log, int4: bool = False
     common = ["--target", "ort", "--prefill-len", "32"]
     fns, what = {}, {}
     if int4:
-        q = quantize_int4(export, out / "int4-export", log)
-        m = _compile(q, out / f"int4-dlm-{ctxs[0]}", ["--role", "dlm", *common, "--ctx-len", str(ctxs[0])], log)
-        fns[f"int4step{ctxs[0]}"], _ = bare_step(m, ctxs[0], 1, threads)
-        what[f"int4step{ctxs[0]}"] = (ctxs[0], 1)
+        for level, tag in ((0, "int4"), (4, "int4a4")):
+            q = quantize_int4(export, out / f"{tag}-export", log, accuracy_level=level)
+            m = _compile(q, out / f"{tag}-dlm-{ctxs[0]}", ["--role", "dlm", *common, "--ctx-len", str(ctxs[0])], log)
+            fns[f"{tag}step{ctxs[0]}"], _ = bare_step(m, ctxs[0], 1, threads)
+            what[f"{tag}step{ctxs[0]}"] = (ctxs[0], 1)
     for c in ctxs:
         m = _compile(export, out / f"dlm-{c}", ["--role", "dlm", *common, "--ctx-len", str(c)], log)
         fns[f"step{c}"], _ = bare_step(m, c, 1, threads)
@@ -230,6 +232,8 @@ def _fns(export: Path, out: Path, ctxs, widths, threads, log, int4: bool = False
 
 
 def _call(name: str) -> str:
+    if name.startswith("int4a4"):
+        return "int4 target step, int8 activations"
     return "int4 target step" if name.startswith("int4") else "target step" if name.startswith("step") else "verify"
 
 
@@ -294,6 +298,7 @@ def run(a, only: set) -> dict:
         from . import int4_spec
         rec["int4_speculative"] = int4_spec.run(
             a.real_out, a.out / "step-floor" / "int4-export" / "model.onnx", a.out / "step-floor" / "int4",
+            a.out / "step-floor" / "int4a4-export" / "model.onnx",
             ort_threads=a.ort_threads, repeats=a.real_repeats, prompts=a.real_prompts,
             max_new_tokens=a.real_max_new_tokens, log=a.log)
     rec["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -30,7 +30,8 @@ def test_the_section_on_a_tiny_export(fixture_path, tmp_path):
                              steps=2, rounds=1, threads=1, log=lambda *_: None, int4=True)
     assert rec["floor_ms"] > 0 and rec["weight_bytes"] > 0
     calls = [(r["call"], r["ctx_len"], r["width"]) for r in rec["rows"]]
-    assert calls == [("int4 target step", 32, 1), ("target step", 32, 1), ("target step", 64, 1),
+    assert calls == [("int4 target step", 32, 1), ("int4 target step, int8 activations", 32, 1),
+                     ("target step", 32, 1), ("target step", 64, 1),
                      ("verify", 32, 2), ("verify", 32, 5)]
     import onnx as _onnx
     q = _onnx.load(str(tmp_path / "sf" / "int4-export" / "model.onnx"), load_external_data=False)
@@ -74,3 +75,17 @@ def test_the_int4_export_keeps_its_config_and_tokenizer_files(fixture_path, tmp_
     q = step_floor.quantize_int4(src / "model.onnx", tmp_path / "q", log=lambda *_: None)
     assert (q.parent / "config.json").read_text() == '{"eos_token_id": 2}'
     assert not (q.parent / "specdec-stamp.json").exists()
+
+
+def test_width_dependence_of_a_float32_tlm_is_nil(fixture_path, tmp_path):
+    """The speculative loop's premise, measured: a float32 TLM gives a position the same logits
+    (to rounding) whether it is called with 1 token or 4."""
+    from bench import int4_spec
+    from specdec_compile import pipeline
+    out = tmp_path / "tlm.onnx"
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="tlm", target="ort", k=3, ctx_len=256)
+    import onnx as _onnx
+    _onnx.save(model, str(out))
+    dep = int4_spec.width_dependence(out, tokens=12, width=4)
+    assert dep["max_abs_diff"] < 1e-4 and dep["top_token_differs"] == 0
+    assert dep["tokens"] == 12 and dep["width"] == 4
