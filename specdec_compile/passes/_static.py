@@ -48,10 +48,7 @@ def inferred_dims(graph: gs.Graph) -> dict[str, list[int | None]]:
     return dims
 
 
-def symbolic_dims(graph: gs.Graph) -> dict[str, list]:
-    """name -> dims as shape inference with data propagation gives them: an int, the
-    dim_param's name (one symbol, one value), or None (unknown; inference's ``unk__N``)."""
-    model = _inferred(graph, data_prop=True)
+def _dims_of(model: onnx.ModelProto) -> dict[str, list]:
     out = {}
     for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
         t = vi.type.tensor_type
@@ -60,13 +57,7 @@ def symbolic_dims(graph: gs.Graph) -> dict[str, list]:
     return out
 
 
-def _symbol(name: str):
-    return None if not name or name.startswith("unk__") else name
-
-
-def elem_types(graph: gs.Graph) -> dict[str, int]:
-    """name -> onnx element type, from the graph's own types and shape inference."""
-    model = _inferred(graph)
+def _types_of(model: onnx.ModelProto) -> dict[str, int]:
     types: dict[str, int] = {}
     for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
         if vi.type.tensor_type.elem_type:
@@ -79,6 +70,27 @@ def elem_types(graph: gs.Graph) -> dict[str, int]:
                 if a.name == "value":
                     types[node.output[0]] = a.t.data_type
     return types
+
+
+def symbolic_dims(graph: gs.Graph) -> dict[str, list]:
+    """name -> dims as shape inference with data propagation gives them: an int, the
+    dim_param's name (one symbol, one value), or None (unknown; inference's ``unk__N``)."""
+    return _dims_of(_inferred(graph, data_prop=True))
+
+
+def dims_and_types(graph: gs.Graph) -> tuple[dict[str, list], dict[str, int]]:
+    """``symbolic_dims`` and ``elem_types`` from one run of shape inference (with data propagation)."""
+    model = _inferred(graph, data_prop=True)
+    return _dims_of(model), _types_of(model)
+
+
+def _symbol(name: str):
+    return None if not name or name.startswith("unk__") else name
+
+
+def elem_types(graph: gs.Graph) -> dict[str, int]:
+    """name -> onnx element type, from the graph's own types and shape inference."""
+    return _types_of(_inferred(graph))
 
 
 def dtype_of(t: gs.Tensor, types: dict[str, int]) -> int | None:

@@ -34,7 +34,7 @@ import onnx_graphsurgeon as gs
 from ..detect.rotate_half import rotate_half_of
 from ..graph_utils import Builder
 from ._context import PassContext, need
-from ._static import dtype_of, elem_types, symbolic_dims
+from ._static import dims_and_types, dtype_of
 
 _log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def find_sites(graph: gs.Graph) -> tuple[list[Site], list[tuple[str, str]]]:
     """(the products the pass rewrites, [(Mul node, reason)] for rotate_half products it leaves)."""
     if not any(n.op == "Neg" for n in graph.nodes):
         return [], []
-    dims, types, outputs = symbolic_dims(graph), elem_types(graph), {id(t) for t in graph.outputs}
+    (dims, types), outputs = dims_and_types(graph), {id(t) for t in graph.outputs}
     sites, skipped = [], []
     for n in graph.nodes:
         if n.op != "Mul":
