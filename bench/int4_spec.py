@@ -27,20 +27,21 @@ from demo.compiling import compile_artifact
 from demo.rates import decode_rate
 
 DRAFTS = ("ngram", "hybrid", "feature")
+#: the demo's compile settings (``real_demo.build``)
+COMMON = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
 
 
 def compile_int4(int4_export: Path, float_export: Path, out: Path, log=print) -> dict:
     """The int4 TLM with hidden states and the int4 target-only baseline, as the demo compiles its own;
     and the float32 target-only baseline by the same compiler (``float32-base``)."""
-    common = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
     ks = ["--k", "4", "--k-list", ",".join(map(str, real_demo.K_LIST))]
     return {"tlm-hs": compile_artifact(int4_export, out / "tlm-hs", ["--role", "tlm", *ks, "--hidden-states", "-1",
-                                                                     *common], log=log),
-            "tlm-base": compile_artifact(int4_export, out / "tlm-base", ["--role", "dlm", *common], log=log),
-            "float32-base": compile_artifact(float_export, out / "float32-base", ["--role", "dlm", *common], log=log)}
+                                                                     *COMMON], log=log),
+            "tlm-base": compile_artifact(int4_export, out / "tlm-base", ["--role", "dlm", *COMMON], log=log),
+            "float32-base": compile_artifact(float_export, out / "float32-base", ["--role", "dlm", *COMMON], log=log)}
 
 
-def width_dependence(tlm_model: Path, *, tokens: int = 24, width: int = 4, seed: int = 0) -> dict:
+def width_dependence(tlm_model: Path, *, tokens: int = 24, width: int = 4, seed: int = 0, ctx_len: int = 256) -> dict:
     """How much a compiled TLM's logits depend on the width of the call: ``tokens`` random tokens
     fed one at a time and ``width`` at a time from an empty cache; the largest |difference| of
     their logits and the positions whose top token differs. A speculative loop reproduces the
@@ -48,16 +49,15 @@ def width_dependence(tlm_model: Path, *, tokens: int = 24, width: int = 4, seed:
     position's logits in a call of several tokens, target-only decoding in a call of one."""
     import numpy as np
     import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(tlm_model), so, providers=["CPUExecutionProvider"])
+
+    from .step_floor import _options
+    sess = ort.InferenceSession(str(tlm_model), _options(1), providers=["CPUExecutionProvider"])
     outs = [o.name for o in sess.get_outputs()]
     vocab = next(o.shape[-1] for o in sess.get_outputs() if o.name == "logits")
     ids = np.random.default_rng(seed).integers(0, vocab if isinstance(vocab, int) else 5000, tokens)
     logits = {}
     for w in (1, width):
-        feeds = {i.name: np.zeros((1, i.shape[1], 256, i.shape[3]), np.float32)
+        feeds = {i.name: np.zeros((1, i.shape[1], ctx_len, i.shape[3]), np.float32)
                  for i in sess.get_inputs() if i.name.startswith("past_")}
         rows = []
         for st in range(0, tokens, w):
@@ -90,8 +90,7 @@ def run(build: Path, int4_export: Path, out: Path, int8_act_export: Path | None 
     dep = {"float32": width_dependence(build / "tlm-hs" / "model.onnx") if (build / "tlm-hs").exists() else None,
            "int4": width_dependence(out / "tlm-hs" / "model.onnx")}
     if int8_act_export is not None and int8_act_export.exists():
-        common = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
-        compile_artifact(int8_act_export, out / "int8-act-tlm", ["--role", "tlm", "--k", "4", *common], log=log)
+        compile_artifact(int8_act_export, out / "int8-act-tlm", ["--role", "tlm", "--k", "4", *COMMON], log=log)
         dep["int4, int8 activations"] = width_dependence(out / "int8-act-tlm" / "model.onnx")
     log("  [step_floor] logits' dependence on the call width (1 vs 4 tokens a call): " + "; ".join(
         f"{k}: max |diff| {v['max_abs_diff']:.2g}, {v['top_token_differs']} top tokens differ"

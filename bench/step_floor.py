@@ -48,6 +48,13 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results-step-floor.json"
+#: the int4 exports (under the section's output folder) by accuracy_level: 0 float32 activations, 4 int8
+INT4_EXPORTS = {0: "int4", 4: "int4a4"}
+
+
+def int4_export(out: Path, level: int) -> Path:
+    """Where ``quantize_int4`` keeps the export at ``level`` (``out``: the section's folder)."""
+    return out / f"{INT4_EXPORTS[level]}-export" / "model.onnx"
 
 
 def _ort():
@@ -212,8 +219,8 @@ def _fns(export: Path, out: Path, ctxs, widths, threads, log, int4: bool = False
     common = ["--target", "ort", "--prefill-len", "32"]
     fns, what = {}, {}
     if int4:
-        for level, tag in ((0, "int4"), (4, "int4a4")):
-            q = quantize_int4(export, out / f"{tag}-export", log, accuracy_level=level)
+        for level, tag in INT4_EXPORTS.items():
+            q = quantize_int4(export, int4_export(out, level).parent, log, accuracy_level=level)
             m = _compile(q, out / f"{tag}-dlm-{ctxs[0]}", ["--role", "dlm", *common, "--ctx-len", str(ctxs[0])], log)
             fns[f"{tag}step{ctxs[0]}"], _ = bare_step(m, ctxs[0], 1, threads)
             what[f"{tag}step{ctxs[0]}"] = (ctxs[0], 1)
@@ -297,8 +304,8 @@ def run(a, only: set) -> dict:
     if a.step_floor_int4 and a.step_floor_model is None:
         from . import int4_spec
         rec["int4_speculative"] = int4_spec.run(
-            a.real_out, a.out / "step-floor" / "int4-export" / "model.onnx", a.out / "step-floor" / "int4",
-            a.out / "step-floor" / "int4a4-export" / "model.onnx",
+            a.real_out, int4_export(a.out / "step-floor", 0), a.out / "step-floor" / "int4",
+            int4_export(a.out / "step-floor", 4),
             ort_threads=a.ort_threads, repeats=a.real_repeats, prompts=a.real_prompts,
             max_new_tokens=a.real_max_new_tokens, log=a.log)
     rec["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")

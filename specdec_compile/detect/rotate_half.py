@@ -254,9 +254,10 @@ def rotate_half_of(t: gs.Tensor, dims: dict) -> tuple[gs.Tensor, bool] | str:
             return f"{p.name}: x {x.name!r} is not {shape[-1]} wide on its last axis ({xs})"
         return x, False
     cat = producer(p.inputs[0])
-    if cat is None or cat.op != "Concat" or len(cat.inputs) != 2 or producer(cat.inputs[1]) is None:
+    up = producer(cat.inputs[1]) if cat is not None and cat.op == "Concat" and len(cat.inputs) == 2 else None
+    if up is None:
         return f"{p.name}: not a flatten of a Concat"
-    even = producer(producer(cat.inputs[1]).inputs[0]) if producer(cat.inputs[1]).inputs else None
+    even = producer(up.inputs[0])
     if even is None or even.op != "Slice":
         return f"{p.name}: not the interleaved pairs of a tensor"
     shape = dims.get(even.inputs[0].name)

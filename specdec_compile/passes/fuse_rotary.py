@@ -8,8 +8,9 @@ position past the table is an error, where the unfused ort graph takes any cache
 the pipeline records it (``specdec.ctx_len``), as for qaic. Each layer then rotates q and k as
 ``x*cos + rotate_half(x)*sin`` from those tables: on ONNX Runtime seven kernels per tensor (two
 Slices, Neg, Concat, two Muls, Add; Cohere's interleaved layout adds two Unsqueezes and a
-Reshape), four after ``gather_rotate_half``, which runs next and rewrites what this pass leaves. Where ``detect.rotate_half`` finds exactly that form (its docstring lists each fact it
-checks), the Add's output is computed instead by the standard ``RotaryEmbedding`` (ai.onnx opset
+Reshape), four after ``gather_rotate_half``, which runs next and rewrites what this pass leaves.
+Where ``detect.rotate_half`` finds exactly that form (its docstring lists each fact it checks),
+the Add's output is computed instead by the standard ``RotaryEmbedding`` (ai.onnx opset
 23; the ``ort`` target is opset 24), which ONNX Runtime 1.32 runs as one CPU kernel::
 
     RotaryEmbedding(x, cos_cache, sin_cache, Max(position_ids, 0), interleaved=0 or 1)
