@@ -49,9 +49,10 @@ def width_dependence(tlm_model: Path, *, tokens: int = 24, width: int = 4, seed:
     position's logits in a call of several tokens, target-only decoding in a call of one."""
     import numpy as np
     import onnxruntime as ort
-
-    from .step_floor import _options
-    sess = ort.InferenceSession(str(tlm_model), _options(1), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(tlm_model), so, providers=["CPUExecutionProvider"])
     outs = [o.name for o in sess.get_outputs()]
     vocab = next(o.shape[-1] for o in sess.get_outputs() if o.name == "logits")
     ids = np.random.default_rng(seed).integers(0, vocab if isinstance(vocab, int) else 5000, tokens)
