@@ -40,12 +40,11 @@ def _cell(c: dict | None) -> str:
 
 
 def _hidden_cell(cs: list[dict]) -> str:
-    c = next((c for c in cs if c["role"] == TLM_HIDDEN), None)
-    if c is None:
-        return "not run"
-    if c["status"] != "pass":
-        return f"{c['target']}: " + _cell(c)
-    return f"{c['target']}: {c['max_logits_diff']:.1e} / {c['max_hidden_diff']:.1e}"
+    """Both targets' hidden-states cells: "qaic: logits / hidden; ort: ..."."""
+    out = [f"{c['target']}: " + (_cell(c) if c["status"] != "pass" else
+                                 f"{c['max_logits_diff']:.1e} / {c['max_hidden_diff']:.1e}")
+           for c in cs if c["role"] == TLM_HIDDEN]
+    return "; ".join(out) or "not run"
 
 
 def _windows(cells: list[dict]) -> str:
@@ -65,9 +64,8 @@ def render(data: dict) -> str:
              f"(rows of different lengths, padded prefill, rollbacks, the end of the context), tolerance "
              f"{TOL:g}. Windowed rows have {WINDOW}-token windows, so the history runs past them. A cell is "
              f"the max |Δ logits| over all calls, or the one-line reason the compiler refused. The last column "
-             f"is one more TLM per row compiled with `--hidden-states {','.join(str(x) for x in HIDDEN)}` on one "
-             f"target (half the rows each): max |Δ logits| / max |Δ hidden states| against the export's own "
-             f"internal tensors.", "",
+             f"is one more TLM per row and target compiled with `--hidden-states {','.join(str(x) for x in HIDDEN)}`: "
+             f"max |Δ logits| / max |Δ hidden states| against the export's own internal tensors.", "",
              f"Summary: {data['summary']}", "",
              "| row | exporter | family | windows per layer | TLM qaic | TLM ort | DLM qaic | DLM ort | "
              "TLM hidden states |",

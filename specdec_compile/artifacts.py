@@ -221,7 +221,7 @@ def template_values(result, options: Options) -> dict:
         raise SpecdecError("the rewritten graph has no past_* inputs or *_RetainedState outputs; "
                            "it is not a retained-state graph")
     logits = [s["name"] for s in sig["outputs"] if s["name"] == LOGITS]
-    features = (HIDDEN_STATES, DRAFT_HIDDEN_STATES)  # custom IO like the cache (section 4)
+    features = (HIDDEN_STATES, DRAFT_HIDDEN_STATES)  # custom IO at the cache's float precision (section 4)
     seq_lens = options.seq_lens()
     qaic = options.target == "qaic"
     return dict(
@@ -234,6 +234,8 @@ def template_values(result, options: Options) -> dict:
         kv_inputs=kv_inputs,
         kv_outputs=kv_outputs,
         kv_dtype="mxint8" if options.mxint8_kv_cache else options.kv_dtype,
+        # MXINT8 is the retained cache's compressed storage, not a precision for features
+        feature_dtype=options.kv_dtype,
         feature_inputs=[s["name"] for s in sig["inputs"] if s["name"] in features],
         feature_outputs=[s["name"] for s in sig["outputs"] if s["name"] in features],
         logits_dtype=options.logits_dtype,

@@ -200,8 +200,9 @@ class _Rewritten:
         return out[0], (out[-1] if self.req.output else None)
 
 
-def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
-    """[(label, width, start, n_valid)] for one row. Starts are absolute positions."""
+def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int, widths: tuple[int, ...] = ()):
+    """[(label, width, start, n_valid)] for one row. Starts are absolute positions. ``widths``:
+    further call widths (an artifact's other specializations), each run once, full."""
     calls = []
     pos = 0
     while pos < n_prompt:  # chunked prefill; the last chunk right-padded
@@ -209,7 +210,8 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
         calls.append(("prefill" if v == prefill_len else "prefill (padded)",
                       prefill_len, pos, v))
         pos += v
-    for label, width in (("seq_len 1", 1), ("seq_len 2", 2), ("seq_len k", k), ("seq_len k+1", k + 1)):
+    for label, width in (("seq_len 1", 1), ("seq_len 2", 2), ("seq_len k", k), ("seq_len k+1", k + 1),
+                         *((f"seq_len {w}", w) for w in _extra_widths(widths, k, prefill_len))):
         calls.append((label, width, pos, width))
         pos += width
     # rollback: the last k drafts rejected, their positions reused
@@ -229,9 +231,17 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int):
     return calls
 
 
+def _extra_widths(widths, k: int, prefill_len: int) -> list[int]:
+    """The widths of ``widths`` the scenario does not call anyway."""
+    return sorted(set(int(w) for w in widths) - {1, 2, k, k + 1, prefill_len})
+
+
 def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: int = 256, batch_size: int = 1,
-           seed: int = 0, tol: float = 1e-4, original_source=None, rewritten_source=None) -> VerifyReport:
-    """The rewrite against the export on ONNX Runtime (``VerifyReport``). ``original`` and
+           seed: int = 0, tol: float = 1e-4, original_source=None, rewritten_source=None,
+           widths=()) -> VerifyReport:
+    """The rewrite against the export on ONNX Runtime (``VerifyReport``). ``widths``: call widths
+    to run besides prefill, 1, 2, k and k+1 (an artifact's other specializations, e.g. from
+    ``--k-list``). ``original`` and
     ``rewritten``: paths, ``onnx.ModelProto``s or ``onnx_ir.Model``s (a model in memory is
     written to a scratch directory, its external data hard-linked from its source directory:
     ``*_source``, the file it was read from, or an ir model's own ``base_dir``)."""
@@ -241,7 +251,7 @@ def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: i
         original = _as_path(original, original_source, stack)
         rewritten = _as_path(rewritten, rewritten_source, stack)
         return _verify_paths(original, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
-                             batch_size=batch_size, seed=seed, tol=tol)
+                             batch_size=batch_size, seed=seed, tol=tol, widths=tuple(widths))
 
 
 def _as_path(model, source, stack) -> Path:
@@ -260,8 +270,8 @@ def _as_path(model, source, stack) -> Path:
 
 
 def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, ctx_len: int, batch_size: int,
-                  seed: int, tol: float) -> VerifyReport:
-    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size
+                  seed: int, tol: float, widths: tuple[int, ...] = ()) -> VerifyReport:
+    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size + sum(_extra_widths(widths, k, prefill_len))
     if ctx_len < need:
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
     _check_writes(rewritten)
@@ -272,7 +282,7 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
     try:
         new = _Rewritten(Path(rewritten), ctx_len, batch_size, req)
         return _replay(orig, new, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
-                       batch_size=batch_size, seed=seed, tol=tol)
+                       batch_size=batch_size, seed=seed, tol=tol, widths=widths)
     finally:
         if orig.copy is not None:
             orig.copy.close()
@@ -286,7 +296,7 @@ def _check_writes(rewritten) -> None:
 
 
 def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_len: int, ctx_len: int,
-            batch_size: int, seed: int, tol: float) -> VerifyReport:
+            batch_size: int, seed: int, tol: float, widths: tuple[int, ...] = ()) -> VerifyReport:
     if new.max_ctx_len is not None and ctx_len > new.max_ctx_len:
         raise SpecdecError(f"{rewritten} was compiled for ctx_len {new.max_ctx_len} (a qaic graph: fixed context, "
                            f"rotary tables of that many rows); verify with --ctx-len <= {new.max_ctx_len}")
@@ -296,7 +306,8 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
     vocab = orig.det.info.vocab_size
     report = VerifyReport(role=new.role, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
                           batch_size=batch_size, tol=tol)
-    rows = [_scenario(prefill_len, k, ctx_len, prefill_len + prefill_len // 2 + 1 + b) for b in range(batch_size)]
+    rows = [_scenario(prefill_len, k, ctx_len, prefill_len + prefill_len // 2 + 1 + b, widths)
+            for b in range(batch_size)]
     n_calls = min(len(r) for r in rows)
     tokens = [rng.integers(0, vocab, size=ctx_len + k + 2) for _ in range(batch_size)]
     feats = [random_features(rng, ctx_len + k + 2, new.req.feature_width) for _ in range(batch_size)]

@@ -99,6 +99,24 @@ def test_pairing_unroll_training_and_replay():
     assert m["replay"]["1"]["tokens"] == m["replay"]["3"]["tokens"] == sum(i["g"] - 1 for i in evs.items)
 
 
+def test_training_is_deterministic():
+    """The same data, configuration and seed give the same head bit for bit (the demo caches it
+    by a key over them); another seed gives another head."""
+    from demo import feature_train as ft
+    from demo.progress import Reporter
+
+    def trained(seed):
+        fd, model, head, ids, trs, evs = _setup()
+        cfg = copy.deepcopy(fd.CONFIG)
+        cfg["train"].update(epochs=2, batch=4)
+        cfg["seed"] = seed
+        ft.train(head, trs, 1.0, cfg, Reporter(quiet=True))
+        return {k: v.clone() for k, v in head.state_dict().items()}
+    a, b, c = trained(5), trained(5), trained(6)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
 def test_unrolled_passes_give_each_draft_exactly_the_loops_context():
     """Pass j's row p equals draft j of the loop (KV cache) whose round starts after row p-j+1:
     the target's features up to there, the head's own predictions after."""

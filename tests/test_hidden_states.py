@@ -55,6 +55,35 @@ def test_post_norm_model_refuses_hidden_states_but_compiles_without(tmp_path, ca
     assert cli.main([str(path), "--role", "tlm", "--k", "3", "--target", "ort", "-o", str(out)]) == 0
 
 
+def test_feature_draft_whose_layers_are_not_found_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    """A feature draft needs its own last layer's output (draft_hidden_states): where the
+    layers finder finds none, the CLI refuses in one line and writes nothing."""
+    import specdec_compile.detect as detect
+    from specdec_compile.errors import SpecdecError
+
+    def none_found(*a, **k):
+        raise SpecdecError("no residual stream found (test)")
+    path = export_feature_draft(1)
+    capsys.readouterr()
+    monkeypatch.setattr(detect, "find_layer_outputs", none_found)
+    out = tmp_path / "out"
+    assert cli.main([str(path), "--role", "dlm", "--k", "3", "--feature-layers", "-1", "-o", str(out)]) == 2
+    line = _err_line(capsys)
+    assert "--feature-layers (the draft's own features)" in line and "no residual stream found (test)" in line
+    assert not out.exists()
+
+
+def test_mxint8_cache_leaves_the_features_float16(fixture_path, tmp_path, capsys):
+    """--mxint8-kv-cache compresses the retained cache; the hidden states stay float16 (MXINT8 is
+    no precision for features the host reads and writes)."""
+    out = tmp_path / "tlm"
+    assert cli.main([str(fixture_path("llama_gqa")), "--role", "tlm", "--k", "3", "--hidden-states", "-1",
+                     "--mxint8-kv-cache", *SMALL, "-o", str(out)]) == 0
+    io = (out / "custom_io.yaml").read_text()
+    assert "IOName: past_key.0\n   Precision: mxint8" in io
+    assert "IOName: hidden_states\n   Precision: float16" in io
+
+
 @pytest.mark.parametrize("target", ["qaic", "ort"])
 def test_tlm_hidden_states_artifact_and_verify(fixture_path, tmp_path, capsys, target):
     src = fixture_path("llama_gqa")
@@ -105,5 +134,8 @@ def test_feature_draft_artifact_and_verify(tmp_path, capsys, target):
     if target == "qaic":
         io = (out / "custom_io.yaml").read_text()
         assert "IOName: hidden_states\n" in io and "IOName: draft_hidden_states\n" in io
-    report = verify(src, out / "model.onnx", k=4, prefill_len=16, ctx_len=64, batch_size=2)
+    report = verify(src, out / "model.onnx", k=4, prefill_len=16, ctx_len=64, batch_size=2,
+                    widths=m["specializations"])
     assert report.ok and report.role == "dlm" and 0 < report.max_hidden_diff <= 1e-4
+    # every specialization is called, the --k-list width 3 included, with its features checked
+    assert {c.seq_len for c in report.checks} >= set(m["specializations"])

@@ -40,3 +40,16 @@ def test_ort_graph_has_no_fixed_context(fixture_path, tmp_path, capsys):
     assert CTX_LEN_KEY not in meta
     assert cli.main(["verify", str(src), str(model), "--ctx-len", "96", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ctx_len"] == 96
+
+
+def test_verify_calls_every_specialization_of_the_artifact(fixture_path, tmp_path, capsys):
+    """The manifest's widths (here --k-list 5's 6, wider than k+1) are each called once."""
+    src = fixture_path("llama_gqa")
+    out = tmp_path / "tlm"
+    assert cli.main([str(src), "--role", "tlm", "--k", "3", "--k-list", "0,5", "--target", "ort",
+                     "--prefill-len", "8", "--ctx-len", "64", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["verify", str(src), str(out / "model.onnx"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    widths = {s["seq_len"] for s in report["shapes"]}
+    assert widths >= {8, 1, 4, 6}, widths

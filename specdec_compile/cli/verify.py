@@ -17,11 +17,12 @@ from .common import Parser, add_progress_flags, start_progress
 
 
 def defaults_from_manifest(rewritten: Path) -> dict:
-    """k, prefill_len and ctx_len of the artifact REWRITTEN sits in ({} outside an artifact)."""
+    """k, prefill_len, ctx_len and the call widths (specializations) of the artifact REWRITTEN
+    sits in ({} outside an artifact)."""
     if not (rewritten.parent / MANIFEST_FILE).is_file():
         return {}
     m = Manifest.read(rewritten.parent)
-    out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len}
+    out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len, "widths": list(m.specializations or [])}
     if m.k is not None:
         out["k"] = m.k
     return out
@@ -49,7 +50,8 @@ def render(report: VerifyReport, file=None) -> None:
 def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     p = Parser(prog=prog, help_hint=f" (see {prog} --help)", description=__doc__.split("\n\n")[0] + ".",
                epilog="Defaults for k, prefill length and context length come from "
-                      "manifest.json beside REWRITTEN when there is one; the default "
+                      "manifest.json beside REWRITTEN when there is one, and every "
+                      "specialization's width it lists is called once; the default "
                       "context is lengthened past the longest sliding window of the "
                       "model. Exit: 0 pass, 1 numerical mismatch, 2 bad input.")
     p.add_argument("original", type=Path, help="the stock export (concatenating KV cache)")
@@ -71,7 +73,8 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     ctx_len = args.ctx_len or history_past_windows(args.original, d.get("ctx_len", 256), prefill_len,
                                                    limit=compiled_ctx_len(args.rewritten))
     report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7), prefill_len=prefill_len,
-                    ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol)
+                    ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol,
+                    widths=d.get("widths", ()))
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

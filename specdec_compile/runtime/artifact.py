@@ -358,3 +358,7 @@ def check_feature_pair(tlm: Artifact, dlm: Artifact) -> None:
         raise SpecdecError(f"{dlm.path}: the draft's own features (draft_hidden_states) are {fd['draft_width']} "
                            f"wide but it reads {fd['width']}: the loop feeds them back in place of the target's "
                            f"for later drafts, so it needs one target layer of its own hidden size")
+    if len(reads) != 1:
+        raise SpecdecError(f"{dlm.path}: the draft reads {len(reads)} target layers ({_layers(reads)}); the loop "
+                           f"feeds its own features back in place of the target's for later drafts, so it "
+                           f"reads exactly one")

@@ -182,6 +182,12 @@ class TargetOnlyDecoder(_Decoder):
     """
 
     def __init__(self, tlm: Backend, *, eos_token_id=None, record_calls: bool = False, tokenizer=None):
+        art = getattr(tlm, "artifact", None)
+        if getattr(art, "feature_draft", None) is not None:
+            # it would run on zero features: tokens with no meaning, and no error
+            raise SpecdecError(f"{art.path} is a feature draft: it reads a target's hidden states and cannot "
+                               f"decode alone; pass it as the draft (--dlm) of a target compiled with "
+                               f"--hidden-states")
         self.tlm = tlm
         self.tokenizer = resolve_tokenizer(tokenizer)
         self.eos_token_id = eos_token_id

@@ -1,7 +1,7 @@
 """Run one row of the coverage matrix: export (cached), compile both roles for
-both targets, verify each against the export; then one more TLM exposing the
-hidden states of two layers (``HIDDEN``) on one target (``hidden_target``),
-verified against the export's own internal tensors. Used by tests/coverage/ and
+both targets, verify each against the export; then one more TLM per target
+exposing the hidden states of two layers (``HIDDEN``), verified against the
+export's own internal tensors. Used by tests/coverage/ and
 by scripts/coverage_matrix.py (which writes docs/coverage.md). Imported by its
 bare name, like families.py beside it: pytest has tests/coverage on its path
 (pyproject.toml), the script puts it there."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -67,11 +66,6 @@ def _one_line(e: BaseException) -> str:
     return (text[:300] + "...") if len(text) > 300 else text
 
 
-def hidden_target(row: Row) -> str:
-    """The one target the hidden-states cell of ``row`` runs on (a fixed half of the rows each)."""
-    return TARGETS[zlib.crc32(row.id.encode()) % 2]
-
-
 def run_cell(row: Row, source: Path, role: str, target: str, work: Path) -> Cell:
     t0 = time.perf_counter()
     cell = Cell(row.name, row.family, row.exporter, role, target, "refused")
@@ -106,8 +100,8 @@ def run_cell(row: Row, source: Path, role: str, target: str, work: Path) -> Cell
 
 
 def run_row(row: Row) -> list[Cell]:
-    """Every (role, target) cell of ``row``, then the hidden-states cell; an
-    export failure fills all five."""
+    """Every (role, target) cell of ``row``, then the hidden-states cell of each target; an
+    export failure fills all six."""
     try:
         source = export_row(row)
     except Exception as e:  # an exporter failure is a row of the matrix, not a crash
@@ -119,4 +113,4 @@ def run_row(row: Row) -> list[Cell]:
 
 
 def _cells(row: Row) -> list[tuple[str, str]]:
-    return [(r, t) for r in ROLES for t in TARGETS] + [(TLM_HIDDEN, hidden_target(row))]
+    return [(r, t) for r in ROLES for t in TARGETS] + [(TLM_HIDDEN, t) for t in TARGETS]

@@ -2,9 +2,9 @@
 for text-generation-with-past (tiny random config, families.json), plus the
 dynamo exports and variants, compiled for both roles and both targets and
 verified against the export (batch 2, a history past every window) at 1e-4;
-plus one TLM per row exposing two layers' hidden states (``--hidden-states
-0,-1``, on one target per row), its extra output checked against the
-export's internal tensors at every call.
+plus one TLM per row and target exposing two layers' hidden states
+(``--hidden-states 0,-1``), its extra output checked against the export's
+internal tensors at every call.
 
 SPECDEC_MATRIX=core runs only the core rows (one per pattern); the default is
 every row. docs/coverage.md is generated from the same rows by
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from families import WINDOW, registry_families, rows, skip_reason
-from matrix import CL, TLM_HIDDEN, TOL, run_row
+from matrix import CL, TARGETS, TLM_HIDDEN, TOL, run_row
 
 ROOT = Path(__file__).resolve().parents[2]
 #: one row per pattern: plain, windowed, mixed local/global, no position_ids, ALiBi (two forms),
@@ -39,7 +39,8 @@ def test_row_compiles_both_roles_and_targets_and_verifies(row):
     assert not bad, f"{row.id}: " + "; ".join(bad)
     assert all(c.max_logits_diff <= TOL for c in cells)
     hidden = [c for c in cells if c.role == TLM_HIDDEN]
-    assert len(hidden) == 1 and hidden[0].max_hidden_diff is not None and hidden[0].max_hidden_diff <= TOL, \
+    assert sorted(c.target for c in hidden) == sorted(TARGETS), f"{row.id}: hidden states not run on both targets"
+    assert all(c.max_hidden_diff is not None and c.max_hidden_diff <= TOL for c in hidden), \
         f"{row.id}: the hidden_states output was not checked against the export's internal tensors"
     if row.id in WINDOWED:
         windows = {w for c in cells for w in (c.windows or [])}

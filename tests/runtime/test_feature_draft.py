@@ -155,6 +155,8 @@ def test_sampling_draws_from_the_target_distribution_through_the_feature_loop():
 @pytest.mark.parametrize("kw, msg", [
     (dict(draft_layers=(0,)), "the target was compiled with --hidden-states -1 but the draft reads layers 0"),
     (dict(width=32), "the target's hidden states are 64 wide but the draft reads 32"),
+    # widths equal, yet two layers: its own features would stand in for a concatenation of two
+    (dict(layers=(0, -1)), r"the draft reads 2 target layers \(0,-1\)"),
 ])
 def test_mismatched_pairs_are_refused(kw, msg):
     tlm, d, _ = fake_feature_pair(**kw)

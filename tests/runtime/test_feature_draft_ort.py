@@ -145,6 +145,8 @@ def test_cli_runs_a_feature_pair_and_refuses_mismatches(arts, tmp_path, capsys):
     assert code == 0, err
     assert json.loads(out)["results"][0]["generated_ids"] == got
 
+    code, _, err = run(["--tlm", head, "--target-only", *ids], capsys)      # zero features: refused, not run
+    one_line_error(code, err, "is a feature draft: it reads a target's hidden states and cannot decode alone")
     code, _, err = run(["--tlm", arts("plain"), "--dlm", head, *ids], capsys)
     one_line_error(code, err, "exposes no hidden states: compile it with --hidden-states -1")
     code, _, err = run(["--tlm", arts("tlm", layers="0"), "--dlm", head, *ids], capsys)
