@@ -78,13 +78,15 @@ def compile_feature_pair(tlm_onnx: Path, fdraft_onnx: Path, out: Path, *, k: int
                          prefill_len: int, ctx_len: int, log=print) -> dict:
     """A feature draft and the TLM it reads: ``OUT/tlm-hs`` (the target as ``compile_trio``'s TLM,
     plus ``--hidden-states -1``: the last layer's output before the final norm at every position)
-    and ``OUT/fdlm`` (the head with ``--role dlm --feature-layers -1``; its ``k`` / ``k_list``
-    widths ingest a round's accepted tokens in one call). Returns the compile seconds of each."""
+    and ``OUT/fdlm`` (the head with ``--role dlm --feature-layers -1 --feature-target TLM_ONNX``;
+    its ``k`` / ``k_list`` widths ingest a round's accepted tokens in one call). Returns the
+    compile seconds of each."""
     common = ["--target", "ort", "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
     ks = ["--k", str(k)] + (["--k-list", ",".join(map(str, k_list))] if k_list else [])
     times = {}
     times["fdlm"] = compile_artifact(fdraft_onnx, out / "fdlm", ["--role", "dlm", *ks, "--feature-layers", "-1",
-                                                                 *common], log=log)
+                                                                 "--feature-target", str(tlm_onnx), *common],
+                                   log=log)
     times["tlm-hs"] = compile_artifact(tlm_onnx, out / "tlm-hs", ["--role", "tlm", *ks, "--hidden-states", "-1",
                                                                   *common], log=log)
     return times

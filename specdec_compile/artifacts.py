@@ -306,8 +306,17 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         source_file=Path(source).name if source else None, source_sha256=source_sha,
         passes=tuple(getattr(result, "passes", []) or []), ops=op_set(result.model),
         tool_version=__version__, interface=io_signature(result.model), files=tuple(sorted(files)),
-        **manifest_fields(result), **_optional_records(options),
+        **_feature_fields(result, options), **_optional_records(options),
     )
+
+
+def _feature_fields(result, options: Options) -> dict:
+    """``hidden_states`` / ``feature_draft``; a feature draft's target (``--feature-target``) too."""
+    fields = manifest_fields(result)
+    if options.feature_target is not None and "feature_draft" in fields:
+        name, sha = options.feature_target
+        fields["feature_draft"]["target"] = {"file": name, "sha256": sha}
+    return fields
 
 
 def _optional_records(options: Options) -> dict:

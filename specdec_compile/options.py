@@ -72,6 +72,8 @@ class Options:
     #: TLM: layers whose outputs the graph outputs as hidden_states; DLM: a feature draft's target layers
     hidden_states: tuple[int, ...] = ()
     feature_layers: tuple[int, ...] = ()
+    #: a feature draft's target, (file name, sha256) of its export (--feature-target); None: not named
+    feature_target: tuple[str, str] | None = None
     #: "default" (ours) or "qeff" (QEfficient's: batch_index, num_logits_to_keep; batch_size is
     #: then the cache's full_batch_size; contract section 7)
     interface: str = "default"
@@ -111,6 +113,9 @@ class Options:
                                "(--feature-layers) outputs its own features by itself")
         if self.role == "tlm" and self.feature_layers:
             raise SpecdecError("--feature-layers is for a feature draft (--role dlm)")
+        if self.feature_target is not None and not self.feature_layers:
+            raise SpecdecError("--feature-target names the target a feature draft reads: it needs "
+                               "--role dlm --feature-layers")
         if self.role == "dlm" and not self.feature_layers:
             if self.k is not None:
                 raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "

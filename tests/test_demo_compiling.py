@@ -42,6 +42,6 @@ def test_compile_feature_pair_compiles_the_head_and_the_tlm_with_hidden_states(m
                                            prefill_len=64, ctx_len=256)
     assert times == {"fdlm": 2.0, "tlm-hs": 2.0}
     assert calls == [("f.onnx", "fdlm", ["--role", "dlm", "--k", "4", "--k-list", "0,1,2", "--feature-layers", "-1",
-                                         *common]),
+                                         "--feature-target", "t.onnx", *common]),
                      ("t.onnx", "tlm-hs", ["--role", "tlm", "--k", "4", "--k-list", "0,1,2", "--hidden-states", "-1",
                                            *common])]

@@ -73,6 +73,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--feature-layers", default=None, metavar="LAYERS",
                    help="DLM only: the model is a feature draft reading these layers of its target "
                         "(as the target's --hidden-states); needs --k")
+    p.add_argument("--feature-target", default=None, metavar="TARGET",
+                   help="with --feature-layers: the target the draft was trained for, its export (.onnx) or "
+                        "its compiled TLM directory; recorded (file name, sha256) so that specdec-run refuses "
+                        "another target")
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
     p.add_argument("--batch-size", type=int, default=1, help="default 1")
@@ -121,8 +125,29 @@ def options_from_args(a: argparse.Namespace) -> Options:
                    num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version,
                    hidden_states=_layers(a.hidden_states, "--hidden-states"),
                    feature_layers=_layers(a.feature_layers, "--feature-layers"),
+                   feature_target=_feature_target(a.feature_target) if a.feature_target is not None else None,
                    interface=a.interface, mxint8_kv_cache=a.mxint8_kv_cache, qaic_flags=tuple(a.qaic_flag),
                    link_weights=a.link_weights)
+
+
+def _feature_target(path: str) -> tuple[str, str]:
+    """(file name, sha256) of a feature draft's target: its export, or the source a compiled TLM
+    directory's manifest records (the same pair a TLM's manifest ``source`` holds)."""
+    from ..io import sha256_file
+    from ..contract import MANIFEST_FILE
+    from ..manifest import Manifest
+    p = Path(path)
+    if p.is_dir():
+        if not (p / MANIFEST_FILE).is_file():
+            raise SpecdecError(f"--feature-target {p}: a directory without {MANIFEST_FILE} (give the target's "
+                               f"export or its compiled TLM directory)")
+        m = Manifest.read(p)
+        if m.role != "tlm" or not m.source_file or not m.source_sha256:
+            raise SpecdecError(f"--feature-target {p}: not a TLM artifact that records its source export")
+        return m.source_file, m.source_sha256
+    if not p.is_file():
+        raise SpecdecError(f"--feature-target {p}: no such file or directory")
+    return p.name, sha256_file(p)
 
 
 def _layers(text: str | None, option: str) -> tuple[int, ...]:

@@ -358,6 +358,11 @@ def check_feature_pair(tlm: Artifact, dlm: Artifact) -> None:
         raise SpecdecError(f"{dlm.path}: the draft's own features (draft_hidden_states) are {fd['draft_width']} "
                            f"wide but it reads {fd['width']}: the loop feeds them back in place of the target's "
                            f"for later drafts, so it needs one target layer of its own hidden size")
+    want, src = fd.get("target") or {}, tlm.manifest.get("source") or {}
+    if want.get("sha256") and src.get("sha256") and want["sha256"] != src["sha256"]:
+        raise SpecdecError(f"{dlm.path} is a feature draft for the target {want.get('file')} (sha256 "
+                           f"{want['sha256'][:12]}), but {tlm.path} was compiled from {src.get('file')} (sha256 "
+                           f"{src['sha256'][:12]}): another target")
     if len(reads) != 1:
         raise SpecdecError(f"{dlm.path}: the draft reads {len(reads)} target layers ({_layers(reads)}); the loop "
                            f"feeds its own features back in place of the target's for later drafts, so it "

@@ -160,3 +160,55 @@ def test_cli_runs_a_feature_pair_and_refuses_mismatches(arts, tmp_path, capsys):
     one_line_error(code, err, "hidden states are 96 wide but the draft reads 64")
     code, _, err = run(["--tlm", arts("tlm", layers="0,-1"), "--dlm", arts("head", layers="0,-1"), *ids], capsys)
     one_line_error(code, err, "draft_hidden_states) are 64 wide but it reads 128")
+
+
+def test_feature_target_is_recorded_and_another_target_refused(arts, fixture_path, tmp_path, capsys):
+    """--feature-target records the target's export (file name, sha256; from the file or from a
+    compiled TLM's manifest); specdec-run refuses a TLM compiled from another export."""
+    from specdec_compile.io import sha256_file
+    tlm = arts("tlm")
+    src = fixture_path("llama_gqa")
+    want = {"file": src.name, "sha256": sha256_file(src)}
+    head_args = [str(export_feature_draft(1)), "--role", "dlm", "--k", "3", "--feature-layers", "-1", "--target",
+                 "ort", "--prefill-len", str(PL), "--ctx-len", str(CL)]
+    by_file, by_dir = tmp_path / "by-file", tmp_path / "by-dir"
+    assert compile_cli.main(head_args + ["--feature-target", str(src), "-o", str(by_file)]) == 0
+    assert compile_cli.main(head_args + ["--feature-target", str(tlm), "-o", str(by_dir)]) == 0
+    for d in (by_file, by_dir):
+        assert json.loads((d / "manifest.json").read_text())["feature_draft"]["target"] == want
+    capsys.readouterr()
+    ids = ["--prompt-ids", ",".join(map(str, PROMPTS[0])), "--max-new-tokens", "8", "--json", "--no-warmup"]
+    code, out, err = run(["--tlm", tlm, "--dlm", by_file, "--k", "3", *ids], capsys)
+    assert code == 0, err
+    other = tmp_path / "other-tlm"
+    shutil.copytree(tlm, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["source"] = {"file": "another.onnx", "sha256": "f" * 64}
+    (other / "manifest.json").write_text(json.dumps(m))
+    code, _, err = run(["--tlm", other, "--dlm", by_file, *ids], capsys)
+    one_line_error(code, err, "is a feature draft for the target model.onnx")
+    assert "was compiled from another.onnx" in err
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--feature-target", "/nonexistent/model.onnx"], "--feature-target /nonexistent/model.onnx: no such file"),
+    (["--feature-target", "."], "a directory without manifest.json"),
+])
+def test_bad_feature_target_is_one_line_exit_2(extra, msg, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [str(export_feature_draft(1)), "--role", "dlm", "--k", "3", "--feature-layers", "-1", *extra,
+            "-o", str(out)]
+    capsys.readouterr()
+    assert compile_cli.main(argv) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and msg in err[0] and not out.exists(), err
+
+
+def test_feature_target_without_feature_layers_is_refused(fixture_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    src = fixture_path("llama_gqa")
+    assert compile_cli.main([str(src), "--role", "tlm", "--k", "3", "--feature-target", str(src),
+                             "-o", str(out)]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "--feature-target names the target a feature draft reads" in err[0]
+    assert not out.exists()
