@@ -202,7 +202,8 @@ class _Rewritten:
 
 def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int, widths: tuple[int, ...] = ()):
     """[(label, width, start, n_valid)] for one row. Starts are absolute positions. ``widths``:
-    further call widths (an artifact's other specializations), each run once, full."""
+    further call widths (an artifact's other specializations), each run once, full, all at the
+    same start (each rewrites the one before: the context they need is the widest's)."""
     calls = []
     pos = 0
     while pos < n_prompt:  # chunked prefill; the last chunk right-padded
@@ -210,10 +211,10 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int, widths: tup
         calls.append(("prefill" if v == prefill_len else "prefill (padded)",
                       prefill_len, pos, v))
         pos += v
-    for label, width in (("seq_len 1", 1), ("seq_len 2", 2), ("seq_len k", k), ("seq_len k+1", k + 1),
-                         *((f"seq_len {w}", w) for w in _extra_widths(widths, k, prefill_len))):
+    for label, width in (("seq_len 1", 1), ("seq_len 2", 2), ("seq_len k", k), ("seq_len k+1", k + 1)):
         calls.append((label, width, pos, width))
         pos += width
+    calls += [(f"seq_len {w}", w, pos, w) for w in _extra_widths(widths, k, prefill_len)]
     # rollback: the last k drafts rejected, their positions reused
     pos -= k
     calls.append(("rollback k+1", k + 1, pos, k + 1))
@@ -271,7 +272,7 @@ def _as_path(model, source, stack) -> Path:
 
 def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, ctx_len: int, batch_size: int,
                   seed: int, tol: float, widths: tuple[int, ...] = ()) -> VerifyReport:
-    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size + sum(_extra_widths(widths, k, prefill_len))
+    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size + max(_extra_widths(widths, k, prefill_len), default=0)
     if ctx_len < need:
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
     _check_writes(rewritten)
