@@ -59,6 +59,11 @@ class VerifyReport:
     batch_size: int
     tol: float
     checks: list[ShapeCheck] = field(default_factory=list)
+    #: TLM: the export's logits of k+1 positions computed in one call against k+1 calls of one
+    #: token (greedy speculative output equals one-token decoding only if these agree): the max
+    #: abs difference and at how many positions the top token differs (None: not checked)
+    width_max_abs_diff: float | None = None
+    width_top_token_changes: int | None = None
 
     @property
     def max_logits_diff(self) -> float:
@@ -73,8 +78,13 @@ class VerifyReport:
         return max((c.hidden_max_abs_diff for c in self.checks), default=0.0)
 
     @property
+    def width_dependent(self) -> bool:
+        """The top token at some position depends on the call's width, beyond the tolerance."""
+        return bool(self.width_top_token_changes) and (self.width_max_abs_diff or 0.0) > self.tol
+
+    @property
     def ok(self) -> bool:
-        return bool(self.checks) and all(
+        return bool(self.checks) and not self.width_dependent and all(
             c.logits_max_abs_diff <= self.tol and c.cache_max_abs_diff <= self.tol
             and c.hidden_max_abs_diff <= self.tol and not c.history_changed and not c.non_finite for c in self.checks)
 
@@ -357,7 +367,24 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
                                             hidden_max_abs_diff=max_diff(None if hidden is None else hidden[b, :v],
                                                                          ref_hidden),
                                             non_finite=bool(non_finite)))
+    if new.role == "tlm":
+        report.width_max_abs_diff, report.width_top_token_changes = _width_dependence(
+            orig, tokens[0], prefill_len, k + 1)
     return report
+
+
+def _width_dependence(orig: OriginalModel, tokens: np.ndarray, start: int, width: int) -> tuple[float, int]:
+    """The export's logits of positions start..start+width-1 after ``start`` tokens of history:
+    one call of ``width`` tokens against ``width`` calls of one (max abs difference, positions
+    whose top token differs)."""
+    _, past, _ = orig.run(tokens[:start], 0, orig.empty())
+    wide, _, _ = orig.run(tokens[start:start + width], start, past)
+    rows = []
+    for i in range(width):
+        one, past, _ = orig.run(tokens[start + i:start + i + 1], start + i, past)
+        rows.append(one[0])
+    narrow = np.stack(rows)
+    return float(np.max(np.abs(wide - narrow))), int(np.sum(wide.argmax(-1) != narrow.argmax(-1)))
 
 
 def compiled_ctx_len(rewritten: str | Path) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 
 from specdec_compile import cli
@@ -53,3 +54,49 @@ def test_verify_calls_every_specialization_of_the_artifact(fixture_path, tmp_pat
     report = json.loads(capsys.readouterr().out)
     widths = {s["seq_len"] for s in report["shapes"]}
     assert widths >= {8, 1, 4, 6}, widths
+
+
+class _WidthDependentExport:
+    """Stands in for verify's OriginalModel: logits per position, plus ``shift`` on token 3 in any
+    call of more than one token (as int8 activations quantized per call do)."""
+
+    def __init__(self, shift: float, vocab: int = 7):
+        self.base = np.random.default_rng(1).normal(size=(64, vocab)).astype(np.float32)
+        self.shift = shift
+
+    def empty(self):
+        return []
+
+    def run(self, tokens, start, past):
+        out = self.base[start:start + len(tokens)].copy()
+        if len(tokens) > 1:
+            out[:, 3] += self.shift
+        return out, past, None
+
+
+def test_width_dependence_is_measured_and_fails_verify_only_past_the_tolerance():
+    from specdec_compile.verify import ShapeCheck, VerifyReport, _width_dependence
+    tokens = np.arange(40)
+    export = _WidthDependentExport(50.0)
+    diff, flips = _width_dependence(export, tokens, 8, 5)
+    # token 3 wins every position of the wide call: the others' top token changes
+    assert abs(diff - 50.0) < 1e-4 and flips == int(np.sum(export.base[8:13].argmax(-1) != 3)) > 0
+    assert _width_dependence(_WidthDependentExport(0.0), tokens, 8, 5) == (0.0, 0)
+    good = [ShapeCheck("seq_len 1", 1, 0.0, 0.0)]
+
+    def report(diff, flips):
+        return VerifyReport("tlm", 4, 8, 64, 1, 1e-4, checks=good, width_max_abs_diff=diff,
+                            width_top_token_changes=flips)
+    assert not report(1.9, 4).ok and report(1.9, 4).width_dependent
+    assert report(1.9, 0).ok                 # logits move, no top token does: greedy output unchanged
+    assert report(5e-5, 1).ok                # a near tie within float noise is not a finding
+    assert report(None, None).ok             # a DLM: not checked
+
+
+def test_verify_reports_the_width_check_of_a_tlm(fixture_path, tmp_path, capsys):
+    model = _compile(fixture_path("llama_gqa"), tmp_path / "ort", "ort", capsys)
+    assert cli.main(["verify", str(fixture_path("llama_gqa")), str(model), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["width_top_token_changes"] == 0 and 0 <= r["width_max_abs_diff"] <= 1e-4
+    assert cli.main(["verify", str(fixture_path("llama_gqa")), str(model)]) == 0
+    assert "top token differs at 0 of 4 positions" in capsys.readouterr().out

@@ -42,9 +42,16 @@ def render(report: VerifyReport, file=None) -> None:
                   "NO" if r["non_finite"] else "yes")
     console.print(t)
     verdict = "PASS" if report.ok else "FAIL"
+    if report.width_max_abs_diff is not None:
+        flips = report.width_top_token_changes
+        console.print(f"width: the export's logits in one call of k+1 tokens against k+1 calls of one differ by "
+                      f"{report.width_max_abs_diff:.3e}; top token differs at {flips} of {report.k + 1} positions"
+                      + (" (greedy speculative output would not equal one-token decoding)"
+                         if report.width_dependent else ""))
     hidden = f", max |Δ hidden states| = {report.max_hidden_diff:.3e}" if report.max_hidden_diff else ""
     console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
-                  f"{report.max_cache_diff:.3e}{hidden} (tolerance {report.tol:g})")
+                  f"{report.max_cache_diff:.3e}{hidden} (tolerance {report.tol:g})"
+                  + ("; the export's top tokens depend on the call width" if report.width_dependent else ""))
 
 
 def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
