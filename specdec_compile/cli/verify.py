@@ -60,7 +60,10 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
                       "manifest.json beside REWRITTEN when there is one, and every "
                       "specialization's width it lists is called once; the default "
                       "context is lengthened past the longest sliding window of the "
-                      "model. Exit: 0 pass, 1 numerical mismatch, 2 bad input.")
+                      "model. For a TLM it also checks that the export gives each "
+                      "position the same top token in one call of k+1 tokens as in "
+                      "k+1 calls of one (greedy speculative output rests on it). "
+                      "Exit: 0 pass, 1 numerical mismatch, 2 bad input.")
     p.add_argument("original", type=Path, help="the stock export (concatenating KV cache)")
     p.add_argument("rewritten", type=Path, help="the rewrite (OUT/model.onnx)")
     p.add_argument("--k", type=int, default=None, help="speculation length (default: manifest, else 7)")
