@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Benchmarks of the compiler and the runtime, in one run (what `make bench` runs).
 
-    python -m bench.run_bench                  # everything; writes bench/results.json and bench/results.md
+    python -m bench.run_bench                  # everything; writes bench/results/results.json and bench/results/results.md
     python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, suffix, fallback,
                                                # real, real-ood
     python -m bench.run_bench --only suffix-real --real-build build/demo   # suffix drafts' SmolLM2 rows alone
     python -m bench.run_bench --only step_floor --real-build build/demo    # SmolLM2's step against its weight-read floor
                                                # (--only suffix: the toy pair's rows, then SmolLM2's when built)
 
-Sections (keys of bench/results.json):
+Sections (keys of bench/results/results.json):
 
 spec_vs_target  the demo pair (demo/train_pair.py; trained or reused) compiled for
                 ONNX Runtime: greedy speculative decoding at k = 1..8 drafts per
@@ -33,10 +33,10 @@ kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
                 of the session time (loop_host_share).
 batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts (the toy pair) and
                 suffix_drafts_real (SmolLM2, when make demo's build exists; also written to
-                bench/results-suffix-real.{json,md}): bench/suffix.py.
+                bench/results/results-suffix-real.{json,md}): bench/suffix.py.
 step_floor      SmolLM2's decode step (and verification widths) as ratios to the time to read
                 its weights once, and the kernels per step: bench/step_floor.py (also written to
-                bench/results-step-floor.{json,md}).
+                bench/results/results-step-floor.{json,md}).
 step_latency    a decode step of the original optimum export (concatenating cache,
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
@@ -413,7 +413,7 @@ def _args(argv: list[str] | None):
     ap.add_argument("--real-threads", type=int, default=2,
                     help="real, real-ood: torch threads for building the demo's models (the demo's --threads: "
                          "a build made with other threads is retrained, as its cache key says)")
-    ap.add_argument("--results", type=Path, default=HERE / "results.json")
+    ap.add_argument("--results", type=Path, default=HERE / "results" / "results.json")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ctx-len", type=int, default=256)
@@ -469,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     if "real" in only:
         from . import real_model
         res["real_model"], res["real_model_settings"] = real_model.run(a.real_out, a, log=log)
-        log(f"[bench] picture {real_model.picture(res['real_model'], HERE / 'real_model.svg')}")
+        log(f"[bench] picture {real_model.picture(res['real_model'], HERE / 'results' / 'real_model.svg')}")
     if "real-ood" in only:
         from . import real_ood
         res["real_ood"], res["real_ood_settings"] = real_ood.run(a.real_out, a, log=log)

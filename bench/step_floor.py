@@ -31,8 +31,8 @@ target graph at the first context (after its own graph optimizations), with the 
 
 The model: SmolLM2-135M-Instruct from ``make demo``'s build (``--real-build DIR``; the export
 at DIR/export/tlm/model.onnx), or any optimum export (``--step-floor-model PATH``). Without
-either the section is skipped, with the reason printed. Written to bench/results-step-floor.{json,md}
-and the step_floor key of bench/results.json.
+either the section is skipped, with the reason printed. Written to bench/results/results-step-floor.{json,md}
+and the step_floor key of bench/results/results.json.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results-step-floor.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "results-step-floor.json"
 #: the int4 exports (under the section's output folder) by accuracy_level: 0 float32 activations, 4 int8
 INT4_EXPORTS = {0: "int4", 4: "int4a4"}
 

@@ -11,7 +11,7 @@ repeated           a few held-out def + docstring prompts, each asked three time
                    parameter renamed and a number changed (as agents and code-edit tools ask).
 grounded, free     the n-gram section's prompts (bench/serving.py).
 
-SmolLM2 rows (``--only suffix`` or ``--only suffix-real``; bench/results-suffix-real.{json,md}),
+SmolLM2 rows (``--only suffix`` or ``--only suffix-real``; bench/results/results-suffix-real.{json,md}),
 when ``make demo``'s build exists (``--real-build DIR``, default build/demo; else skipped, with
 the reason printed): the demo's TLM (k_list 0..8: adaptive widths, the K=0 fallback) and its
 tokenizer, target-only on ``tlm-base`` (the seq_len-1 baseline, as bench/real_model.py),
@@ -129,7 +129,7 @@ def bench_suffix(pair: dict, out: Path, a, tok) -> list:
 # --------------------------------------------------------------------------- SmolLM2 (make demo's build)
 
 CODE_REQUEST = "Complete this Python function:\n\n```python\n{}\n```"
-REAL_RESULTS = Path(__file__).resolve().parent / "results-suffix-real.json"
+REAL_RESULTS = Path(__file__).resolve().parent / "results" / "results-suffix-real.json"
 
 
 def real_workloads(tok, n_instructions: int, n_functions: int, ctx_len: int, n_new: int) -> dict:
@@ -199,7 +199,7 @@ def add_args(ap) -> None:
 
 def run_real(a, only: set) -> dict:
     """The SmolLM2 rows (skipped, with the reason printed, when no build exists); written to
-    bench/results-suffix-real.{json,md}."""
+    bench/results/results-suffix-real.{json,md}."""
     if not only & {"suffix", "suffix-real"}:
         return {}
     why = real_build_missing(a.real_out)
