@@ -1,37 +1,34 @@
 """Prompt-lookup (n-gram) drafting, replayed offline to measure what it would reach.
 
-The runtime's own n-gram drafter is a separate feature (the serving issue);
-this module only measures: given the target's greedy answer to a prompt, how
-many drafts would a prompt-lookup proposer get accepted per round? A
-proposer looks for the most recent earlier occurrence of the last n tokens of
-the text so far (prompt + answer), n from ``max_ngram`` down to
-``min_ngram``, and proposes the up-to-k tokens that followed it. Greedy
+This module only measures: given the target's greedy answer to a prompt, how
+many drafts would the runtime's prompt-lookup drafter (``NgramIndex``, the one
+``--draft ngram`` serves with) get accepted per round? It looks for the most
+recent earlier occurrence of the last n tokens of the text so far (prompt +
+answer), n from ``max_ngram`` down to ``min_ngram``, and proposes the up-to-k
+tokens that followed it. Greedy
 acceptance is exact to replay: drafts are accepted while they equal the
 target's greedy tokens, which are known.
 """
 from __future__ import annotations
 
+from specdec_compile.runtime.drafts.ngram import NgramIndex
+
 
 def propose(context: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """Up to k tokens following the latest earlier match of the context's last n-gram."""
-    L = len(context)
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        tail = context[L - n:]
-        for s in range(L - n - 1, -1, -1):          # latest match first, excluding the tail itself
-            if context[s: s + n] == tail:
-                return context[s + n: s + n + k]
-    return []
+    return NgramIndex(max_ngram, min_ngram, None).propose(list(context), k)
 
 
 def replay(prompt: list[int], answer: list[int], k: int, **kw) -> dict:
     """Greedy speculative decoding with prompt lookup, replayed on a known greedy answer.
     Returns rounds (TLM calls), the drafts per round, accepted drafts, tokens."""
     ctx = list(prompt)
+    index = NgramIndex(kw.get("max_ngram", 3), kw.get("min_ngram", 1), None)   # grows with ctx
     i = 0
     rounds, drafted, accepted, rejected = 0, 0, 0, 0
     widths: dict[int, int] = {}
     while i < len(answer):
-        d = propose(ctx, min(k, len(answer) - i - 1), **kw) if len(answer) - i > 1 else []
+        d = index.propose(ctx, min(k, len(answer) - i - 1)) if len(answer) - i > 1 else []
         a = 0
         while a < len(d) and d[a] == answer[i + a]:
             a += 1
