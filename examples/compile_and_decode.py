@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from specdec_compile import pipeline
-from specdec_compile.artifacts import write_artifact
+from specdec_compile.artifact.writer import write_artifact
 from specdec_compile.options import Options
 from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
 

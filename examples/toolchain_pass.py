@@ -10,7 +10,7 @@ import sys
 import onnx_ir as ir
 
 from specdec_compile import pipeline
-from specdec_compile.artifacts import write_artifact
+from specdec_compile.artifact.writer import write_artifact
 from specdec_compile.options import Options
 
 

@@ -58,7 +58,7 @@ def noise_floor(source: Path, n: int, chunk: int) -> dict:
     (the same math in another summation order), the max over all positions, as verify takes it."""
     import numpy as np
 
-    from specdec_compile.verify import OriginalModel
+    from specdec_compile.verify.replay import OriginalModel
     orig = OriginalModel(source)
     tokens = np.random.default_rng(0).integers(0, orig.det.info.vocab_size, size=n)
     whole, _ = orig.run(tokens, 0, orig.empty())
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=64)
     p.add_argument("--k", type=int, default=4)
     args = p.parse_args(argv)
-    from specdec_compile.io import save_model
+    from specdec_compile.model_io import save_model
     from specdec_compile.pipeline import rewrite
     from specdec_compile.verify import verify
     WORK.mkdir(parents=True, exist_ok=True)

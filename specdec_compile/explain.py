@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from . import pipeline
 from .diff import diff_snapshots, resolve_model_path
-from .io import load_model
+from .model_io import load_model
 
 
 def explain_result(res: pipeline.CompileResult) -> dict:

@@ -70,7 +70,7 @@ def options_of(params: dict) -> Options:
 def compile_artifact(model_path, params: dict, out_dir) -> tuple[Path, list[Path]]:
     """Rewrite ``model_path`` with the pass's options and write the artifact to ``out_dir``
     (replaced when there). Returns (the model file, the artifact's other files)."""
-    from .artifacts import write_artifact
+    from .artifact.writer import write_artifact
     from .pipeline import rewrite
     opts = options_of(params)
     res = rewrite(model_path, options=opts)
@@ -88,7 +88,7 @@ def _names(files) -> list[str]:
 
 
 def _data_files(res) -> list[str]:
-    from .io import external_data_files
+    from .model_io import external_data_files
     return external_data_files(res.model)
 
 

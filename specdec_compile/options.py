@@ -90,10 +90,10 @@ class Options:
         if self.interface not in INTERFACES:
             raise SpecdecError(f"--interface {self.interface!r} is not one of {', '.join(INTERFACES)}")
         if self.interface == "qeff":
-            from .qeff import check_qeff_options
+            from .artifact.qeff import check_qeff_options
             check_qeff_options(self)
         if self.qaic_flags or self.mxint8_kv_cache:
-            from .qaic_flags import check_flags
+            from .artifact.qaic_flags import check_flags
             check_flags(self)
         for name, value, allowed in (("--kv-dtype", self.kv_dtype, DTYPES),
                                      ("--precision", self.precision, PRECISIONS)):

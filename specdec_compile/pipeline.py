@@ -47,15 +47,15 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import __version__
-from . import features as _features
+from . import hidden_features as _features
 from . import passes as _passes
 from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
-from .io import as_kind, read_any
+from .model_io import as_kind, read_any
 from .options import Options
-from .validate import check_model, interface_problems
+from .graph_checks import check_model, interface_problems
 
 _log = logging.getLogger(__name__)
 

@@ -18,11 +18,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from specdec_compile import __version__, artifacts
-from specdec_compile.artifacts import Options, write_artifact
+from specdec_compile import __version__
+from specdec_compile.artifact import writer as artifacts
+from specdec_compile.artifact.writer import Options, write_artifact
 from specdec_compile.contract import TARGET_OPSET
 from specdec_compile.errors import SpecdecError
-from specdec_compile.io import sha256_file
+from specdec_compile.model_io import sha256_file
 
 GOLDEN = Path(__file__).parent / "golden" / "artifacts"
 
@@ -256,7 +257,8 @@ def test_token_ids_from_export_config_and_runtime_reads_artifact(tmp_path):
     assert t.manifest["eos_token_id"] == 2 and t.manifest["eos_token_ids"] == [2, 9] and t.manifest["bos_token_id"] == 1
     assert t.manifest["pad_token_id"] is None
     try:
-        from specdec_compile.runtime.artifact import check_pair, load_artifact
+        from specdec_compile.artifact.reader import load_artifact
+        from specdec_compile.runtime.pairing import check_pair
     except ImportError:
         pytest.skip("runtime artifact reader not available")
     ta, da = load_artifact(t.out, expect_role="tlm"), load_artifact(d.out, expect_role="dlm")
@@ -393,7 +395,7 @@ def test_bad_options_are_one_line_errors(opts, msg):
 
 
 def test_io_changes_fold_layers():
-    from specdec_compile.artifacts import io_changes, io_signature
+    from specdec_compile.artifact.writer import io_changes, io_signature
 
     ch = io_changes(io_signature(original_model(3)), io_signature(rewritten_model(3)))
     by = {(c["change"], c["name"]): c for c in ch}

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_compile import artifacts, cli, pipeline
+from specdec_compile import cli, pipeline
+from specdec_compile.artifact import writer as artifacts
 from specdec_compile.cli import common as cli_common
 from specdec_compile.errors import SpecdecError
 from test_artifacts import GOLDEN, SDK_DLM, SDK_TLM7, _fake_compiler, fake_result, listing

@@ -12,7 +12,7 @@ from conftest import DECODERS
 from specdec_compile import cli
 from specdec_compile.contract import interface
 from specdec_compile.pipeline import compile_model, rewrite
-from specdec_compile.validate import _without_external, interface_problems
+from specdec_compile.graph_checks import _without_external, interface_problems
 from specdec_compile.verify import verify
 
 K, PL, CL = 7, 32, 128

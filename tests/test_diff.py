@@ -327,7 +327,7 @@ def test_external_data_hash_streamed(tmp_path, monkeypatch, no_weight_loading):
     assert D.diff_files(a, b)["identical"]
 
     # the digest of an external tensor is the sha256 of its bytes, read in chunks
-    from specdec_compile.io import load_model
+    from specdec_compile.model_io import load_model
     m = load_model(b)
     t = next(t for t in m.graph.initializer if t.name == "lm_head.weight")
     assert t.data_location == TensorProto.EXTERNAL

@@ -6,7 +6,8 @@ import os
 import onnx
 import pytest
 
-from specdec_compile import cli, io
+from specdec_compile import cli
+from specdec_compile import model_io as io
 from specdec_compile.pipeline import rewrite
 from specdec_compile.verify import verify
 from test_bad_inputs import _external

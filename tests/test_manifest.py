@@ -1,4 +1,4 @@
-"""The manifest record (``specdec_compile.manifest.Manifest``): what the writer
+"""The manifest record (``specdec_compile.artifact.manifest.Manifest``): what the writer
 writes reads back equal, the reader is strict (no other spellings of a key), and
 ``write_artifact`` refuses options that disagree with the graph it is given."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from specdec_compile.artifacts import write_artifact
+from specdec_compile.artifact.writer import write_artifact
 from specdec_compile.contract import CTX_LEN_KEY
 from specdec_compile.errors import SpecdecError
-from specdec_compile.manifest import FIELDS, OPTIONAL, SCHEMA, Manifest
+from specdec_compile.artifact.manifest import FIELDS, OPTIONAL, SCHEMA, Manifest
 from test_artifacts import dlm, fake_result, tlm
 
 
@@ -59,7 +59,7 @@ def test_record_has_a_field_per_key():
 
 
 def test_runtime_artifact_carries_the_record(tmp_path):
-    from specdec_compile.runtime.artifact import load_artifact
+    from specdec_compile.artifact.reader import load_artifact
 
     written = write_artifact(fake_result(tmp_path, target="ort"), tlm(target="ort"), tmp_path / "o")
     art = load_artifact(tmp_path / "o")
@@ -121,7 +121,7 @@ def test_strict_reader_refuses_what_is_no_manifest(tmp_path, text, needle):
 
 
 def test_runtime_reads_no_alias_spelling(tmp_path):
-    from specdec_compile.runtime.artifact import load_artifact
+    from specdec_compile.artifact.reader import load_artifact
 
     data = _written(tmp_path)
     data["PL"] = data.pop("prefill_len")

@@ -7,8 +7,8 @@ import onnx
 import pytest
 
 from specdec_compile import cli, pipeline
-from specdec_compile.artifacts import write_artifact
-from specdec_compile.cache_writes import cache_write_problem
+from specdec_compile.artifact.writer import write_artifact
+from specdec_compile.artifact.cache_writes import cache_write_problem
 from specdec_compile.cli import run as run_cli
 from specdec_compile.errors import SpecdecError
 from specdec_compile.options import Options

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from specdec_compile import passes, pipeline
-from specdec_compile.artifacts import write_artifact
+from specdec_compile.artifact.writer import write_artifact
 from specdec_compile.errors import SpecdecError
 from specdec_compile.options import Options
 from specdec_compile.verify import verify

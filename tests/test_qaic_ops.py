@@ -12,7 +12,7 @@ import pytest
 
 from specdec_compile import cli
 from specdec_compile.graph_utils import value_dependence
-from specdec_compile.qaic_ops import (PRECEDENT_FILE, load_precedent, not_supported, op_set, op_uses,
+from specdec_compile.artifact.qaic_ops import (PRECEDENT_FILE, load_precedent, not_supported, op_set, op_uses,
                                       read_supported_ops, without_precedent)
 from specdec_compile.verify import verify
 
@@ -186,7 +186,7 @@ def test_supported_ops_needs_the_qaic_target_and_a_readable_file(fixture_path, t
 def test_docs_list_the_precedent_of_every_qaic_op():
     from pathlib import Path
 
-    from specdec_compile.qaic_ops import render_precedent_table
+    from specdec_compile.artifact.qaic_ops import render_precedent_table
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "qaic-ops.md").read_text()
     assert render_precedent_table() in doc, "regenerate the table: qaic_ops.render_precedent_table()"

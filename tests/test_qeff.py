@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from qeff_helpers import FBS, K, PL, RECORD, Replay, recorded_calls, rewrite
 
-from specdec_compile.artifacts import Options, write_artifact
+from specdec_compile.artifact.writer import Options, write_artifact
 
 
 def _io(model, kind: str) -> list[tuple[str, str, list]]:
@@ -80,7 +80,7 @@ def test_qaic_qeff_graph_uses_only_ops_with_device_precedent(fixture_path, fixtu
     """The qaic lowering of --interface qeff: the cache ops are QEfficient's own continuous-batching
     custom ops (CtxScatterCB, CtxGatherCB), and every op, in the graph and in their bodies, has
     device precedent (specdec_compile/qaic_precedent.tsv)."""
-    from specdec_compile.qaic_ops import op_set, without_precedent
+    from specdec_compile.artifact.qaic_ops import op_set, without_precedent
 
     model = rewrite(fixture_path(fixture), role, "qaic").model
     assert without_precedent(model) == []

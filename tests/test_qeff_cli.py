@@ -13,7 +13,7 @@ import pytest
 
 from test_artifacts import _fake_compiler
 
-from specdec_compile.manifest import Manifest
+from specdec_compile.artifact.manifest import Manifest
 
 QEFF = ["--interface", "qeff", "--batch-size", "4", "--prefill-len", "8", "--ctx-len", "32"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec_compile.errors import SpecdecError
-from specdec_compile.runtime.artifact import load_artifact
+from specdec_compile.artifact.reader import load_artifact
 from specdec_compile.runtime.backends.ort.runner import OrtBackend
 from specdec_compile.runtime.decoding import SpecDecoder, TargetOnlyDecoder
 from specdec_compile.runtime.drafts.ngram import NgramDraft

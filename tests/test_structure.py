@@ -171,3 +171,37 @@ def test_the_demo_and_the_benchmarks_are_packages_without_sys_path_edits():
                         and node.value.id == "sys"):
                     edits.append(f"{p.relative_to(ROOT)}:{node.lineno}")
     assert not edits, "sys.path used in: " + ", ".join(edits)
+
+
+#: the layers: a module under the first never imports (at any depth in the file) a module under
+#: any of the second. detect/ finds, passes/ rewrite what it found; the artifact format is read
+#: and written without the compiler's driver, the runtime or the CLI; the runtime runs artifacts
+#: without the compiler.
+LAYERS = (
+    ("specdec_compile.detect", ("specdec_compile.passes",)),
+    ("specdec_compile.artifact", ("specdec_compile.runtime", "specdec_compile.pipeline", "specdec_compile.cli")),
+    ("specdec_compile.runtime", ("specdec_compile.pipeline", "specdec_compile.passes", "specdec_compile.detect")),
+)
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    def under(m: str, pkg: str) -> bool:
+        return m == pkg or m.startswith(pkg + ".")
+    return [f"{m} imports {d}" for low, banned in LAYERS for m, deps in sorted(graph.items()) if under(m, low)
+            for d in sorted(deps) if any(under(d, b) for b in banned)]
+
+
+def test_the_layers_hold():
+    graph = import_graph()
+    assert all(any(m == low or m.startswith(low + ".") for m in graph) for low, _ in LAYERS)
+    bad = layer_violations(graph)
+    assert not bad, "layer broken: " + "; ".join(bad)
+
+
+def test_layer_check_finds_a_planted_violation():
+    graph = {"specdec_compile.artifact.reader": {"specdec_compile.runtime.tokenizer"},
+             "specdec_compile.detect.layers": {"specdec_compile.passes.lower"},
+             "specdec_compile.runtime.batch": {"specdec_compile.artifact.reader"}}
+    assert layer_violations(graph) == [
+        "specdec_compile.detect.layers imports specdec_compile.passes.lower",
+        "specdec_compile.artifact.reader imports specdec_compile.runtime.tokenizer"]

@@ -9,7 +9,7 @@ import pytest
 
 from specdec_compile import cli
 from specdec_compile.errors import SpecdecError
-from specdec_compile.io import load_model
+from specdec_compile.model_io import load_model
 from test_bad_inputs import _external, _one_line
 
 

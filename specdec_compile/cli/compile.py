@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .. import __version__
-from ..artifacts import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
+from ..artifact.writer import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
                         Options, check_out, find_compiler, hw_version_for)
 from ..contract import INTERFACES
 from ..errors import SpecdecError
@@ -133,9 +133,9 @@ def options_from_args(a: argparse.Namespace) -> Options:
 def _feature_target(path: str) -> tuple[str, str]:
     """(file name, sha256) of a feature draft's target: its export, or the source a compiled TLM
     directory's manifest records (the same pair a TLM's manifest ``source`` holds)."""
-    from ..io import sha256_file
+    from ..model_io import sha256_file
     from ..contract import MANIFEST_FILE
-    from ..manifest import Manifest
+    from ..artifact.manifest import Manifest
     p = Path(path)
     if p.is_dir():
         if not (p / MANIFEST_FILE).is_file():
@@ -180,7 +180,7 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     if a.supported_ops is not None:
         if opts.target != "qaic":
             raise SpecdecError("--supported-ops checks against the Cloud AI 100 compiler's list: it needs --target qaic")
-        from ..qaic_ops import read_supported_ops
+        from ..artifact.qaic_ops import read_supported_ops
 
         supported = read_supported_ops(a.supported_ops)
     model_path = Path(a.model)
@@ -190,8 +190,8 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     check_out(Path(a.output), a.force, model_path)
 
     from .. import pipeline
-    from ..artifacts import write_artifact
-    from ..io import load_model
+    from ..artifact.writer import write_artifact
+    from ..model_io import load_model
 
     original = load_model(model_path)   # parsed once: the rewrite starts from it, the summary compares with it
     features = {key: v for key, v in (("hidden_states", opts.hidden_states), ("feature_layers", opts.feature_layers),
@@ -230,7 +230,7 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
 
 def check_supported(model, supported: set[str], list_file: str, prog: str) -> None:
     """One line per op of ``model`` that ``supported`` lacks (naming its node), then refuse."""
-    from ..qaic_ops import not_supported
+    from ..artifact.qaic_ops import not_supported
 
     missing = not_supported(model, supported)
     if not missing:

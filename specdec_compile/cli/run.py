@@ -303,7 +303,8 @@ def ort_thread_options(threads: int | None, two_models: bool) -> dict:
 def _open(args):
     """(tlm backend, dlm backend or None, (tokenizer, dlm tokenizer), prompts): cheap checks first
     (artifacts, their pairing, tokenizers, prompts), then the models are loaded."""
-    from ..runtime.artifact import check_feature_pair, check_pair, load_artifact
+    from ..artifact.reader import load_artifact
+    from ..runtime.pairing import check_feature_pair, check_pair
     from ..runtime.backends import open_backend
     from ..runtime.tokenizer import check_tokenizer_fits, load_tokenizer
 

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from ..contract import MANIFEST_FILE
-from ..io import load_model
-from ..manifest import Manifest
-from ..verify import VerifyReport, compiled_ctx_len, history_past_windows, verify
+from ..model_io import load_model
+from ..artifact.manifest import Manifest
+from ..verify.replay import VerifyReport, compiled_ctx_len, history_past_windows, verify
 from .common import Parser, add_progress_flags, start_progress
 
 

@@ -9,8 +9,8 @@ import onnx
 
 from ..contract import MANIFEST_FILE
 from ..errors import SpecdecError
-from ..io import load_model
-from ..manifest import Manifest
+from ..model_io import load_model
+from ..artifact.manifest import Manifest
 from .hashing import TensorHasher
 from .index import GraphIndex, type_desc
 from .matching import heuristic_renames, match_nodes, match_nodes_by_name, topology_io_renames

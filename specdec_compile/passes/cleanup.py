@@ -1,6 +1,6 @@
 """Pass ``cleanup``: dead nodes and unused initializers removed, nodes in
 topological order. (Shape inference and ``onnx.checker`` run on the exported
-model: see ``specdec_compile.validate``.)"""
+model: see ``specdec_compile.graph_checks``.)"""
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs

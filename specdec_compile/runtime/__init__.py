@@ -11,7 +11,8 @@
 
 See docs/runtime.md and docs/serving.md.
 """
-from .artifact import Artifact, check_pair, load_artifact
+from ..artifact.reader import Artifact, load_artifact
+from .pairing import check_pair
 from .backends import Backend, OrtBackend, QaicBackend, open_backend
 from .decoding import SpecDecoder, TargetOnlyDecoder, generate
 from .drafts import DraftContext, TargetStep

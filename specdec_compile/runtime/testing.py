@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import Artifact
+from ..artifact.reader import Artifact
 from .backends import Backend
 
 

@@ -13,7 +13,7 @@ from pass_helpers import serialized, session
 
 from specdec_compile import cli, passes
 from specdec_compile.passes import PassContext
-from specdec_compile.qaic_ops import without_precedent
+from specdec_compile.artifact.qaic_ops import without_precedent
 from specdec_compile.verify import verify
 
 

@@ -165,7 +165,7 @@ def test_cli_runs_a_feature_pair_and_refuses_mismatches(arts, tmp_path, capsys):
 def test_feature_target_is_recorded_and_another_target_refused(arts, fixture_path, tmp_path, capsys):
     """--feature-target records the target's export (file name, sha256; from the file or from a
     compiled TLM's manifest); specdec-run refuses a TLM compiled from another export."""
-    from specdec_compile.io import sha256_file
+    from specdec_compile.model_io import sha256_file
     tlm = arts("tlm")
     src = fixture_path("llama_gqa")
     want = {"file": src.name, "sha256": sha256_file(src)}

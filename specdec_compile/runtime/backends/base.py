@@ -26,7 +26,7 @@ import numpy as np
 
 from ...contract import LOGITS, MANIFEST_FILE
 from ...errors import SpecdecError
-from ..artifact import Artifact, embedding_rows, load_artifact
+from ...artifact.reader import Artifact, embedding_rows, load_artifact
 
 
 class Backend:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import SpecdecError
-from ..artifact import check_pair
+from ..pairing import check_pair
 from ..backends import Backend
 from ..sampling import probs
 from ..vocab import PairVocab

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import SpecdecError
-from ..artifact import check_feature_pair
+from ..pairing import check_feature_pair
 from .dlm import DlmDraft, DlmDrafter
 
 

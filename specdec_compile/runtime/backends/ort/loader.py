@@ -1,7 +1,6 @@
 """Loading for ONNX Runtime: a session, and the checked interface of a rewritten graph.
 
-``create_session`` is the one place an ``InferenceSession`` is made (the
-runtime and ``verify`` both use it); ``load_ort`` opens an artifact and checks
+Sessions come from ``ort_session.create_session`` (shared with ``verify``); ``load_ort`` opens an artifact and checks
 that its graph has the contract's interface (section 2), returning an
 ``OrtModel`` that the runner binds and runs. Nothing here runs the model.
 """
@@ -15,40 +14,16 @@ import numpy as np
 
 from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
-from ...artifact import Artifact
+from ....artifact.reader import Artifact
+from ....ort_session import CPU, CUDA, create_session, default_providers  # noqa: F401 (re-exported)
 from ..base import resolve_artifact, with_vocab
 
 ORT_TYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bfloat16)": None,
 }
-CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 #: environment variable giving the intra-op thread count when none is asked for
 THREADS_ENV = "SPECDEC_ORT_THREADS"
-
-
-def default_providers() -> list[str]:
-    """CUDA when onnxruntime-gpu has it, then CPU."""
-    import onnxruntime as ort
-
-    return ([CUDA] if CUDA in ort.get_available_providers() else []) + [CPU]
-
-
-def create_session(path, *, providers=None, session_options=None, intra_op_threads: int | None = None):
-    """An ONNX Runtime session for the model file ``path`` (quiet logging); a
-    ``SpecdecError`` of one line when ONNX Runtime cannot load it."""
-    import onnxruntime as ort
-
-    so = session_options or ort.SessionOptions()
-    so.log_severity_level = 3
-    if intra_op_threads:
-        so.intra_op_num_threads = intra_op_threads
-    try:
-        return ort.InferenceSession(str(path), sess_options=so,
-                                    providers=list(providers) if providers else default_providers())
-    except Exception as e:  # onnxruntime raises its own exception types
-        msg = " ".join(str(e).split())[:300]
-        raise SpecdecError(f"{path}: ONNX Runtime cannot load it: {msg}") from None
 
 
 def kv_names(names) -> list[str]:
@@ -127,8 +102,8 @@ def _cache_geometry(art: Artifact, name: str, arg) -> tuple[tuple[int, ...], np.
 
 def _check_cache_writes(art: Artifact) -> None:
     """The graph still writes its cache the target's way (no optimizer inlined CtxScatter since)."""
-    from ....cache_writes import check_cache_writes
-    from ....io import load_model
+    from ....artifact.cache_writes import check_cache_writes
+    from ....model_io import load_model
     check_cache_writes(load_model(art.model_path), art.target, str(art.model_path))
 
 

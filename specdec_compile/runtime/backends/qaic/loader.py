@@ -16,7 +16,7 @@ import numpy as np
 
 from ....contract import COMPILE_SCRIPT, INPUT_IDS, LOGITS, POSITION_IDS, QPC_DIR
 from ....errors import SpecdecError
-from ...artifact import Artifact
+from ....artifact.reader import Artifact
 from ..base import resolve_artifact, with_vocab
 
 SDK_LIB = "/opt/qti-aic/dev/lib"

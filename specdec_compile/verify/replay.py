@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import (BATCH_INDEX, CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
+from ..contract import (BATCH_INDEX, CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
                        past_name, retained_name)
-from .errors import SpecdecError
-from .io import load_model
-from .options import check_options
-from .verify_hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
+from ..errors import SpecdecError
+from ..model_io import load_model
+from ..options import check_options
+from .hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
 
 _log = logging.getLogger(__name__)
 
@@ -112,8 +112,8 @@ class VerifyReport:
 
 
 def _session(path: Path):
-    """A CPU session with one intra-op thread, from the runtime's ONNX Runtime loader."""
-    from .runtime.backends.ort.loader import CPU, create_session
+    """A CPU session with one intra-op thread."""
+    from ..ort_session import CPU, create_session
     return create_session(path, providers=[CPU], intra_op_threads=1)
 
 
@@ -123,8 +123,8 @@ class OriginalModel:
     def __init__(self, path: Path, req: Request = Request()):
         import onnx_graphsurgeon as gs
 
-        from .detect import detect
-        from .graph_utils import name_unnamed_nodes
+        from ..detect import detect
+        from ..graph_utils import name_unnamed_nodes
         model = load_model(path)
         graph = gs.import_onnx(model)
         name_unnamed_nodes(graph)
@@ -271,7 +271,7 @@ def _as_path(model, source, stack) -> Path:
     import os
     import tempfile
 
-    from .io import read_any, save_model
+    from ..model_io import read_any, save_model
     if isinstance(model, (str, os.PathLike)):
         return Path(model)
     proto, _, src_dir, _ = read_any(model, source)
@@ -301,7 +301,7 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
 
 def _check_writes(rewritten) -> None:
     """A rewrite that lost its target's cache write (an optimizer after the compile) is refused."""
-    from .cache_writes import check_cache_writes, graph_target
+    from ..artifact.cache_writes import check_cache_writes, graph_target
     model = load_model(rewritten)
     check_cache_writes(model, graph_target(model), str(rewritten))
 
@@ -402,8 +402,8 @@ def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int, l
     graph was compiled for (a window longer than that never takes effect there)."""
     import onnx_graphsurgeon as gs
 
-    from .detect import detect
-    from .graph_utils import name_unnamed_nodes
+    from ..detect import detect
+    from ..graph_utils import name_unnamed_nodes
     graph = gs.import_onnx(load_model(Path(original)))
     name_unnamed_nodes(graph)
     windows = [layer.window for layer in detect(graph).layers if layer.window]

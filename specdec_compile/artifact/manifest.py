@@ -16,9 +16,9 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from . import __version__
-from .contract import MANIFEST_FILE, ROLES, TARGETS
-from .errors import SpecdecError
+from .. import __version__
+from ..contract import MANIFEST_FILE, ROLES, TARGETS
+from ..errors import SpecdecError
 
 _INT, _STR, _INTS, _STRS, _DICT = "an integer", "a string", "a list of integers", "a list of strings", "an object"
 

@@ -8,7 +8,7 @@ prefill length, context length, the compiled seq_lens) and, for a TLM, the
 speculation length(s). Everything is checked here, once, so that a bad
 artifact fails with one line before any model is loaded.
 
-The manifest is read strictly (``specdec_compile.manifest.Manifest.read``) and
+The manifest is read strictly (``specdec_compile.artifact.manifest.Manifest.read``) and
 checked against ``specializations.json``, which is the source of truth for
 shapes: it is what ``qaic-exec`` compiles and what the device enforces.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..contract import DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
-from ..manifest import Manifest, read_json
+from .manifest import Manifest, read_json
 
 
 def _as_int(value, what: str, where: Path) -> int:
@@ -126,7 +126,7 @@ def embedding_rows(model_path: Path) -> int | None:
     A draft whose LM head keeps only the first rows of the table still reads every
     id its embedding has; this tells the runtime how many that is.
     """
-    from ..io import load_model
+    from ..model_io import load_model
 
     graph = load_model(model_path).graph
     tables = {t.name: t for t in graph.initializer if len(t.dims) == 2}
@@ -267,103 +267,3 @@ def load_artifact(path, expect_role: str | None = None, need_model: bool = True)
                     seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=m.vocab_size,
                     num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                     eos_token_id=m.eos_token_id, manifest=m.to_json(), record=m)
-
-
-#: special token ids a manifest records (from the export's config.json / generation_config.json):
-#: what they are called, and the manifest keys that hold them
-SPECIAL_IDS = (("EOS ids", ("eos_token_id", "eos_token_ids")), ("BOS ids", ("bos_token_id",)),
-               ("pad ids", ("pad_token_id",)))
-
-
-def special_ids(a: Artifact) -> dict[str, frozenset[int]]:
-    """The special token ids ``a``'s manifest records, as sets (EOS: every id listed)."""
-    out = {}
-    for what, keys in SPECIAL_IDS:
-        found: set[int] = set()
-        for key in keys:
-            v = a.eos_token_id if key == "eos_token_id" else a.manifest.get(key)
-            v = [v] if isinstance(v, int) else v
-            if isinstance(v, list):
-                found |= {x for x in v if isinstance(x, int) and not isinstance(x, bool)}
-        if found:
-            out[what] = frozenset(found)
-    return out
-
-
-def _check_special_ids(tlm: Artifact, dlm: Artifact) -> None:
-    t, d = special_ids(tlm), special_ids(dlm)
-    for what, _ in SPECIAL_IDS:
-        if what in t and what in d and t[what] != d[what]:
-            first = min(t[what] ^ d[what])
-            raise SpecdecError(f"TLM and DLM have different {what}: {sorted(t[what])} ({tlm.path}) vs "
-                               f"{sorted(d[what])} ({dlm.path}), first at id {first}; speculative decoding "
-                               f"needs one shared tokenizer")
-
-
-def check_pair(tlm: Artifact, dlm: Artifact, tokenizers=None) -> None:
-    """A TLM and a DLM can run together: the same batch, context and prefill
-    length, and one tokenizer. Their table sizes may differ (see vocab.py).
-
-    ``tokenizers`` = (the TLM's, the DLM's): they must agree on the token of
-    every id both models can emit and on the special tokens. Without both, the
-    special token ids the two manifests record must agree.
-    """
-    if tlm.role != "tlm":
-        raise SpecdecError(f"{tlm.path}: --tlm is a {tlm.role.upper()} artifact")
-    if dlm.role != "dlm":
-        raise SpecdecError(f"{dlm.path}: --dlm is a {dlm.role.upper()} artifact")
-    for attr, what in (("batch_size", "batch size"), ("ctx_len", "context length"),
-                       ("prefill_len", "prefill length")):
-        a, b = getattr(tlm, attr), getattr(dlm, attr)
-        if a != b:
-            raise SpecdecError(f"TLM and DLM differ in {what}: {a} ({tlm.path}) vs {b} ({dlm.path}); "
-                               f"compile both with the same value")
-    if tokenizers is not None and all(t is not None for t in tokenizers):
-        from .tokenizer import check_tokenizers_agree
-
-        sizes = [v for v in (tlm.vocab_size, dlm.vocab_size) if v]
-        check_tokenizers_agree(*tokenizers, limit=min(sizes) if sizes else None)
-    else:
-        _check_special_ids(tlm, dlm)
-
-
-def _layers(xs) -> str:
-    return ",".join(str(x) for x in xs)
-
-
-def check_feature_pair(tlm: Artifact, dlm: Artifact) -> None:
-    """A feature draft and its target match (contract section 5): the draft's
-    ``target_layers``, resolved against the TLM's layer count, are the TLM's
-    ``layer_indices`` in order, and the widths are equal. The loop feeds the
-    draft's own ``draft_hidden_states`` back where a target feature is not known
-    yet, so that output must be as wide as the features it reads."""
-    fd = dlm.feature_draft
-    if fd is None:
-        return
-    reads = list(fd.get("target_layers") or [])
-    hs = tlm.hidden_states
-    if hs is None:
-        raise SpecdecError(f"{dlm.path} is a feature draft reading target layers {_layers(reads)}, but the target "
-                           f"{tlm.path} exposes no hidden states: compile it with --hidden-states {_layers(reads)}")
-    n = tlm.num_layers
-    resolved = [x + n if (x < 0 and n) else x for x in reads]
-    if resolved != list(hs.get("layer_indices") or []):
-        raise SpecdecError(f"the target was compiled with --hidden-states {_layers(hs.get('layers') or [])} but the "
-                           f"draft reads layers {_layers(reads)} ({tlm.path}, {dlm.path}); compile the target "
-                           f"with --hidden-states {_layers(reads)}")
-    if int(hs["width"]) != int(fd["width"]):
-        raise SpecdecError(f"the target's hidden states are {hs['width']} wide but the draft reads {fd['width']} "
-                           f"({tlm.path}, {dlm.path}): another hidden size")
-    if int(fd["draft_width"]) != int(fd["width"]):
-        raise SpecdecError(f"{dlm.path}: the draft's own features (draft_hidden_states) are {fd['draft_width']} "
-                           f"wide but it reads {fd['width']}: the loop feeds them back in place of the target's "
-                           f"for later drafts, so it needs one target layer of its own hidden size")
-    want, src = fd.get("target") or {}, tlm.manifest.get("source") or {}
-    if want.get("sha256") and src.get("sha256") and want["sha256"] != src["sha256"]:
-        raise SpecdecError(f"{dlm.path} is a feature draft for the target {want.get('file')} (sha256 "
-                           f"{want['sha256'][:12]}), but {tlm.path} was compiled from {src.get('file')} (sha256 "
-                           f"{src['sha256'][:12]}): another target")
-    if len(reads) != 1:
-        raise SpecdecError(f"{dlm.path}: the draft reads {len(reads)} target layers ({_layers(reads)}); the loop "
-                           f"feeds its own features back in place of the target's for later drafts, so it "
-                           f"reads exactly one")

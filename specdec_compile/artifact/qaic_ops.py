@@ -21,7 +21,7 @@ from pathlib import Path
 
 import onnx
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 PRECEDENT_FILE = Path(__file__).with_name("qaic_precedent.tsv")
 _DEFAULT_DOMAINS = ("", "ai.onnx")

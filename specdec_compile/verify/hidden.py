@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .contract import DRAFT_HIDDEN_STATES, FEATURE_LAYERS_KEY, HIDDEN_STATES, HIDDEN_STATES_KEY
-from .errors import SpecdecError
-from .io import load_model, save_model
-from .layer_lists import parse_layers, resolve_layers
+from ..contract import DRAFT_HIDDEN_STATES, FEATURE_LAYERS_KEY, HIDDEN_STATES, HIDDEN_STATES_KEY
+from ..errors import SpecdecError
+from ..model_io import load_model, save_model
+from ..layer_lists import parse_layers, resolve_layers
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 #: flag name (without leading dashes) -> the option that sets it
 OURS = {

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import onnx
 
-from .contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, TARGET_OPSET, past_name
-from .errors import SpecdecError
+from ..contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, TARGET_OPSET, past_name
+from ..errors import SpecdecError
 
 
 def _dim(model: onnx.ModelProto, name: str, axis: int, outputs: bool = False):

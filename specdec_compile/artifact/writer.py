@@ -29,18 +29,19 @@ from pathlib import Path
 
 import onnx
 
-from . import __version__, qaic_flags, qeff
-from .errors import SpecdecError
-from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
+from .. import __version__
+from . import qaic_flags, qeff
+from ..errors import SpecdecError
+from ..contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE,  # noqa: F401
                        DRAFT_HIDDEN_STATES, HIDDEN_STATES, LOGITS, QPC_DIR, ROLES, SPECIALIZATIONS_FILE,
                        TARGETS)
-from .features import manifest_fields
+from ..hidden_features import manifest_fields
 from .graph_facts import check_graph_agrees
-from .io import save_model, sha256_file
+from ..model_io import save_model, sha256_file
 from .manifest import Manifest
-from .options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
+from ..options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
 from .qaic_ops import op_set
-from .resources import templates_dir
+from ..resources import templates_dir
 
 _log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import onnx
 
-from .contract import INTERFACE_KEY, QAIC_DOMAIN
-from .errors import SpecdecError
+from ..contract import INTERFACE_KEY, QAIC_DOMAIN
+from ..errors import SpecdecError
 
 #: target -> (domain, op) of the node that writes each retained-state output
 CACHE_WRITE_OPS = {"qaic": (QAIC_DOMAIN, "CtxScatter"), "ort": ("", "TensorScatter")}

@@ -12,8 +12,8 @@ with several devices).
 """
 from __future__ import annotations
 
-from .contract import BATCH_INDEX, FULL_BATCH, NUM_LOGITS_TO_KEEP
-from .errors import SpecdecError
+from ..contract import BATCH_INDEX, FULL_BATCH, NUM_LOGITS_TO_KEEP
+from ..errors import SpecdecError
 
 
 def check_qeff_options(options) -> None:

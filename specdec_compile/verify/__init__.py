@@ -1,0 +1,8 @@
+"""``specdec-compile verify``: the rewritten graph replayed against its export.
+
+    replay.py   verify(): the export and the artifact called on the same tokens, per
+                specialization, cache carried over; the width check (a position's logits in
+                one call of k+1 tokens and in k+1 calls of one)
+    hidden.py   the hidden-state outputs compared with the export's own tensors
+"""
+from .replay import VerifyReport, verify  # noqa: F401
