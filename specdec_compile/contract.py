@@ -10,6 +10,10 @@ TARGET_OPSET = {"qaic": 17, "ort": 24}
 HIDDEN_STATES = "hidden_states"
 #: a feature draft's own output: its prediction of the target's feature at each position
 DRAFT_HIDDEN_STATES = "draft_hidden_states"
+#: metadata keys of a rewritten graph: its role, its lowering target, the passes applied (in order)
+ROLE_KEY = "specdec.role"
+TARGET_KEY = "specdec.target"
+PASSES_KEY = "specdec.passes"
 #: metadata keys: the layers a TLM exposes (as given, e.g. "2,5,-1"); the target layers a feature draft reads
 HIDDEN_STATES_KEY = "specdec.hidden_states"
 FEATURE_LAYERS_KEY = "specdec.feature_layers"

@@ -49,7 +49,7 @@ import onnx_graphsurgeon as gs
 from . import __version__
 from . import hidden_features as _features
 from . import passes as _passes
-from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, TARGET_OPSET
+from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, PASSES_KEY, ROLE_KEY, TARGET_KEY, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
@@ -235,9 +235,9 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     interface = prep.interface
     applied = [p.name for p in prep.passes]
     model = _export(graph, original)
-    model.metadata_props.add(key="specdec.role", value=role)
-    model.metadata_props.add(key="specdec.target", value=target)
-    model.metadata_props.add(key="specdec.passes", value=",".join(applied))
+    model.metadata_props.add(key=ROLE_KEY, value=role)
+    model.metadata_props.add(key=TARGET_KEY, value=target)
+    model.metadata_props.add(key=PASSES_KEY, value=",".join(applied))
     if interface != "default":
         model.metadata_props.add(key=INTERFACE_KEY, value=interface)
     _features.record(model, hidden_states, feature_layers)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import onnx
 
-from ..contract import INTERFACE_KEY, QAIC_DOMAIN
+from ..contract import INTERFACE_KEY, QAIC_DOMAIN, TARGET_KEY
 from ..errors import SpecdecError
 
 #: target -> (domain, op) of the node that writes each retained-state output
@@ -53,7 +53,7 @@ def cache_write_problem(model: onnx.ModelProto, target: str | None) -> str | Non
 
 def graph_target(model: onnx.ModelProto) -> str | None:
     """The target the rewrite recorded in the graph (``specdec.target``), if any."""
-    return next((p.value for p in model.metadata_props if p.key == "specdec.target"), None)
+    return next((p.value for p in model.metadata_props if p.key == TARGET_KEY), None)
 
 
 def check_cache_writes(model: onnx.ModelProto, target: str | None, what: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx
 
-from ..contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, TARGET_OPSET, past_name
+from ..contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, ROLE_KEY, TARGET_KEY, TARGET_OPSET, past_name
 from ..errors import SpecdecError
 
 
@@ -42,11 +42,11 @@ def graph_claims(result) -> dict[str, list[tuple[object, str]]]:
     logits_seq = _dim(model, LOGITS, 1, outputs=True)
     claims: dict[str, list[tuple[object, str]]] = {
         "role": [(getattr(result, "role", None), "the rewrite's role"),
-                 (meta.get("specdec.role"), "its specdec.role metadata"),
+                 (meta.get(ROLE_KEY), f"its {ROLE_KEY} metadata"),
                  ("dlm" if logits_seq == 1 else "tlm" if logits_seq is not None else None,
                   f"its logits have seq dim {logits_seq}")],
         "target": [(getattr(result, "target", None), "the rewrite's target"),
-                   (meta.get("specdec.target"), "its specdec.target metadata"),
+                   (meta.get(TARGET_KEY), f"its {TARGET_KEY} metadata"),
                    (by_opset.get(opset), f"its opset {opset}")],
         "ctx_len": [(int(meta[CTX_LEN_KEY]) if meta.get(CTX_LEN_KEY, "").isdigit() else None,
                      f"its {CTX_LEN_KEY} metadata (the rotary tables hold that many rows)"),
