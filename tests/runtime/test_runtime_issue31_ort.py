@@ -149,6 +149,13 @@ def test_hand_edited_nested_records_are_one_line_errors(arts, tmp_path, capsys, 
     one_line_error(code, err, needle)
 
 
+def test_model_dims_a_manifest_claims_are_checked_against_the_graph(arts, tmp_path, capsys):
+    for key, value in (("num_kv_heads", 3), ("head_dim", 8)):
+        bad = _edited(arts, tmp_path, "tlm", lambda m: m.update({key: value}))
+        code, out, err = run(["--tlm", bad, "--target-only", "--prompt-ids", "1,5,9"], capsys)
+        one_line_error(code, err, key, "the manifest says")
+
+
 def test_sizes_a_manifest_claims_are_bounded(arts, tmp_path, capsys):
     huge = _edited(arts, tmp_path, "tlm", lambda m: m.update(ctx_len=10 ** 9), specs={"ctx_len": 10 ** 9})
     code, out, err = run(["--tlm", huge, "--target-only", "--prompt-ids", "1,5,9"], capsys)
@@ -229,5 +236,7 @@ def test_the_readme_snippet_imports_options_from_options_and_writes_a_fresh_dire
     snippet = readme.split("```python", 1)[1].split("```", 1)[0]
     assert "from specdec_compile.options import Options" in snippet
     assert "artifacts import Options" not in snippet
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:   # one home, everywhere
+        assert "artifacts import Options" not in page.read_text(encoding="utf-8"), page
     written = re.findall(r"write_artifact\(.*,\s*\"([^\"]+)\"\)", snippet)
     assert written and not set(written) & set(re.findall(r"-o (\S+)", quick)), written

@@ -118,6 +118,12 @@ def _check_role_shape(art: Artifact, ins: dict, outs: dict) -> None:
         raise SpecdecError(f"{art.model_path}: the manifest says role tlm but the graph's logits are {shape}, the last "
                            f"token only: a DLM's (a TLM gives [batch, seq_len, vocab]); the manifest does not "
                            f"describe this graph")
+    for names, have in ((art.extra_inputs, ins), (art.extra_outputs, outs)):
+        for n, width in names.items():
+            last = (list(have[n].shape) or [None])[-1]
+            if isinstance(last, int) and last != width:
+                raise SpecdecError(f"{art.model_path}: the manifest says {n} is {width} wide but the graph's is "
+                                   f"{last}; the manifest does not describe this graph")
 
 
 def _cache_geometry(art: Artifact, name: str, arg) -> tuple[tuple[int, ...], np.dtype]:
@@ -130,10 +136,12 @@ def _cache_geometry(art: Artifact, name: str, arg) -> tuple[tuple[int, ...], np.
     for dim, (val, what) in enumerate(zip(shape, ("batch_size", "n_kv_heads", "ctx_len", "head_dim"))):
         if isinstance(val, int) and val != fixed[dim] and dim in (0, 2):
             raise SpecdecError(f"{path}: {name} has {what}={val} but the specializations say {fixed[dim]}")
-    if not isinstance(fixed[1], int):
-        fixed[1] = art.num_kv_heads
-    if not isinstance(fixed[3], int):
-        fixed[3] = art.head_dim
+    for dim, what in ((1, "num_kv_heads"), (3, "head_dim")):
+        claim = getattr(art, what)
+        if not isinstance(fixed[dim], int):
+            fixed[dim] = claim
+        elif claim is not None and claim != fixed[dim]:
+            raise SpecdecError(f"{path}: {name} has {what}={fixed[dim]} but the manifest says {claim}")
     if not all(isinstance(d, int) and d > 0 for d in fixed):
         raise SpecdecError(f"{path}: cannot tell the cache shape of {name} ({shape})")
     dt = ORT_TYPES.get(arg.type)
