@@ -65,6 +65,16 @@ def test_a_second_live_generation_on_one_decoder_is_refused(kind):
     assert dec.generate(IDS, max_new_tokens=20).generated_ids == want   # and the decoder is free again
 
 
+def test_two_decoders_over_one_model_are_one_model():
+    tlm, dlm, lm = _decoders()
+    spec, base = SpecDecoder(tlm, dlm), TargetOnlyDecoder(tlm)
+    first = spec.stream(IDS, max_new_tokens=20)
+    got = list(next(first))
+    with pytest.raises(SpecdecError, match="still live"):
+        base.generate_many([IDS, [3, 4]], max_new_tokens=4)
+    assert got + [t for chunk in first for t in chunk] == reference_greedy(lm, IDS, 20, 64)
+
+
 def test_an_abandoned_stream_frees_the_decoder():
     tlm, dlm, lm = _decoders()
     dec = SpecDecoder(tlm, dlm)
