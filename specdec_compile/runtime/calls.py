@@ -18,6 +18,7 @@ in ``runner.outputs``.
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, NamedTuple
@@ -32,6 +33,7 @@ from .costs import CallCosts
 PAD_ID = 0
 #: the attribute that marks a backend as serving a live generation (``exclusive``)
 LIVE = "_specdec_live_generation"
+_CLAIM = threading.Lock()
 
 
 class Call(NamedTuple):
@@ -177,14 +179,15 @@ def exclusive(backends):
     ``on_tokens`` callback) would reset and overwrite the cache the first one reads. It is refused
     in one line instead; several prompts go through ``generate_many`` / ``stream([...])``."""
     backends = list(backends)
-    busy = next((b for b in backends if getattr(b, LIVE, False)), None)
-    if busy is not None:
-        art = getattr(busy, "artifact", None)
-        raise SpecdecError(f"{getattr(art, 'path', 'this model')}: another generation on this model is still live "
-                           f"(an unfinished stream()?): finish or close() it first; several prompts go "
-                           f"through one generate_many() or stream([...]) call")
-    for b in backends:
-        setattr(b, LIVE, True)
+    with _CLAIM:    # check and mark at once: two threads cannot both pass
+        busy = next((b for b in backends if getattr(b, LIVE, False)), None)
+        if busy is not None:
+            art = getattr(busy, "artifact", None)
+            raise SpecdecError(f"{getattr(art, 'path', 'this model')}: another generation on this model is still "
+                               f"live (an unfinished stream()?): finish or close() it first; several prompts go "
+                               f"through one generate_many() or stream([...]) call")
+        for b in backends:
+            setattr(b, LIVE, True)
     try:
         yield
     finally:
