@@ -20,6 +20,7 @@ from pathlib import Path
 from ..contract import DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
 from .manifest import Manifest, read_json
+from .records import check_records, check_sizes
 
 
 def _as_int(value, what: str, where: Path) -> int:
@@ -156,6 +157,8 @@ def read_specializations(path: Path) -> list[dict]:
         e = {k: _as_int(s[k], f"specialization {i} {k}", path) for k in ("batch_size", "seq_len", "ctx_len")}
         if min(e.values()) < 1:
             raise SpecdecError(f"{path}: specialization {i} has a non-positive value {e}")
+        if e["seq_len"] > e["ctx_len"]:
+            raise SpecdecError(f"{path}: specialization {i} has seq_len {e['seq_len']} above ctx_len {e['ctx_len']}")
         out.append(e)
     return out
 
@@ -166,7 +169,17 @@ def _read_dir(p: Path) -> tuple[Manifest, list[dict]]:
         raise SpecdecError(f"{p}: no such artifact directory")
     if not p.is_dir():
         raise SpecdecError(f"{p}: not a directory (expected an artifact directory from specdec-compile)")
-    return Manifest.read(p), read_specializations(p / SPECIALIZATIONS_FILE)
+    try:
+        m = Manifest.read(p)
+    except RecursionError:   # json nests objects by recursion
+        raise SpecdecError(f"{p / MANIFEST_FILE}: nested too deeply to be a manifest") from None
+    check_sizes(p, m)
+    check_records(p, m)
+    try:
+        specs = read_specializations(p / SPECIALIZATIONS_FILE)
+    except RecursionError:
+        raise SpecdecError(f"{p / SPECIALIZATIONS_FILE}: nested too deeply to be a specialization file") from None
+    return m, specs
 
 
 def _check_role(p: Path, m: Manifest, expect_role: str | None) -> None:

@@ -41,12 +41,12 @@ _Parser = Parser  # its older name, kept for callers of the time before cli/ was
 LOGGER = "specdec_compile"
 
 
-def add_progress_flags(p: argparse.ArgumentParser) -> None:
-    """--quiet / --progress: whether the library's progress lines go to stderr."""
+def add_progress_flags(p: argparse.ArgumentParser, steps: str = "load, detect, each pass, save, verify") -> None:
+    """--quiet / --progress: whether the library's progress lines go to stderr; ``steps``: what they report."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     g.add_argument("--progress", action="store_true",
-                   help="progress lines on stderr (load, detect, each pass, save, verify) even when stderr "
+                   help=f"progress lines on stderr ({steps}) even when stderr "
                         "is not a terminal (default: only on a terminal)")
 
 

@@ -22,6 +22,9 @@ from ..errors import SpecdecError
 PROG = "specdec-run"
 PROMPT_SEP = "<endofprompt>"
 DRAFT_STYLE = "green"
+#: what each stop_reason means, as the CLI prints it after a text
+STOP_REASONS = {"eos": "end of sequence (EOS token)", "max_new_tokens": "--max-new-tokens reached",
+                "ctx_len": "the context is full (ctx_len)", "stop_string": "a stop string"}
 TARGET_STYLE = "bold"
 
 
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "optional with --prompt-ids")
     p.add_argument("--dlm-tokenizer", metavar="DIR", help="the DLM's tokenizer, checked to equal the TLM's")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--prompt", metavar="TEXT")
+    g.add_argument("--prompt", metavar="TEXT", action="append", help="a text prompt (repeat for several prompts)")
     g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
     g.add_argument("--prompt-ids", metavar="IDS", action="append",
                    help="token ids separated by commas or spaces: 1,2,3 or \"1 2 3\" (repeat for several prompts)")
@@ -88,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip running each specialization once before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
     p.add_argument("--no-color", action="store_true")
-    add_progress_flags(p)
+    add_progress_flags(p, steps="models loaded")
     return p
 
 
@@ -114,7 +117,7 @@ def _prompts(args, tok) -> list[list[int]]:
             out.append(ids)
         return out
     if args.prompt is not None:
-        texts = [args.prompt]
+        texts = list(args.prompt)
     else:
         try:
             with open(args.prompt_file, encoding="utf-8") as f:
@@ -175,8 +178,12 @@ class _Printer:
             text = self.stream.push(t) if self.stream is not None else f" {t}"
             self._write(text, DRAFT_STYLE if s == "draft" else TARGET_STYLE)
 
-    def end(self):
+    def end(self, reason: str | None = None):
+        if self.stream is not None:      # a trailing incomplete character, as TextIteratorStreamer ends
+            self._write(self.stream.flush(), TARGET_STYLE)
         self._write("\n", None)
+        if reason is not None:
+            print(f"[stopped: {STOP_REASONS.get(reason, reason)}]", file=sys.stderr)
 
 
 def _fmt(v) -> str:
@@ -228,6 +235,8 @@ def _device_ids(text, what):
 def _check_args(args) -> None:
     if args.draft is None and not args.target_only:
         args.draft = "dlm"
+    if args.target_only and args.dlm:
+        raise SpecdecError("--target-only decodes with the TLM alone: it takes no --dlm")
     if args.draft == "ngram" and args.dlm:
         raise SpecdecError("--draft ngram takes no --dlm (the drafts come from the text itself)")
     if args.draft == "ngram" and args.target_only:
@@ -342,7 +351,12 @@ def _eos(args, tok, tlm):
     """--eos-id (-1: none); else the union of the TLM manifest's EOS ids (from the export's
     generation_config.json) and the tokenizer's (its EOS and a generation_config.json beside it)."""
     from ..runtime.tokenizer import eos_ids
+    v = getattr(tlm, "vocab_size", None)
     if args.eos_id is not None:
+        if v and args.eos_id >= v:
+            raise SpecdecError(f"--eos-id {args.eos_id} is outside the TLM's vocabulary [0, {v})")
+        if args.eos_id < -1:
+            raise SpecdecError(f"--eos-id must be a token id, or -1 for none (got {args.eos_id})")
         return None if args.eos_id < 0 else args.eos_id
     art = tlm.artifact
     ids = set(art.manifest.get("eos_token_ids") or [])
@@ -350,7 +364,8 @@ def _eos(args, tok, tlm):
         ids.add(art.eos_token_id)
     if tok is not None:
         ids.update(eos_ids(tok, args.tokenizer))
-    return sorted(int(i) for i in ids) or None
+    # an id beyond the logits can never be generated: nothing to stop at
+    return sorted(int(i) for i in ids if not v or 0 <= i < v) or None
 
 
 def run(argv: list[str]) -> int:
@@ -407,7 +422,7 @@ def _decode_all(dec, prompts, args, sampling, printer, tok):
             results[i] = dec.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling, prompt_index=i,
                                       on_tokens=printer.on_tokens if printer else None)
             if printer:
-                printer.end()
+                printer.end(results[i].stop_reason)
     else:
         shown = 0
         for i, r in engine.stream(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling):
@@ -415,7 +430,7 @@ def _decode_all(dec, prompts, args, sampling, printer, tok):
             while printer and shown < len(prompts) and results[shown] is not None:
                 printer.start(prompts[shown], shown, len(prompts))
                 printer.on_tokens(results[shown].generated_ids, results[shown].sources)
-                printer.end()
+                printer.end(results[shown].stop_reason)
                 shown += 1
     wall = time.perf_counter() - t0
     for r in results:

@@ -30,7 +30,7 @@ from collections import deque
 
 import numpy as np
 
-from .calls import row_of, run_rows
+from .calls import exclusive, row_of, run_rows
 from .generation import _check_prompt
 from .sampling import Noise, SamplingParams
 from .schedule import choose_width
@@ -61,6 +61,10 @@ class BatchEngine:
         """Yields (index, GenerationResult) as generations end. ``on_tokens(index, ids,
         sources)`` streams each row's tokens as they are accepted; ``stop``: stop strings
         (streaming.StopStrings), every row's own."""
+        with exclusive(self.dec.backends()):
+            yield from self._stream(prompts, max_new_tokens, sampling, rng, on_tokens, stop)
+
+    def _stream(self, prompts, max_new_tokens, sampling, rng, on_tokens, stop):
         sampling = sampling or SamplingParams()
         waiting = deque(enumerate(self.check_prompts(prompts, max_new_tokens)))
         # prompt i draws from the noise keyed by (seed, i, position): the same text

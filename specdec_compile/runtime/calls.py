@@ -18,16 +18,22 @@ in ``runner.outputs``.
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..contract import LOGITS
+from ..errors import SpecdecError
 from .backends import Backend
 from .costs import CallCosts
 
 PAD_ID = 0
+#: the attribute that marks a backend as serving a live generation (``exclusive``)
+LIVE = "_specdec_live_generation"
+_CLAIM = threading.Lock()
 
 
 class Call(NamedTuple):
@@ -163,3 +169,27 @@ def run_one(co):
             next(g)
         except StopIteration as e:
             return e.value
+
+
+@contextmanager
+def exclusive(backends):
+    """One live generation per model at a time. A backend keeps one sequence's cache (a batch
+    artifact one per row, all driven by one engine), so a second generation started while a first
+    is live (two ``stream()`` generators consumed alternately, or a ``generate`` from inside an
+    ``on_tokens`` callback) would reset and overwrite the cache the first one reads. It is refused
+    in one line instead; several prompts go through ``generate_many`` / ``stream([...])``."""
+    backends = list(backends)
+    with _CLAIM:    # check and mark at once: two threads cannot both pass
+        busy = next((b for b in backends if getattr(b, LIVE, False)), None)
+        if busy is not None:
+            art = getattr(busy, "artifact", None)
+            raise SpecdecError(f"{getattr(art, 'path', 'this model')}: another generation on this model is still "
+                               f"live (an unfinished stream()?): finish or close() it first; several prompts go "
+                               f"through one generate_many() or stream([...]) call")
+        for b in backends:
+            setattr(b, LIVE, True)
+    try:
+        yield
+    finally:
+        for b in backends:
+            setattr(b, LIVE, False)

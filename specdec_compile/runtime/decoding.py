@@ -54,7 +54,7 @@ import numpy as np
 
 from ..errors import SpecdecError
 from .backends import Backend
-from .calls import run_one, steps
+from .calls import exclusive, run_one, steps
 from .costs import CostModel
 from .drafts import make_draft_source
 from .drafts.dlm import DlmDraft
@@ -70,12 +70,19 @@ from .streaming import TokenSink
 
 
 def eos_set(eos) -> frozenset:
-    """EOS ids as a set: None, one id, or several (e.g. a manifest's eos_token_ids)."""
+    """EOS ids as a set: None, one id, or several (e.g. a manifest's eos_token_ids). Anything else
+    (a string such as "12", None or a float in a list, a negative id) is refused in one line."""
     if eos is None:
         return frozenset()
-    if isinstance(eos, (int, np.integer)):
-        return frozenset([int(eos)])
-    return frozenset(int(e) for e in eos)
+    items = [eos] if isinstance(eos, (int, np.integer)) else eos
+    if isinstance(eos, (str, bytes, dict)) or not isinstance(items, (list, tuple, set, frozenset, np.ndarray)):
+        raise SpecdecError(f"eos_token_id must be an id or a list of ids (got {eos!r})")
+    out = set()
+    for e in items:
+        if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer)) or e < 0:
+            raise SpecdecError(f"eos_token_id {eos!r}: {e!r} is not a token id (an integer >= 0)")
+        out.add(int(e))
+    return frozenset(out)
 
 
 class _Decoder:
@@ -105,7 +112,8 @@ class _Decoder:
         sink = (TokenSink(req.tokenizer, req.prompts[0], streamer=req.streamer, user=req.on_tokens, chunks=False)
                 if req.streamer is not None else None)
         try:
-            return _texted(run_one(self._coroutine(req, sink or req.on_tokens)), req.tokenizer)
+            with exclusive(self.backends()):
+                return _texted(run_one(self._coroutine(req, sink or req.on_tokens)), req.tokenizer)
         finally:
             if sink is not None:
                 sink.end()
@@ -132,14 +140,16 @@ class _Decoder:
     def _stream_one(self, req):
         sink = TokenSink(req.tokenizer, req.prompts[0], streamer=req.streamer, user=req.on_tokens)
         try:
-            steps_ = steps(self._coroutine(req, sink))
-            while True:
-                try:
-                    next(steps_)
-                except StopIteration as e:
+            with exclusive(self.backends()):
+                steps_ = steps(self._coroutine(req, sink))
+                while True:
+                    try:
+                        next(steps_)
+                    except StopIteration as e:
+                        yield from sink.take()
+                        yield from sink.flush()
+                        return _texted(e.value, req.tokenizer)
                     yield from sink.take()
-                    return _texted(e.value, req.tokenizer)
-                yield from sink.take()
         finally:
             sink.end()
 

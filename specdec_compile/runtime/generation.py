@@ -44,7 +44,7 @@ class _Generation:
     def __init__(self, dec, prompt: list[int], max_new_tokens: int, sampling: SamplingParams,
                  noise: Noise | None, on_tokens: OnTokens | None, stop=None):
         self.dec = dec
-        self.stop = stop   # stop strings (streaming.StopStrings): .cut(out, n_new) -> tokens kept or None
+        self.stop = stop   # stop strings (streaming.StopStrings): .cut(ids, n_new) -> tokens kept or None
         self.policy = policy = dec.policy
         self.prompt = prompt
         self.max_new = max_new_tokens
@@ -85,8 +85,8 @@ class _Generation:
             cut = hits[0] + 1
             tokens, srcs = tokens[:cut], srcs[:cut]
             reason = "eos"
-        keep = self.stop.cut(self.out + tokens, len(tokens)) if self.stop is not None and tokens else None
-        if keep is not None:
+        keep = self.stop.cut(self.seq + tokens, len(tokens)) if self.stop is not None and tokens else None
+        if keep is not None and not (reason == "eos" and keep == len(tokens)):   # an EOS token: "eos", always
             tokens, srcs, reason = tokens[:keep], srcs[:keep], "stop_string"
         self.out.extend(tokens)
         self.sources.extend(srcs)
@@ -204,7 +204,7 @@ class _TargetGeneration:
             if tok in self.dec.eos:
                 stop = "eos"
                 break
-            if self.stop is not None and self.stop.cut(out, 1) is not None:
+            if self.stop is not None and self.stop.cut(seq, 1) is not None:
                 stop = "stop_string"
                 break
             if remaining == 1:

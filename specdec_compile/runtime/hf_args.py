@@ -92,8 +92,36 @@ def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Reque
             raise SpecdecError("streamer= must have put() and end() (a transformers streamer)")
         if not single:
             raise SpecdecError("streamer= streams one prompt; give one prompt, or use stream() for several")
-    return Request(prompts, single, max_new, sampling, tok, stop, streamer, kw.pop("rng", None),
-                   kw.pop("on_tokens", None), int(kw.pop("prompt_index", 0)))
+    rng = kw.pop("rng", None)
+    if rng is not None and not callable(getattr(rng, "integers", None)):
+        raise SpecdecError(f"rng must be a numpy.random.Generator (got {type(rng).__name__})")
+    on_tokens = kw.pop("on_tokens", None)
+    _check_callback(on_tokens, 2 if single else 3)
+    index = kw.pop("prompt_index", 0)
+    if _bad_int(index) or index < 0:
+        raise SpecdecError(f"prompt_index must be an integer >= 0 (got {index!r})")
+    if index and not single:
+        raise SpecdecError("prompt_index is for one prompt: prompt i of several samples as prompt_index=i")
+    return Request(prompts, single, max_new, sampling, tok, stop, streamer, rng, on_tokens, int(index))
+
+
+def _check_callback(fn, n: int) -> None:
+    """``on_tokens`` must take ``n`` positional arguments ((ids, sources), or (index, ids, sources) for
+    several prompts): checked before the run, not found mid-generation."""
+    if fn is None:
+        return
+    if not callable(fn):
+        raise SpecdecError(f"on_tokens must be callable (got {type(fn).__name__})")
+    import inspect
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):   # some builtins have no signature: nothing to check
+        return
+    try:
+        sig.bind(*([None] * n))
+    except TypeError:
+        args = "(index, ids, sources)" if n == 3 else "(ids, sources)"
+        raise SpecdecError(f"on_tokens{sig} cannot be called as on_tokens{args}") from None
 
 
 def _one_segment(token_type_ids) -> None:
@@ -132,6 +160,8 @@ def _sampling(kw: dict) -> SamplingParams:
     if given is not None:
         if hf:
             raise SpecdecError(f"give either sampling= or {', '.join(sorted(hf))}, not both")
+        if not isinstance(given, SamplingParams):
+            raise SpecdecError(f"sampling= must be a SamplingParams (got {type(given).__name__})")
         return given
     do_sample = hf.pop("do_sample", None)
     if do_sample not in (None, True, False):
@@ -157,6 +187,8 @@ def _stop(stop_strings, stop, tok):
     strings = stop_strings if stop_strings is not None else stop
     if strings is None:
         return None
+    if not isinstance(strings, str) and not isinstance(strings, (list, tuple)):
+        raise SpecdecError(f"stop_strings must be a non-empty string or a list of them (got {strings!r})")
     strings = [strings] if isinstance(strings, str) else list(strings)
     if not strings or not all(isinstance(s, str) and s for s in strings):
         raise SpecdecError(f"stop_strings must be a non-empty string or a list of them (got {strings!r})")

@@ -39,15 +39,18 @@ class SamplingParams:
     seed: int | None = None    # None: a fresh seed per run
 
     def __post_init__(self):
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise SpecdecError(f"{name.replace('_', '-')} must be a number (got {v!r})")
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise SpecdecError(f"temperature must be >= 0 (got {self.temperature})")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise SpecdecError(f"top-k must be a non-negative integer (got {self.top_k})")
+        if _not_int(self.top_k) or self.top_k < 0:
+            raise SpecdecError(f"top-k must be a non-negative integer (got {self.top_k!r})")
         if not (0.0 < self.top_p <= 1.0):
             raise SpecdecError(f"top-p must be in (0, 1] (got {self.top_p})")
-        if self.seed is not None and (isinstance(self.seed, bool) or int(self.seed) != self.seed
-                                      or not 0 <= self.seed < 2 ** 64):
-            raise SpecdecError(f"seed must be an integer in [0, 2**64) (got {self.seed})")
+        if self.seed is not None and (_not_int(self.seed) or not 0 <= self.seed < 2 ** 64):
+            raise SpecdecError(f"seed must be an integer in [0, 2**64) (got {self.seed!r})")
 
     @property
     def greedy(self) -> bool:
@@ -64,6 +67,11 @@ class SamplingParams:
     def noise(self, index: int = 0, rng: np.random.Generator | None = None) -> "Noise | None":
         """The randomness of prompt ``index`` of a run (None when greedy)."""
         return None if self.greedy else Noise(self.run_seed(rng), index)
+
+
+def _not_int(v) -> bool:
+    """Not an integer (a bool, a float such as 5.0, a string): refused, not rounded."""
+    return isinstance(v, bool) or not isinstance(v, (int, np.integer))
 
 
 class Noise:

@@ -14,29 +14,37 @@ import numpy as np
 
 
 class StopStrings:
-    """Stop strings over the generated text. ``cut(out, n_new)``: ``out`` holds the
-    generated ids, the last ``n_new`` of them new; returns how many of the new ones to
-    keep (through the one that completes a stop string) or None.
+    """Stop strings, with the semantics of transformers' ``StopStringCriteria``: a token stops
+    the generation when a stop string ends inside its text (the text before it may be the
+    prompt's: prompt "Hello wor", output "ld!", stop string "world" stops at "ld!"). A stop
+    string wholly inside the prompt stops nothing.
 
-    Only the text of the last tokens is decoded: enough tokens for the longest
-    stop string (one character per token at least) plus a margin."""
+    ``cut(ids, n_new)``: ``ids`` holds the prompt and the generated ids, the last ``n_new`` of
+    them new; returns how many of the new ones to keep (through the one that completes a stop
+    string) or None. Only the text of the last tokens is decoded: enough for the longest stop
+    string at one UTF-8 byte per token (a byte-level tokenizer may spend one token per byte of
+    an emoji or a rare CJK character) plus a margin."""
 
     MARGIN = 8
 
     def __init__(self, tokenizer, strings: list[str]):
         self.tok = tokenizer
         self.strings = list(strings)
-        self.window = max(len(s) for s in self.strings) + self.MARGIN
+        self.window = max(len(s.encode("utf-8")) for s in self.strings) + self.MARGIN
 
     def _text(self, ids) -> str:
         return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def cut(self, out: list[int], n_new: int) -> int | None:
-        base = len(out) - n_new
-        lo = max(0, base - self.window)
+    def cut(self, ids: list[int], n_new: int) -> int | None:
+        base = len(ids) - n_new
         for j in range(1, n_new + 1):
-            text = self._text(out[lo:base + j])
-            if any(s in text for s in self.strings):
+            end = base + j
+            lo = max(0, end - self.window)
+            text, before = self._text(ids[lo:end]), self._text(ids[lo:end - 1])
+            b = 0           # the text that token end-1 did not change
+            while b < min(len(text), len(before)) and text[b] == before[b]:
+                b += 1
+            if any(text.find(s, max(0, b - len(s) + 1)) >= 0 for s in self.strings):
                 return j
         return None
 
@@ -70,6 +78,11 @@ class TokenSink:
     def take(self) -> list:
         out, self.pending = self.pending, []
         return out
+
+    def flush(self) -> list:
+        """At the end: the text the decoder held back (a trailing incomplete character), as one chunk."""
+        text = self.decoder.flush() if self.decoder is not None and self.keep else ""
+        return [text] if text else []
 
     def end(self) -> None:
         if self.streamer is not None:

@@ -38,7 +38,7 @@ def eos_ids(tok, tokenizer_dir=None) -> list[int]:
             import json
             try:
                 val = json.loads(gc.read_text(encoding="utf-8")).get("eos_token_id")
-            except (ValueError, UnicodeDecodeError, AttributeError):
+            except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
                 raise SpecdecError(f"{gc}: not a JSON object") from None
             vals = val if isinstance(val, list) else ([] if val is None else [val])
             for v in vals:
@@ -118,3 +118,13 @@ class StreamDecoder:
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before):]
         return ""
+
+    def flush(self) -> str:
+        """At the end of a generation: the text held back (an incomplete character, shown as
+        U+FFFD, and whatever came with it), as ``TextIteratorStreamer.end()`` gives it."""
+        if self.read == len(self.ids):
+            return ""
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before):]

@@ -142,7 +142,21 @@ class Backend:
         out = self._run_outputs(ids, pos, extra)
         self.time_s += time.perf_counter() - t0
         self.calls += 1
+        self.check_logits(out[LOGITS], ids.shape)
         return out
+
+    def check_logits(self, logits, shape) -> None:
+        """The graph's logits for a call of ``shape`` [B, S] must be what the manifest's role says:
+        a TLM's [B, S, V] (every position), a DLM's [B, 1, V] (the last valid token); a graph of the
+        other role under a relabelled manifest would decode wrong tokens without an error."""
+        B, S = shape
+        want = (B, S if self.role == "tlm" else 1)
+        got = tuple(np.shape(logits))
+        if got[:2] != want:
+            kind = "every position, a TLM's" if got[1:2] == (S,) and S > 1 else "one position, a DLM's"
+            raise SpecdecError(f"{self.artifact.name}: a call of [{B}, {S}] gave logits {list(got)} ({kind}) but the "
+                               f"manifest's role {self.role} needs [{want[0]}, {want[1]}, V]: the manifest does not "
+                               f"describe this graph")
 
     def check_rows(self, rows, n: int) -> np.ndarray:
         """``rows`` as the int64 [n, 1] batch_index of a call of n rows: distinct cache rows in
@@ -195,7 +209,8 @@ class Backend:
                 pos[:, 0] = 0   # one valid token per row, so every role has logits to give
                 if self.artifact.qeff:
                     self._set_rows(np.arange(B, dtype=np.int64).reshape(-1, 1))
-                self._run_outputs(ids, pos, self._extra(ids.shape, {}, False))
+                self.check_logits(self._run_outputs(ids, pos, self._extra(ids.shape, {}, False))[LOGITS],
+                                  ids.shape)
         self.reset()
 
     def close(self) -> None:

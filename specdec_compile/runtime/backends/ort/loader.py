@@ -78,6 +78,29 @@ def _check_names(path: Path, ins: dict, outs: dict, art: Artifact) -> list[str]:
     return kv
 
 
+def _check_role_shape(art: Artifact, ins: dict, outs: dict) -> None:
+    """The manifest's role against the graph's logits: a TLM's are [B, S, V] (every position), a
+    DLM's [B, 1, V]. A relabelled manifest would otherwise run and decode wrong tokens."""
+    shape, seq = list(outs[LOGITS].shape), list(ins[INPUT_IDS].shape)
+    if len(shape) != 3:
+        raise SpecdecError(f"{art.model_path}: logits has rank {len(shape)} ({shape}), expected [batch, seq, vocab]")
+    s, per_position = shape[1], len(seq) == 2 and shape[1] == seq[1] and shape[1] != 1
+    if art.role == "dlm" and (per_position or (isinstance(s, int) and s != 1)):
+        raise SpecdecError(f"{art.model_path}: the manifest says role dlm but the graph's logits are {shape}, one row "
+                           f"per position: a TLM's (a DLM gives [batch, 1, vocab]); the manifest does not describe "
+                           f"this graph")
+    if art.role == "tlm" and s == 1 and max(art.seq_lens) > 1:
+        raise SpecdecError(f"{art.model_path}: the manifest says role tlm but the graph's logits are {shape}, the last "
+                           f"token only: a DLM's (a TLM gives [batch, seq_len, vocab]); the manifest does not "
+                           f"describe this graph")
+    for names, have in ((art.extra_inputs, ins), (art.extra_outputs, outs)):
+        for n, width in names.items():
+            last = (list(have[n].shape) or [None])[-1]
+            if isinstance(last, int) and last != width:
+                raise SpecdecError(f"{art.model_path}: the manifest says {n} is {width} wide but the graph's is "
+                                   f"{last}; the manifest does not describe this graph")
+
+
 def _cache_geometry(art: Artifact, name: str, arg) -> tuple[tuple[int, ...], np.dtype]:
     """Shape [batch_size, n_kv_heads, ctx_len, head_dim] and dtype of cache input ``arg``."""
     path = art.model_path
@@ -88,16 +111,30 @@ def _cache_geometry(art: Artifact, name: str, arg) -> tuple[tuple[int, ...], np.
     for dim, (val, what) in enumerate(zip(shape, ("batch_size", "n_kv_heads", "ctx_len", "head_dim"))):
         if isinstance(val, int) and val != fixed[dim] and dim in (0, 2):
             raise SpecdecError(f"{path}: {name} has {what}={val} but the specializations say {fixed[dim]}")
-    if not isinstance(fixed[1], int):
-        fixed[1] = art.num_kv_heads
-    if not isinstance(fixed[3], int):
-        fixed[3] = art.head_dim
+    for dim, what in ((1, "num_kv_heads"), (3, "head_dim")):
+        claim = getattr(art, what)
+        if not isinstance(fixed[dim], int):
+            fixed[dim] = claim
+        elif claim is not None and claim != fixed[dim]:
+            raise SpecdecError(f"{path}: {name} has {what}={fixed[dim]} but the manifest says {claim}")
     if not all(isinstance(d, int) and d > 0 for d in fixed):
         raise SpecdecError(f"{path}: cannot tell the cache shape of {name} ({shape})")
     dt = ORT_TYPES.get(arg.type)
     if dt is None:
         raise SpecdecError(f"{path}: {name} has type {arg.type}, not supported by this runtime")
     return tuple(fixed), np.dtype(dt)
+
+
+def _check_cache_fits(art: Artifact, shapes: dict, dtypes: dict) -> None:
+    """The cache the manifest's sizes ask for (twice, for the swap path) must fit in this host's memory."""
+    need = 2 * sum(int(np.prod(s, dtype=np.float64)) * dtypes[n].itemsize for n, s in shapes.items())
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return
+    if have > 0 and need > have:
+        raise SpecdecError(f"{art.path}: its cache (batch {art.batch_size}, ctx_len {art.ctx_len}) needs "
+                           f"{need / 2 ** 30:.1f} GiB, more than this host's {have / 2 ** 30:.1f} GiB")
 
 
 def _check_cache_writes(art: Artifact) -> None:
@@ -120,9 +157,11 @@ def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str |
     ins = {i.name: i for i in session.get_inputs()}
     outs = {o.name: o for o in session.get_outputs()}
     kv = _check_names(art.model_path, ins, outs, art)
+    _check_role_shape(art, ins, outs)
     shapes, dtypes = {}, {}
     for n in kv:
         shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
+    _check_cache_fits(art, shapes, dtypes)
     lshape = outs[LOGITS].shape
     vocab = lshape[-1] if lshape and isinstance(lshape[-1], int) else None
     device = "cuda" if providers[0] == CUDA else "cpu"

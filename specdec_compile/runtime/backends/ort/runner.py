@@ -69,8 +69,10 @@ class OrtBackend(Backend):
         self.extra_names = list(self.extra_outputs)
         self.input_dtypes = model.input_dtypes
         self.plan = output_plan(self.device, self.kv_names, self.extra_names)
-        self._logits: dict = {}     # width -> (OrtValue, the numpy array it wraps)
-        self._bound = None          # the width whose buffer is bound now
+        # (rows, width) -> (OrtValue, the numpy array it wraps): an --interface qeff prefill runs at
+        # batch 1 and its decode at full batch, possibly at the same width
+        self._logits: dict = {}
+        self._bound = None          # the (rows, width) whose buffer is bound now
         # logits is bound first so that it is output 0 of the binding
         self._io.bind_output(LOGITS, self.plan[LOGITS])
         self._bind_cache()
@@ -106,8 +108,8 @@ class OrtBackend(Backend):
                 io.bind_cpu_input(NUM_LOGITS_TO_KEEP, np.zeros((ids.shape[1], 1), np.int64))
         for n, a in extra.items():
             io.bind_cpu_input(n, np.ascontiguousarray(a, dtype=self.input_dtypes.get(n, np.float32)))
-        S = ids.shape[1]
-        buf = self._logits.get(S)      # a host buffer per width, once its shape is known
+        S = tuple(ids.shape)
+        buf = self._logits.get(S)      # a host buffer per call shape, once its shape is known
         if S != self._bound or buf is None:
             if buf is None:
                 io.bind_output(LOGITS, self.plan[LOGITS])     # only the logits reach the host (output_plan)
