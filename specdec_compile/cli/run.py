@@ -29,12 +29,13 @@ TARGET_STYLE = "bold"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..runtime.drafts import NAMES as DRAFT_NAMES
     p = Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
                                        "(ONNX Runtime or Cloud AI 100).")
     p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
     p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with "
                    "--target-only, --draft ngram or --draft suffix)")
-    p.add_argument("--draft", choices=("dlm", "ngram", "suffix", "hybrid"), default=None,
+    p.add_argument("--draft", choices=DRAFT_NAMES, default=None,
                    help="where drafts come from: the DLM (default when --dlm is given), n-gram "
                         "prompt lookup or suffix tries over the prompt, output and earlier requests' "
                         "outputs (no draft model), or hybrid: prompt lookup when an n-gram of 2+ "
@@ -278,15 +279,6 @@ def _check_suffix_args(args) -> None:
         raise SpecdecError(f"--suffix-max-depth must be in [2, 256] (got {args.suffix_max_depth})")
 
 
-def _draft_source(args):
-    """The ``draft=`` argument of SpecDecoder for a model-free --draft."""
-    if args.draft != "suffix":
-        return "ngram"
-    from ..runtime.drafts.suffix import SuffixDraft
-    kw = {"cache_tokens": args.suffix_cache_tokens, "max_depth": args.suffix_max_depth}
-    return SuffixDraft(**{k: v for k, v in kw.items() if v is not None})
-
-
 def ort_thread_options(threads: int | None, two_models: bool) -> dict:
     """Session options for ONNX Runtime on the CPU. DLM and TLM calls alternate,
     never overlap; but an ORT thread pool spin-waits after each call, so two
@@ -370,6 +362,7 @@ def _eos(args, tok, tlm):
 
 def run(argv: list[str]) -> int:
     from ..runtime.decoding import SpecDecoder, TargetOnlyDecoder
+    from ..runtime.drafts import make_draft_source
     from ..runtime.metrics import aggregate_metrics
     from ..runtime.sampling import SamplingParams
 
@@ -384,9 +377,10 @@ def run(argv: list[str]) -> int:
     if args.target_only:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        source = "hybrid" if args.draft == "hybrid" else None if dlm is not None else _draft_source(args)
-        dec = SpecDecoder(tlm, dlm, draft=source, ngram_max=args.ngram_max, eos_token_id=eos, k=args.k,
-                          fallback=not args.no_fallback, tokenizer=tok, dlm_tokenizer=dlm_tok)
+        source = make_draft_source(args.draft, dlm, ngram_max=args.ngram_max, tokenizer=tok, dlm_tokenizer=dlm_tok,
+                                   suffix={"cache_tokens": args.suffix_cache_tokens, "max_depth": args.suffix_max_depth})
+        dec = SpecDecoder(tlm, draft=source, eos_token_id=eos, k=args.k,
+                          fallback=not args.no_fallback, tokenizer=tok)
 
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)

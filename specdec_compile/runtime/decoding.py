@@ -58,10 +58,7 @@ from .calls import exclusive, run_one, steps
 from .costs import CostModel
 from .drafts import make_draft_source
 from .drafts.dlm import DlmDraft
-from .drafts.feature import FeatureDraft
-from .drafts.hybrid import HybridDraft
-from .drafts.ngram import NgramDraft
-from .generation import OnTokens, _check_prompt, _Generation, _TargetGeneration
+from .generation import OnTokens, check_prompt, SpecGeneration, TargetGeneration
 from .hf_args import parse, resolve_tokenizer
 from .metrics import GenerationResult
 from .policy import WidthPolicy
@@ -119,7 +116,7 @@ class _Decoder:
                 sink.end()
 
     def _coroutine(self, req, on_tokens):
-        prompt = _check_prompt(req.prompts[0], self.tlm, req.max_new_tokens)
+        prompt = check_prompt(req.prompts[0], self.tlm, req.max_new_tokens)
         for b in self.backends():
             b.reset()
         noise = req.sampling.noise(req.prompt_index, req.rng)
@@ -212,7 +209,7 @@ class TargetOnlyDecoder(_Decoder):
     def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, noise,
                   on_tokens: OnTokens | None = None, stop=None):
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
-        return _TargetGeneration(self, prompt, max_new_tokens, sampling, noise, on_tokens, stop).run()
+        return TargetGeneration(self, prompt, max_new_tokens, sampling, noise, on_tokens, stop).run()
 
 
 class SpecDecoder(_Decoder):
@@ -222,8 +219,9 @@ class SpecDecoder(_Decoder):
     :class:`~.drafts.suffix.SuffixDraft`, :class:`~.drafts.dlm.DlmDraft`,
     :class:`~.drafts.hybrid.HybridDraft`, or your own), or "ngram" (``ngram_max`` its longest
     n-gram) or "suffix" (its defaults), or "hybrid" with ``dlm``: prompt lookup (n-grams of 2 to
-    ``ngram_max`` tokens) when it matches, the DLM or feature draft otherwise. ``dlm=`` (the
-    older spelling, also the second positional argument): a DLM backend, or a source object.
+    ``ngram_max`` tokens) when it matches, the DLM or feature draft otherwise; drafts/__init__.py's
+    ``make_draft_source`` chooses it. ``dlm``, the second argument (positional only): a DLM or
+    feature draft backend, or a source object.
     ``tokenizer`` (and ``dlm_tokenizer`` when the DLM came with its own; a
     tokenizer object or a local directory): text prompts, stop strings and results'
     ``text`` use it; the pair must agree on them (else on the manifests' special token ids), and the
@@ -235,12 +233,13 @@ class SpecDecoder(_Decoder):
     (drafting nothing may be chosen; needs 0 in the TLM's k_list).
     """
 
-    def __init__(self, tlm: Backend, dlm=None, *, draft=None, ngram_max: int | None = None,
+    def __init__(self, tlm: Backend, dlm=None, /, *, draft=None, ngram_max: int | None = None,
                  eos_token_id=None, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
                  policy: WidthPolicy | None = None, record_calls: bool = False, tokenizer=None,
                  dlm_tokenizer=None):
         self.tokenizer = tokenizer = resolve_tokenizer(tokenizer)
-        self.source = _source(dlm, draft, ngram_max, tokenizer, resolve_tokenizer(dlm_tokenizer))
+        self.source = make_draft_source(draft, dlm, ngram_max=ngram_max, tokenizer=tokenizer,
+                                        dlm_tokenizer=resolve_tokenizer(dlm_tokenizer))
         self.source.bind(tlm)
         self.dlm = self.source.backend if isinstance(self.source, DlmDraft) else None
         self.vocab = getattr(self.source, "vocab", None) if self.dlm is not None else None
@@ -260,29 +259,7 @@ class SpecDecoder(_Decoder):
     def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, noise,
                   on_tokens: OnTokens | None = None, stop=None):
         """One generation as a coroutine of calls (generation.py); ``prompt`` already checked."""
-        return _Generation(self, prompt, max_new_tokens, sampling, noise, on_tokens, stop).run()
-
-
-def _source(dlm, draft, ngram_max, tokenizer, dlm_tokenizer):
-    """The draft source from SpecDecoder's arguments."""
-    if draft == "hybrid":
-        if dlm is None:
-            raise SpecdecError("draft='hybrid' needs a DLM backend: prompt lookup first, the DLM otherwise")
-        model = _source(dlm, None, None, tokenizer, dlm_tokenizer)
-        n = 3 if ngram_max is None else ngram_max
-        return HybridDraft(NgramDraft(n, min_n=min(2, n)), model, weak=NgramDraft(n))
-    if dlm is not None and draft is not None and draft != "dlm":
-        raise SpecdecError("give either a DLM or another draft source, not both")
-    if dlm is None and (draft is None or draft == "dlm"):
-        raise SpecdecError("speculative decoding needs a DLM backend or draft='ngram' (or another "
-                           "draft source object)")
-    if dlm is not None:
-        if isinstance(dlm, Backend) or hasattr(dlm, "run"):
-            # a feature draft (its manifest's feature_draft) reads the target's hidden states
-            cls = FeatureDraft if getattr(dlm.artifact, "feature_draft", None) else DlmDraft
-            return cls(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
-        return make_draft_source(dlm)
-    return make_draft_source(draft, ngram_max=ngram_max)
+        return SpecGeneration(self, prompt, max_new_tokens, sampling, noise, on_tokens, stop).run()
 
 
 def generate(tlm: Backend, dlm: Backend | None, prompt_ids, *, max_new_tokens: int = 64,

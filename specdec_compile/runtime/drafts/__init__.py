@@ -88,19 +88,56 @@ class DraftContext:
         return choose_from(p, self.noise, pos)
 
 
-def make_draft_source(draft, *, ngram_max: int | None = None):
-    """A draft source from a name ("ngram", "suffix": its defaults) or a source object;
-    None for "dlm"/None (a DLM backend is given)."""
-    from .ngram import NgramDraft
-    from .suffix import SuffixDraft
-    if draft is None or draft == "dlm":
-        return None
+NAMES = ("dlm", "ngram", "suffix", "hybrid")
+
+
+def make_draft_source(draft=None, dlm=None, *, ngram_max: int | None = None, suffix: dict | None = None,
+                      tokenizer=None, dlm_tokenizer=None):
+    """The one place a draft source is chosen (SpecDecoder and specdec-run both come here).
+
+    ``draft``: a name in NAMES, a source object, or None (= "dlm"); ``dlm``: a draft model's
+    backend (a DlmDraft, or a FeatureDraft when its manifest has ``feature_draft``), or a source
+    object. "ngram" (``ngram_max`` its longest n-gram, default 3) and "suffix" (``suffix``: the
+    SuffixDraft keywords given, None entries left to its defaults) take no model; "hybrid" needs
+    ``dlm``: prompt lookup (n-grams of 2 to ``ngram_max`` tokens) when it matches, the model
+    otherwise. ``tokenizer`` / ``dlm_tokenizer`` go to a model-backed source."""
+    if draft == "hybrid":
+        if dlm is None:
+            raise SpecdecError("draft='hybrid' needs a DLM backend: prompt lookup first, the DLM otherwise")
+        from .hybrid import HybridDraft
+        from .ngram import NgramDraft
+        model = make_draft_source(None, dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
+        n = 3 if ngram_max is None else ngram_max
+        return HybridDraft(NgramDraft(n, min_n=min(2, n)), model, weak=NgramDraft(n))
+    if dlm is not None and draft is not None and draft != "dlm":
+        raise SpecdecError("give either a DLM or another draft source, not both")
+    if dlm is None and (draft is None or draft == "dlm"):
+        raise SpecdecError("speculative decoding needs a DLM backend or draft='ngram' (or another "
+                           "draft source object)")
+    if dlm is not None:
+        if hasattr(dlm, "run"):    # a backend; a feature draft (its manifest's feature_draft) reads the target's hidden states
+            from .dlm import DlmDraft
+            from .feature import FeatureDraft
+            cls = FeatureDraft if getattr(dlm.artifact, "feature_draft", None) else DlmDraft
+            return cls(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
+        return _source_object(dlm)
     if isinstance(draft, str):
-        if draft == "ngram":
-            return NgramDraft(3 if ngram_max is None else ngram_max)
-        if draft == "suffix":
-            return SuffixDraft()
-        raise SpecdecError(f"unknown draft source {draft!r} (expected 'dlm', 'ngram' or 'suffix')")
+        return _named(draft, ngram_max, suffix)
+    return _source_object(draft)
+
+
+def _named(name: str, ngram_max, suffix):
+    """A model-free source by name."""
+    if name == "ngram":
+        from .ngram import NgramDraft
+        return NgramDraft(3 if ngram_max is None else ngram_max)
+    if name == "suffix":
+        from .suffix import SuffixDraft
+        return SuffixDraft(**{k: v for k, v in (suffix or {}).items() if v is not None})
+    raise SpecdecError(f"unknown draft source {name!r} (expected one of {', '.join(map(repr, NAMES))})")
+
+
+def _source_object(draft):
     if not all(hasattr(draft, a) for a in ("drafter", "bind", "backends")):
         raise SpecdecError(f"{type(draft).__name__} is not a draft source (needs drafter, bind and backends)")
     return draft
