@@ -127,10 +127,10 @@ def run(build: Path, int4_export: Path, out: Path, int8_act_export: Path | None 
         log(f"  [step_floor] int4 speculative: repeat {r + 1}/{repeats} done")
     per = range(len(ids_list))
     tms = [best[("target", p)] for p in per]
-    f_tok, f_t = real_model._rate([best[("float32 target", p)] for p in per])
+    f_tok, f_t = real_model.tokens_and_time([best[("float32 target", p)] for p in per])
     rows = []
     for name in [d for d in DRAFTS if d in decs]:
-        row = real_model._row(name, "greedy", "auto", [best[(name, p)] for p in per], tms)
+        row = real_model.speed_row(name, "greedy", "auto", [best[(name, p)] for p in per], tms)
         row["over_float32_target"] = round(row["spec_tokens_per_s"] / (f_tok / f_t), 3)
         rows.append(row)
         log(f"  [step_floor] int4 {name}: {row['speedup']:.2f}x over int4 target-only "
@@ -138,7 +138,7 @@ def run(build: Path, int4_export: Path, out: Path, int8_act_export: Path | None 
             f"{row['tokens_per_tlm_call']} tokens per TLM call")
     for b in (tlm, base, fbase, fdlm):
         b.close()
-    int4_rate = real_model._rate(tms)
+    int4_rate = real_model.tokens_and_time(tms)
     return {"rows": rows, "width_dependence": dep, "int4_target_tokens_per_s": round(int4_rate[0] / int4_rate[1], 2),
             "float32_target_tokens_per_s": round(f_tok / f_t, 2), "prompts": prompts,
             "max_new_tokens": max_new_tokens, "repeats": repeats, "ort_threads": ort_threads}

@@ -42,7 +42,7 @@ FEATURE_KS = [2, 3, 4, 5, "auto"]      # the feature draft: every fixed k the pi
 SAMPLING = {"temperature": 0.7, "top_p": 0.95}
 
 
-def _rate(ms: list[dict]) -> tuple[int, float]:
+def tokens_and_time(ms: list[dict]) -> tuple[int, float]:
     tok = sum(m["new_tokens"] - 1 for m in ms)
     t = sum(decode_time_s(m) for m in ms)
     return tok, t
@@ -53,9 +53,9 @@ def _decode_model_time(m: dict) -> float:
     return m["tlm_time_s"] + m["dlm_time_s"] - pre.get("tlm", 0.0) - pre.get("dlm", 0.0)
 
 
-def _row(draft: str, mode: str, k, ms: list[dict], tms: list[dict]) -> dict:
-    s_tok, s_t = _rate(ms)
-    t_tok, t_t = _rate(tms)
+def speed_row(draft: str, mode: str, k, ms: list[dict], tms: list[dict]) -> dict:
+    s_tok, s_t = tokens_and_time(ms)
+    t_tok, t_t = tokens_and_time(tms)
     rate, trate = s_tok / s_t, t_tok / t_t
     n1, t1 = merge_width_times(tms)["tlm"]["1"]                      # the decode steps
     t_step = t1 / n1
@@ -164,7 +164,7 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
         reps = range(a.real_repeats) if mode == "sampling" else [0]
         tms = [best[(("target", 0), pi, r)] for pi in range(len(ids_list)) for r in reps]
         for key in decs:
-            row = _row(key[0], mode, key[1], [best[(key, pi, r)] for pi in range(len(ids_list)) for r in reps], tms)
+            row = speed_row(key[0], mode, key[1], [best[(key, pi, r)] for pi in range(len(ids_list)) for r in reps], tms)
             rows.append(row)
             log(f"  {key[0]} {mode} k={key[1]}: {row['spec_tokens_per_s']:.1f} vs {row['target_tokens_per_s']:.1f} "
                 f"tok/s -> {row['speedup']:.2f}x (predicted {row['predicted_speedup']}x); alpha {row['alpha']}, "

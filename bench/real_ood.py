@@ -79,7 +79,7 @@ def run(out: Path, a, log=print) -> tuple[list[dict], dict]:
     for draft in [k[0] for k in decs]:
         for name, _ in reqs + [("all", None)]:
             names = [n for n, _ in reqs] if name == "all" else [name]
-            row = real_model._row(draft, "greedy", "auto", [best[(draft, n)] for n in names],
+            row = real_model.speed_row(draft, "greedy", "auto", [best[(draft, n)] for n in names],
                                   [best[("target", n)] for n in names])
             row["request"] = name
             rows.append(row)

@@ -74,7 +74,7 @@ def _art(pair, out, name, role, B, a, k_list=None, k=4, interface="default"):
     return out / name
 
 
-def _backends(pair, out, a, B, dlm=True, k_list="0,1,2,4", interface="default"):
+def backends(pair, out, a, B, dlm=True, k_list="0,1,2,4", interface="default"):
     """The TLM (``interface``: "qeff" for QEfficient's, prefill at batch 1 into its row) and the DLM."""
     from specdec_compile.runtime import OrtBackend
     kw = {"intra_op_threads": a.ort_threads}
@@ -111,7 +111,7 @@ def bench_batch(pair: dict, out: Path, a, tok) -> list:
 def _batch_row(pair, out, a, B, interface, ids, eos) -> tuple[dict, list]:
     """One batch_throughput row: target-only and speculative at batch B with the TLM of ``interface``."""
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
-    tlm, dlm = _backends(pair, out, a, B, interface=interface)
+    tlm, dlm = backends(pair, out, a, B, interface=interface)
     tlm.warmup()
     dlm.warmup()
     target, spec = TargetOnlyDecoder(tlm, eos_token_id=eos), SpecDecoder(tlm, dlm, eos_token_id=eos)
@@ -157,8 +157,8 @@ def bench_ngram(pair: dict, out: Path, a, tok) -> list:
     fns = held_out_functions(6, budget - 40, tok, whole=True)
     sets = {"grounded": [tok(grounded(t))["input_ids"] for _, t in fns],
             "free": [tok(t)["input_ids"] for _, t in held_out_functions(6, budget, tok)]}
-    on, _ = _backends(pair, out, a, 1, dlm=False, k_list="0,1,2,4")
-    off, _ = _backends(pair, out, a, 1, dlm=False, k_list="1,2,4")
+    on, _ = backends(pair, out, a, 1, dlm=False, k_list="0,1,2,4")
+    off, _ = backends(pair, out, a, 1, dlm=False, k_list="1,2,4")
     target = TargetOnlyDecoder(on, eos_token_id=eos)           # width 1: plain decoding
     rows = []
     for kind, ids in sets.items():
@@ -177,8 +177,8 @@ def bench_fallback_dlm(pair: dict, out: Path, a, tok) -> list:
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     eos = tok.eos_token_id
     ids = [tok(t)["input_ids"] for t in ood_prompts.PROMPTS]
-    tlm, dlm = _backends(pair, out, a, 1)
-    off, _ = _backends(pair, out, a, 1, dlm=False, k_list="1,2,4")
+    tlm, dlm = backends(pair, out, a, 1)
+    off, _ = backends(pair, out, a, 1, dlm=False, k_list="1,2,4")
     target = TargetOnlyDecoder(tlm, eos_token_id=eos)
     rows = []
     for fb in (True, False):

@@ -35,7 +35,7 @@ from pathlib import Path
 from demo.prompts import DEMO_PROMPTS, WARMUP_PROMPT
 from demo.rates import decode_rate
 
-from .serving import _backends, grounded, held_out_functions
+from .serving import backends, grounded, held_out_functions
 
 
 def variants(fn_text: str) -> list[str]:
@@ -116,7 +116,7 @@ def measure(decs: dict, work: dict, n_new: int, repeats: int, log, tag: str = "[
 def bench_suffix(pair: dict, out: Path, a, tok) -> list:
     from specdec_compile.runtime import SpecDecoder, SuffixDraft, TargetOnlyDecoder
     eos = tok.eos_token_id
-    tlm, _ = _backends(pair, out, a, 1, dlm=False, k_list="0,1,2,4")
+    tlm, _ = backends(pair, out, a, 1, dlm=False, k_list="0,1,2,4")
     tlm.warmup()
     decs = {"none": TargetOnlyDecoder(tlm, eos_token_id=eos),
             "ngram": SpecDecoder(tlm, None, draft="ngram", eos_token_id=eos),

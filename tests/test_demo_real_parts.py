@@ -273,12 +273,12 @@ def test_bench_real_model_row_arithmetic():
     # speculative, k=2: 5 rounds (3 full, 2 with one accepted) -> 3*3 + 2*2 = 13 tokens ... 11 kept
     sm = m(11, 1.0, 0.5, 0.5 + 0.5, 0.1, 0.5, [0, 2, 3], 8, 10, 5, 2.6,
            {"tlm": {"64": [1, 0.5], "3": [5, 0.5]}, "dlm": {"1": [10, 0.1]}})
-    r = real_model._row("distilled", "greedy", 2, [sm], [tm])
+    r = real_model.speed_row("distilled", "greedy", 2, [sm], [tm])
     assert r["target_tokens_per_s"] == pytest.approx(10.0) and r["spec_tokens_per_s"] == pytest.approx(20.0)
     assert r["speedup"] == pytest.approx(2.0)
     assert r["alpha"] == pytest.approx(8 / (8 + 2)) and r["alpha_def"].startswith("accepted/(")
     assert r["c"] == pytest.approx(0.1)                       # 10 ms draft step / 100 ms target step
     assert r["predicted_speedup"] == pytest.approx(10 * 0.1 / 0.6, rel=1e-3)
-    auto = real_model._row("ngram", "sampling", "auto", [sm], [tm])
+    auto = real_model.speed_row("ngram", "sampling", "auto", [sm], [tm])
     assert auto["alpha"] == pytest.approx(0.8) and auto["alpha_def"] == "accepted/drafted"
     assert any("| distilled | greedy | 2 |" in line for line in real_model.markdown([r], {}))

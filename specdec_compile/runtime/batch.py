@@ -31,7 +31,7 @@ from collections import deque
 import numpy as np
 
 from .calls import exclusive, row_of, run_rows
-from .generation import _check_prompt
+from .generation import check_prompt
 from .sampling import Noise, SamplingParams
 from .schedule import choose_width
 
@@ -51,7 +51,7 @@ class BatchEngine:
         out = []
         for i, p in enumerate(prompts):
             try:
-                out.append(_check_prompt(p, self.dec.tlm, max_new_tokens))
+                out.append(check_prompt(p, self.dec.tlm, max_new_tokens))
             except SpecdecError as e:
                 raise SpecdecError(f"prompt {i + 1}: {e}" if len(prompts) > 1 else str(e)) from None
         return out

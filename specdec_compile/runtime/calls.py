@@ -49,7 +49,7 @@ class Call(NamedTuple):
 class Runner:
     """One generation's access to one model: makes Calls and books their time.
 
-    ``meter``: the generation's metrics (metrics._Meter); ``costs``: the model's
+    ``meter``: the generation's metrics (metrics.Meter); ``costs``: the model's
     shared call-cost tracker; ``ids_map``: how this model reads token ids
     (vocab.py), None when it reads them as they are."""
 

@@ -1,7 +1,7 @@
 """One generation as a coroutine of backend calls (calls.py): the decoding loop.
 
-Each generation (speculative: :class:`_Generation`; target-only:
-:class:`_TargetGeneration`) is a generator that *yields* a Call and is sent
+Each generation (speculative: :class:`SpecGeneration`; target-only:
+:class:`TargetGeneration`) is a generator that *yields* a Call and is sent
 back its own row of the logits; calls.run_one drives one in row 0, batch.py
 several, one per row. The decoding logic is the same either way. The drafts
 come from a draft source (drafts/), the number of drafts per round from the
@@ -16,13 +16,15 @@ from ..errors import SpecdecError
 from .backends import Backend
 from .calls import Runner
 from .drafts import DraftContext, TargetStep, answer
-from .metrics import GenerationResult, _Meter
+from .metrics import GenerationResult, Meter
 from .sampling import Noise, SamplingParams, choose, verify
 
 OnTokens = Callable[[list, list], None]
 
 
-def _check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int]:
+def check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int]:
+    """The prompt as a list of ids: refused in one line when empty, out of the vocabulary or too long
+    for the context (with max_new_tokens >= 0)."""
     ids = [int(x) for x in prompt_ids]
     if not ids:
         raise SpecdecError("empty prompt: at least one token is needed")
@@ -38,7 +40,7 @@ def _check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int
     return ids
 
 
-class _Generation:
+class SpecGeneration:
     """One speculative generation: the state carried from round to round."""
 
     def __init__(self, dec, prompt: list[int], max_new_tokens: int, sampling: SamplingParams,
@@ -49,7 +51,7 @@ class _Generation:
         self.prompt = prompt
         self.max_new = max_new_tokens
         self.sampling, self.noise, self.on_tokens = sampling, noise, on_tokens
-        self.meter = _Meter(max(policy.compiled_choices + [1]), dec.record_calls)
+        self.meter = Meter(max(policy.compiled_choices + [1]), dec.record_calls)
         self.tlm = Runner(dec.tlm, "tlm", self.meter, policy.costs.calls("tlm"))
         ctx = DraftContext(sampling, noise, dec.tlm.vocab_size, runner=self._runner)
         self.drafter = dec.source.drafter(ctx)
@@ -174,14 +176,14 @@ class _Generation:
         return stop
 
 
-class _TargetGeneration:
+class TargetGeneration:
     """One target-only generation (the baseline): prefill, then one token per call."""
 
     def __init__(self, dec, prompt: list[int], max_new_tokens: int, sampling: SamplingParams,
                  noise: Noise | None, on_tokens: OnTokens | None, stop=None):
         self.dec, self.prompt, self.max_new, self.stop = dec, prompt, max_new_tokens, stop
         self.sampling, self.noise, self.on_tokens = sampling, noise, on_tokens
-        self.meter = _Meter(0, dec.record_calls)
+        self.meter = Meter(0, dec.record_calls)
         self.tlm = Runner(dec.tlm, "tlm", self.meter, dec.costs.calls("tlm"))
 
     def run(self):

@@ -166,7 +166,7 @@ class GenerationResult:
                 "text": self.text, "metrics": self.metrics.to_json() if self.metrics is not None else {}}
 
 
-class _Meter:
+class Meter:
     """Per-generation counters and timings."""
 
     ROLES = ("dlm", "tlm")
