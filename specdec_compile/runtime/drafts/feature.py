@@ -27,7 +27,7 @@ p = 0). The loop, one row of a batch:
 
 Greedy output is the target's whatever the draft proposes (drafts are checked
 against the target's tokens), so a wrong pairing shows only as low acceptance;
-tests/runtime/test_feature_draft.py checks that the pairing is this one.
+tests/runtime/drafts/test_feature_draft.py checks that the pairing is this one.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def arts(tmp_path_factory, fixture_path):
                         ("tlmq", ["--role", "tlm", "--k", "3", "--k-list", "0", "--interface", "qeff"]),
                         ("dlm", ["--role", "dlm"])):
         r = subprocess.run([sys.executable, "-m", "specdec_compile", str(src), *COMMON, *extra, "-o", str(d / name)],
-                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
         assert r.returncode == 0, r.stderr
     return d
 
@@ -90,7 +90,7 @@ def test_bad_batch_index_is_refused_before_the_call(arts, n, rows, message):
 def test_qeff_dlm_is_refused_in_one_line(fixture_path, tmp_path):
     r = subprocess.run([sys.executable, "-m", "specdec_compile", str(fixture_path("llama_gqa")), *COMMON, "--role",
                         "dlm", "--interface", "qeff", "-o", str(tmp_path / "d")], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parents[1])
+                       cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stderr
     with pytest.raises(SpecdecError, match="a --interface qeff DLM has no seq_len 2"):
         load_artifact(tmp_path / "d")

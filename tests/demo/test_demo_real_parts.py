@@ -12,7 +12,7 @@ import pytest
 
 from demo import ngram, prompts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_prompts_are_held_out_of_the_distillation_set():

@@ -18,7 +18,7 @@ from specdec_compile.verify import verify
 from test_bad_inputs import _external
 
 ir = pytest.importorskip("onnx_ir")
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "compiler.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "compiler.md"
 
 
 def _doc_block(heading: str) -> str:

@@ -1,7 +1,7 @@
 """Draft/target pairs with one tokenizer and tables of different sizes (issue 14),
 on FAKE in-memory backends (specdec_compile.runtime.testing): the vocabulary
 mapping, the loop on top of it (greedy equality, exact sampling), and the
-pair-compatibility rule. Real exported models: tests/test_runtime_vocab_ort.py.
+pair-compatibility rule. Real exported models: tests/runtime/test_vocab_ort.py.
 """
 from __future__ import annotations
 

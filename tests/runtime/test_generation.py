@@ -148,7 +148,7 @@ def test_pair_mismatches_are_errors():
         d = FakeBackend(fake_artifact("dlm", **{**base, **change}), lm)
         with pytest.raises(SpecdecError, match=what):
             SpecDecoder(t, d)
-    # another table size is no mismatch (tests/test_runtime_vocab.py); another EOS id is
+    # another table size is no mismatch (tests/runtime/test_vocab.py); another EOS id is
     SpecDecoder(t, FakeBackend(fake_artifact("dlm", **{**base, "vocab": 29}), FakeLM(29)))
     t2 = FakeBackend(fake_artifact("tlm", k=4, eos_token_id=2, **base), lm)
     with pytest.raises(SpecdecError, match="different EOS ids"):

@@ -3,7 +3,7 @@
 The rewrite itself is tested elsewhere; here a tiny graph with the contract's
 interface stands in for a rewrite result, so every property of the writer
 (goldens, determinism, atomicity, compile.sh) is checked in milliseconds.
-End-to-end runs on real exports are in test_cli_compile.py.
+End-to-end runs on real exports are in tests/cli/test_compile.py.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from specdec_compile.contract import TARGET_OPSET
 from specdec_compile.errors import SpecdecError
 from specdec_compile.model_io import sha256_file
 
-GOLDEN = Path(__file__).parent / "golden" / "artifacts"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "artifacts"
 
 # The Cloud AI 100 SDK CodeGen speculative-decoding example
 # (quic/cloud-ai-sdk, network-specializations/): PL=32, CL=256, k=7.

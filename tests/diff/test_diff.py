@@ -2,7 +2,7 @@
 its command line (``specdec_compile.cli.diff``) and ``explain`` (``specdec_compile.explain``).
 
 Golden files live in tests/golden/diff/; regenerate them with
-``SPECDEC_UPDATE_GOLDEN=1 python -m pytest -q tests/test_diff.py``.
+``SPECDEC_UPDATE_GOLDEN=1 python -m pytest -q tests/diff/test_diff.py``.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from specdec_compile.errors import SpecdecError
 
 from models import export_fixture
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "diff"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "diff"
 FIXTURES = ("llama_gqa", "gpt2", "codegen", "llama_dynamo")
 
 
@@ -558,7 +558,7 @@ def test_library_never_loads_the_cli_or_the_pipeline():
             "                   'specdec_compile.cli', 'specdec_compile.cli.common') if m in sys.modules]\n"
             "assert not bad, bad\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[2])
     assert res.returncode == 0, res.stderr
 
 

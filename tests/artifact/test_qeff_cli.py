@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_artifacts import _fake_compiler
+from test_writer import _fake_compiler
 
 from specdec_compile.artifact.manifest import Manifest
 
@@ -19,7 +19,7 @@ QEFF = ["--interface", "qeff", "--batch-size", "4", "--prefill-len", "8", "--ctx
 
 
 def _cli(*args):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "specdec_compile", *map(str, args)], capture_output=True,
                           text=True, env=env)
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from runtime_helpers import (chi2, chi2_crit, one_line_error, reference_greedy, run, sample_counts,
                              sequence_dist)
-from test_serving_batch import PROMPTS
-from test_serving_cli import IDS, arts, ids_of  # noqa: F401  (the module's export fixture)
-from test_serving_ngram import PROMPT, CopyLM, tlm_of
+from test_batch import PROMPTS
+from test_run_serving import IDS, arts, ids_of  # noqa: F401  (the module's export fixture)
+from test_ngram_draft import PROMPT, CopyLM, tlm_of
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import NgramDraft, SamplingParams, SpecDecoder, SuffixDraft, TargetOnlyDecoder

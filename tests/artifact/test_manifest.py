@@ -11,7 +11,7 @@ from specdec_compile.artifact.writer import write_artifact
 from specdec_compile.contract import CTX_LEN_KEY
 from specdec_compile.errors import SpecdecError
 from specdec_compile.artifact.manifest import FIELDS, OPTIONAL, SCHEMA, Manifest
-from test_artifacts import dlm, fake_result, tlm
+from test_writer import dlm, fake_result, tlm
 
 
 def _one_line(e) -> str:

@@ -19,7 +19,7 @@ from specdec_compile.runtime.drafts.ngram import NgramDraft
 from specdec_compile.runtime.drafts.suffix import SuffixDraft
 from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, fake_pair
 
-PKG = Path(__file__).resolve().parents[2] / "specdec_compile"
+PKG = Path(__file__).resolve().parents[3] / "specdec_compile"
 SOURCE_CLASSES = {"NgramDraft", "SuffixDraft", "HybridDraft", "DlmDraft", "FeatureDraft"}
 
 

@@ -17,7 +17,7 @@ from specdec_compile import cli, pipeline
 from specdec_compile.artifact import writer as artifacts
 from specdec_compile.cli import common as cli_common
 from specdec_compile.errors import SpecdecError
-from test_artifacts import GOLDEN, SDK_DLM, SDK_TLM7, _fake_compiler, fake_result, listing
+from test_writer import GOLDEN, SDK_DLM, SDK_TLM7, _fake_compiler, fake_result, listing
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -149,7 +149,7 @@ def test_help_has_worked_example(capsys):
 
 
 def test_explain_prints_what_each_pass_changed(fake, capsys, monkeypatch):
-    from test_artifacts import original_model, rewritten_model
+    from test_writer import original_model, rewritten_model
 
     def rewrite(path, *, role, target="qaic", k=None, record=False, ctx_len=None, source=None):
         r = fake_result(fake.tmp, role)
@@ -279,7 +279,7 @@ def test_console_script_error_is_one_line(tmp_path):
 
 def test_python_m_specdec_compile_is_the_command(tmp_path, capsys):
     """``python -m specdec_compile`` runs the same main as ``specdec-compile`` (same help, same errors)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     m = subprocess.run([sys.executable, "-m", "specdec_compile", "--help"], capture_output=True, text=True, cwd=root)
     assert m.returncode == 0 and m.stdout.startswith("usage: specdec-compile ")
     with pytest.raises(SystemExit):

@@ -1,7 +1,7 @@
 """bench/suffix.py on tiny stand-ins: the SmolLM2 workloads' construction (a word-level fake
 tokenizer with a chat template), the rows' arithmetic, the measuring loop on FAKE backends
 (specdec_compile.runtime.testing), the shared table, the skip without a build; SmolLM2 itself
-only when ``make demo`` has built it (as tests/test_demo_real_parts.py)."""
+only when ``make demo`` has built it (as tests/demo/test_demo_real_parts.py)."""
 from __future__ import annotations
 
 import re
@@ -13,7 +13,7 @@ import pytest
 from bench import suffix
 from demo.prompts import DEMO_PROMPTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "build" / "demo"
 
 
