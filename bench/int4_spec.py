@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from demo import prompts as prompt_sets
-from demo import real_demo, smollm2
+from demo import real_demo
 from demo.compiling import compile_artifact
 from demo.rates import decode_rate
+from workshop import prompts as prompt_sets
+from workshop import smollm2
 
 DRAFTS = ("ngram", "hybrid", "feature")
 #: the demo's compile settings (``real_demo.build``)

@@ -31,9 +31,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from demo import real_demo, smollm2
-from demo import prompts as prompt_sets
+from demo import real_demo
 from demo.rates import busy_time_s, decode_rate, decode_time_s
+from workshop import prompts as prompt_sets
+from workshop import smollm2
 
 from .spec import alpha_from, merge_width_times
 

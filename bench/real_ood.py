@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from demo import real_demo, smollm2
+from demo import real_demo
 from demo.rates import decode_rate
+from workshop import smollm2
 
 from . import ood_prompts, real_model
 

@@ -10,7 +10,7 @@
 
 Sections (keys of bench/results/results.json):
 
-spec_vs_target  the demo pair (demo/train_pair.py; trained or reused) compiled for
+spec_vs_target  the demo pair (workshop/train_pair.py; trained or reused) compiled for
                 ONNX Runtime: greedy speculative decoding at k = 1..8 drafts per
                 round against target-only decoding (the TLM export compiled with
                 --role dlm: seq_len 1, last-token logits), on prompts from
@@ -64,7 +64,7 @@ import sys
 import time
 from pathlib import Path
 
-from demo import train_pair
+from workshop import train_pair
 from demo.compiling import compile_artifact, compile_cmd
 
 from . import step_floor, suffix
@@ -397,7 +397,7 @@ def _args(argv: list[str] | None):
                     help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
                          "real-ood, step_floor")
     ap.add_argument("--pair", type=Path, default=None,
-                    help="an existing pair.json (demo/train_pair.py output) instead of training or reusing build/demo-toy")
+                    help="an existing pair.json (workshop/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
     ap.add_argument("--serve-repeats", type=int, default=2, help="repeats (serving sections; best kept)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench")

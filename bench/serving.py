@@ -25,7 +25,7 @@ import re
 import time
 from pathlib import Path
 
-from demo import train_pair
+from workshop import train_pair
 from demo.compiling import compile_artifact
 from demo.rates import decode_rate
 

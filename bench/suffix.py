@@ -5,7 +5,7 @@ Workloads, each through one decoder per draft source, in order (the suffix sourc
 global trie is cleared at the start of each pass, so a pass learns only from its own
 earlier requests, never from an earlier pass over the same prompts):
 
-demo_instructions  the instructions ``make demo`` decodes (demo/prompts.py), as plain text.
+demo_instructions  the instructions ``make demo`` decodes (workshop/prompts.py), as plain text.
 repeated           a few held-out def + docstring prompts, each asked three times with small
                    changes: as is, the function renamed, and renamed again with its first
                    parameter renamed and a number changed (as agents and code-edit tools ask).
@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from demo.prompts import DEMO_PROMPTS, WARMUP_PROMPT
+from workshop.prompts import DEMO_PROMPTS, WARMUP_PROMPT
 from demo.rates import decode_rate
 
 from .serving import backends, grounded, held_out_functions
@@ -135,7 +135,7 @@ REAL_RESULTS = Path(__file__).resolve().parent / "results" / "results-suffix-rea
 def real_workloads(tok, n_instructions: int, n_functions: int, ctx_len: int, n_new: int) -> dict:
     """SmolLM2's workloads, chat-formatted (smollm2.chat_ids): the demo's instructions, and the
     repeated requests (every prompt fits ctx_len with n_new tokens after it)."""
-    from demo.smollm2 import chat_ids
+    from workshop.smollm2 import chat_ids
     budget = ctx_len - n_new - len(chat_ids(tok, CODE_REQUEST.format("")))
     fits = lambda ids: len(ids) + n_new <= ctx_len  # noqa: E731
     rep: list = []
@@ -159,7 +159,7 @@ def real_build_missing(build: Path) -> str | None:
 def bench_suffix_real(build: Path, a) -> tuple[list, dict] | tuple[None, str]:
     """The SmolLM2 rows and their settings, or (None, why) when the build's TLM has no K=0 width."""
     from demo import real_demo
-    from demo.smollm2 import chat_ids
+    from workshop.smollm2 import chat_ids
     from specdec_compile.runtime import SpecDecoder, SuffixDraft, TargetOnlyDecoder
     tok, tlm, dlm, base = real_demo.open_backends(build, a.ort_threads)
     dlm.close()

@@ -30,8 +30,10 @@ import json
 import time
 from pathlib import Path
 
-from . import distill, feature_draft, ngram, smollm2
-from . import prompts as prompt_sets
+from workshop import distill, feature_draft, smollm2
+from workshop import prompts as prompt_sets
+
+from . import ngram
 from .compiling import compile_feature_pair, compile_trio
 from .rates import decode_rate
 from .stream import Stream

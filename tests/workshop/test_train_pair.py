@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from demo import cache, train_pair  # noqa: E402
+from workshop import cache, train_pair  # noqa: E402
 
 
 @pytest.mark.slow

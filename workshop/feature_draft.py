@@ -2,8 +2,8 @@
 """A feature draft (EAGLE-style head) for SmolLM2-135M-Instruct, trained on CPU from SmolLM2's
 own features; exported by torch.onnx (dynamo) for ``specdec-compile --role dlm --feature-layers -1``.
 
-    python -m demo.feature_draft              # after demo.distill; build/demo/{hf,export}/fdraft
-    SPECDEC_FDRAFT_HEAD=DIR python -m demo.feature_draft   # a head trained elsewhere (see below)
+    python -m workshop.feature_draft              # after workshop.distill; build/demo/{hf,export}/fdraft
+    SPECDEC_FDRAFT_HEAD=DIR python -m workshop.feature_draft   # a head trained elsewhere (see below)
 
 The head (``FeatureHead``), EAGLE-1's design:
 

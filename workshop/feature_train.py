@@ -17,7 +17,7 @@ exactly what draft j sees in the loop, so the teacher-forced chain agreement equ
 acceptance (``feature_eval``) and training sees what the loop will show it. Pass 1 is the plain
 causal pass over the target's features (optionally with Gaussian noise). The decoder layer is run
 by hand from the layer's own modules (norms, projections, rotary, MLP) so the attention pattern is
-explicit; ``test_demo_feature_draft`` checks it against the KV-cache loop.
+explicit; ``tests/workshop/test_workshop_feature_draft.py`` checks it against the KV-cache loop.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A draft for SmolLM2-135M-Instruct, distilled from SmolLM2's own greedy answers, on CPU.
 
-    python -m demo.distill                     # after demo.smollm2; build/demo/{hf,export}/dlm
-    python -m demo.distill --set draft.head_rows=4096 --out build/demo-x
+    python -m workshop.distill                     # after workshop.smollm2; build/demo/{hf,export}/dlm
+    python -m workshop.distill --set draft.head_rows=4096 --out build/demo-x
 
 The draft is a layer-truncated SmolLM2 with a truncated head:
 
@@ -462,7 +462,7 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
 
 
 def stage_args(argv: list[str] | None, doc: str, config: dict):
-    """The command line of a demo stage run alone (``demo.distill``, ``demo.feature_draft``):
+    """The command line of a demo stage run alone (``workshop.distill``, ``workshop.feature_draft``):
     (arguments, the configuration with ``--set KEY=JSON`` applied)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "demo")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Train the demo draft/target pair from scratch, on CPU, deterministically.
 
-    python -m demo.train_pair                 # train (or reuse) build/demo/{tokenizer,hf,export}
-    python -m demo.train_pair --micro --out build/demo-micro --no-export   # seconds, for tests
-    python -m demo.train_pair --set tlm.steps=300 --force
+    python -m workshop.train_pair                 # train (or reuse) build/demo/{tokenizer,hf,export}
+    python -m workshop.train_pair --micro --out build/demo-micro --no-export   # seconds, for tests
+    python -m workshop.train_pair --set tlm.steps=300 --force
 
 What it builds (every stage cached under a key that hashes the configuration
 of that stage and of every stage before it, the corpus and the library
