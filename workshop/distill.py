@@ -462,7 +462,7 @@ def run(cfg: dict, out: Path, target: dict, *, threads: int = 2, force: bool = F
 
 
 def stage_args(argv: list[str] | None, doc: str, config: dict):
-    """The command line of a demo stage run alone (``workshop.distill``, ``workshop.feature_draft``):
+    """The command line of a workshop stage run alone (``workshop.distill``, ``workshop.feature_draft``):
     (arguments, the configuration with ``--set KEY=JSON`` applied)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "demo")
