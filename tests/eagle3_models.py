@@ -27,3 +27,26 @@ def cases() -> dict:
 
 def target_export(name: str) -> Path:
     return export_spec(name, TARGETS[name])
+
+
+def import_case(case: str, out: Path, *, target: str = "ort", k: int = 3, prefill_len: int = 8,
+                ctx_len: int = 64, extra=()) -> Path:
+    """``specdec-compile import-head`` of the recorded head ``case`` for its target's export."""
+    from specdec_compile import cli
+    tlm = target_export(cases()[case]["target"])
+    argv = ["import-head", str(DATA / case), "--tlm", str(tlm), "--target", target, "--k", str(k),
+            "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len), "-o", str(out), "--quiet", *extra]
+    assert cli.main(argv) == 0
+    return out
+
+
+def compile_target(case: str, out: Path, *, target: str = "ort", k: int = 3, prefill_len: int = 8,
+                   ctx_len: int = 64) -> Path:
+    """The recorded head's target compiled as a TLM exposing the layers the head reads (aux id i: i-1)."""
+    from specdec_compile import cli
+    c = cases()[case]
+    layers = ",".join(str(i - 1) for i in c["aux_ids"])
+    assert cli.main([str(target_export(c["target"])), "--role", "tlm", "--k", str(k), "--hidden-states", layers,
+                     "--target", target, "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len),
+                     "-o", str(out), "--quiet"]) == 0
+    return out
