@@ -139,3 +139,35 @@ def test_aux_id_i_is_transformers_hidden_states_i(tmp_path, name):
     got = b.run_outputs(call_ids, pos)["hidden_states"][0, :11]
     b.close()
     assert np.max(np.abs(got - want)) <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+def test_a_checkpoint_without_embed_tokens_reads_the_targets_table(tmp_path):
+    """speculators leaves embed_tokens out when it is the verifier's: import-head takes the target's
+    (the Gather of input_ids in its graph). Same outputs as a checkpoint holding that very table;
+    the recorded head's own (random) table gives others."""
+    import shutil
+
+    from specdec_compile.eagle3.safetensors import read_safetensors, write_safetensors
+    from specdec_compile.eagle3.target import read_target, target_embedding
+    table = target_embedding(read_target(target_export("eagle3_llama")))
+    assert table.shape == (211, 64)
+    outs = {}
+    for name in ("without", "with_target_table", "recorded"):
+        d = tmp_path / name
+        shutil.copytree(DATA / "llama", d)
+        t = dict(read_safetensors(d / "model.safetensors"))
+        if name == "without":
+            del t["embed_tokens.weight"]
+        elif name == "with_target_table":
+            t["embed_tokens.weight"] = table
+        write_safetensors(d / "model.safetensors", t)
+        out = tmp_path / f"art-{name}"
+        assert cli.main(["import-head", str(d), "--tlm", str(target_export("eagle3_llama")), "--target", "ort",
+                         "--k", "3", "--prefill-len", str(PL), "--ctx-len", str(CL), "-o", str(out), "--quiet"]) == 0
+        ref = np.load(DATA / "llama" / "reference.npz")
+        x = np.concatenate([ref["features"], np.zeros((9, 64), np.float32)], -1)
+        b = OrtBackend(out)
+        outs[name] = _rows(b, ref["input_ids"], np.arange(9), x)["draft_hidden_states"]
+        b.close()
+    assert np.array_equal(outs["without"], outs["with_target_table"])
+    assert np.abs(outs["without"] - outs["recorded"]).max() > 1e-2

@@ -27,7 +27,12 @@ torch and transformers (the ``test`` extra) are imported only when exporting.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import os
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +152,18 @@ def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray):
     return head.eval()
 
 
+@contextlib.contextmanager
+def _quiet():
+    """The exporter's progress lines and warnings kept off our stdout (SPECDEC_DEBUG=1 shows them)."""
+    if os.environ.get("SPECDEC_DEBUG"):
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch").setLevel(logging.ERROR)
+        yield
+
+
 def export_head(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray, out: Path) -> Path:
     """Write the head's ONNX export (one file, weights inside) to ``out``/model.onnx."""
     torch = _torch()
@@ -163,7 +180,7 @@ def export_head(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndar
            "past_k": {0: batch, 2: cache}, "past_v": {0: batch, 2: cache}}
     out.mkdir(parents=True, exist_ok=True)
     path = out / "model.onnx"
-    with torch.inference_mode():
+    with torch.inference_mode(), _quiet():
         torch.onnx.export(head, args, str(path), dynamo=True, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
-                          dynamic_shapes=dyn, external_data=False, optimize=True)
+                          dynamic_shapes=dyn, external_data=False, optimize=True, verbose=False)
     return path

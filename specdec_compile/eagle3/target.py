@@ -32,10 +32,6 @@ class Target:
     sha256: str
     exposed: tuple[int, ...] | None   # a compiled TLM's --hidden-states layer indices; None for an export
 
-    @property
-    def is_artifact(self) -> bool:
-        return self.exposed is not None or self.model.name == MODEL_FILE and self.path.is_dir()
-
 
 def read_target(path: str | Path) -> Target:
     p = Path(path)
