@@ -173,3 +173,19 @@ def test_an_artifact_of_the_right_target_is_accepted_and_recorded(tmp_path):
     rec = json.loads((out / "manifest.json").read_text())["feature_draft"]["eagle3"]
     src = json.loads((tlm / "manifest.json").read_text())["source"]
     assert rec["paired_target"]["sha256"] == src["sha256"] and rec["paired_target"]["path"] == str(tlm.resolve())
+
+
+def test_an_existing_output_needs_force_and_json_reports_the_record(tmp_path, capsys):
+    out = tmp_path / "head"
+    argv = ["import-head", str(DATA / "qwen"), "--tlm", str(target_export("eagle3_qwen2")), "--target", "qaic",
+            "-o", str(out), "--quiet"]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "not empty (use --force" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(argv + ["--force", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["hidden_states"] == "1,2,3" and rep["eagle3"]["aux_hidden_state_layer_ids"] == [2, 3, 4]
+    assert rep["target"] == "qaic" and (out / "compile.sh").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]
