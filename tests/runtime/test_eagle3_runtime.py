@@ -5,9 +5,12 @@ the head's own state in the slot), and sampling with a draft vocabulary smaller 
 (d2t) draws from the target's exact distribution."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
-from runtime_helpers import chi2, chi2_crit, chi2_p
+from runtime_helpers import chi2, chi2_crit, chi2_p, one_line_error, run
 
 from eagle3_models import cases, compile_target, import_case
 from specdec_compile.runtime import FeatureDraft, OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder
@@ -159,3 +162,20 @@ def test_recorded_cases_cover_two_families_and_a_draft_vocabulary():
     c = cases()
     assert {x["family"] for x in c.values()} == {"llama", "qwen3"}
     assert any(x["draft_vocab"] < x["vocab"] for x in c.values())
+
+
+def test_specdec_run_runs_the_pair_and_refuses_a_bad_own_slot(pair, tmp_path, capsys):
+    tlm, head = pair("qwen")
+    ids = ["--prompt-ids", ",".join(map(str, PROMPTS[0])), "--max-new-tokens", "12", "--json", "--no-warmup"]
+    code, out, err = run(["--tlm", tlm, "--dlm", head, "--k", "3", *ids], capsys)
+    assert code == 0, err
+    got = json.loads(out)["results"][0]["generated_ids"]
+    code, out, _ = run(["--tlm", tlm, "--target-only", *ids], capsys)
+    assert json.loads(out)["results"][0]["generated_ids"] == got
+    bad = tmp_path / "bad"
+    shutil.copytree(head, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["feature_draft"]["own_offset"] = 128
+    (bad / "manifest.json").write_text(json.dumps(m))
+    code, _, err = run(["--tlm", tlm, "--dlm", bad, *ids], capsys)
+    one_line_error(code, err, "own slot [128, 256) does not hold its 64-wide draft_hidden_states")
