@@ -102,12 +102,17 @@ def test_manifest_records_the_checkpoint_and_the_target(imported):
     assert (fd["width"], fd["target_width"], fd["own_offset"], fd["draft_width"]) == (256, 192, 192, 64)
 
 
-def test_qaic_artifact_is_written(imported):
-    out = imported("qwen", "qaic")
+@pytest.mark.parametrize("case", ["qwen", "llama"])
+def test_qaic_artifact_is_written_with_ops_of_device_precedent(imported, case):
+    import onnx
+
+    from specdec_compile.qaic_ops import without_precedent
+    out = imported(case, "qaic")
     m = json.loads((out / "manifest.json").read_text())
     assert m["target"] == "qaic" and (out / "compile.sh").is_file() and (out / "specializations.json").is_file()
-    assert m["feature_draft"]["eagle3"]["family"] == "qwen3"
+    assert m["feature_draft"]["eagle3"]["family"] == CASES[case]["family"]
     assert {i["name"] for i in m["interface"]["inputs"]} >= {"input_ids", "position_ids", "hidden_states"}
+    assert [u.describe() for u in without_precedent(onnx.load(str(out / "model.onnx")))] == []
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))

@@ -133,8 +133,8 @@ def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray):
             o = self.model(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=cache, use_cache=True)
             logits = self.lm_head(self.norm(o.last_hidden_state))
-            if self.columns is not None:
-                logits = torch.nn.functional.pad(logits, (0, 1), value=PAD_LOGIT).index_select(-1, self.columns)
+            if self.columns is not None:   # lm_head has one more row, all zeros with bias PAD_LOGIT (no Pad op)
+                logits = logits.index_select(-1, self.columns)
             kv = o.past_key_values.layers[0]
             return logits, kv.keys, kv.values
 
@@ -149,7 +149,22 @@ def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray):
     missing = [m for m in missing if not m.endswith("inv_freq")]
     if missing or unexpected:    # checkpoint.check_tensors made this impossible; a bug if it shows
         raise AssertionError(f"head weights do not fit: missing {missing}, unexpected {unexpected}")
+    if head.columns is not None:
+        _pad_row(torch, head)
     return head.eval()
+
+
+def _pad_row(torch, head) -> None:
+    """The LM head with one more row (weights 0, bias PAD_LOGIT; the real rows' bias 0, exact): the
+    column a target id outside the draft vocabulary gathers. MatMul, Add, Gather: ops the device has."""
+    old = head.lm_head
+    new = torch.nn.Linear(old.in_features, old.out_features + 1, bias=True)
+    with torch.no_grad():
+        new.weight.zero_()
+        new.weight[:-1] = old.weight
+        new.bias.zero_()
+        new.bias[-1] = PAD_LOGIT
+    head.lm_head = new
 
 
 @contextlib.contextmanager
