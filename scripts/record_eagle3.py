@@ -5,7 +5,8 @@ project's venv, which pins 4.57 for optimum)::
 
     python -m venv /work/scratch/speculators-venv     # torch 2.13 CPU, then
     pip install speculators==0.9.0 --no-deps ...      # and its imports (see docs/import-head.md)
-    /work/scratch/speculators-venv/bin/python scripts/record_eagle3.py tests/eagle3_data
+    /work/scratch/speculators-venv/bin/python -m scripts.record_eagle3 tests/eagle3_data
+    /work/scratch/speculators-venv/bin/python -m scripts.record_eagle3 --check tests/eagle3_data
 
 For each case (tests/eagle3_data/cases.json: the tiny target fixture each head
 is for, the head's family, aux layer ids, draft vocabulary and norm flags) it
@@ -75,11 +76,16 @@ def _model(case: dict):
 
 
 def _record(m, case: dict) -> dict:
-    import torch
     rng = np.random.default_rng(case["seed"] + 1)
     n, H = len(case["aux_ids"]), case["hidden"]
     ids = rng.integers(0, case["vocab"], SEQ)
     feats = rng.standard_normal((SEQ, n * H)).astype(np.float32)
+    return _forward(m, ids, feats)
+
+
+def _forward(m, ids, feats) -> dict:
+    """Two training-time-test steps of ``m.forward``: each step's layer output h and draft logits."""
+    import torch
     got = {"h": [], "logits": []}
     hooks = [m.layers[0].register_forward_hook(lambda mod, a, o: got["h"].append(o[0].detach().clone())),
              m.lm_head.register_forward_hook(lambda mod, a, o: got["logits"].append(o[0].detach().clone()))]
@@ -94,6 +100,28 @@ def _record(m, case: dict) -> dict:
         out[f"h_{step + 1}"] = got["h"][step].numpy()
         out[f"logits_{step + 1}"] = got["logits"][step].numpy()
     return out
+
+
+def check(out_dir: str) -> int:
+    """Load each committed checkpoint with speculators' own ``from_pretrained`` and rerun its forward on
+    the recorded inputs: 0 when every output equals the recording (to 1e-6)."""
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    out, bad = Path(out_dir), 0
+    # the verifier named is a test fixture (tests/eagle3_models.py), not a model on the hub: nothing to
+    # fetch from it, every weight the head needs is in the checkpoint
+    import speculators.models.eagle3.core as core
+    Eagle3DraftModel.load_verifier_weights = lambda self: None
+    core.resolve_target_layer_ids = lambda ids, path, **kw: ids     # (it reads the verifier's config)
+    for name in json.loads((out / "cases.json").read_text()):
+        cfg = Eagle3SpeculatorConfig.from_pretrained(str(out / name))
+        cfg.transformer_layer_config._attn_implementation = "sdpa"
+        m = Eagle3DraftModel.from_pretrained(str(out / name), config=cfg).float().eval()
+        ref = np.load(out / name / "reference.npz")
+        got = _forward(m, ref["input_ids"], ref["features"])
+        err = max(float(np.abs(got[k] - ref[k]).max()) for k in ("h_1", "logits_1", "h_2", "logits_2"))
+        print(name, "loaded by speculators; max |diff| to the recording", err)
+        bad += err > 1e-6
+    return 1 if bad else 0
 
 
 def main(out_dir: str) -> None:
@@ -111,4 +139,7 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/eagle3_data")
+    args = sys.argv[1:]
+    if args[:1] == ["--check"]:
+        sys.exit(check(args[1] if len(args) > 1 else "tests/eagle3_data"))
+    main(args[0] if args else "tests/eagle3_data")

@@ -176,3 +176,21 @@ def test_a_checkpoint_without_embed_tokens_reads_the_targets_table(tmp_path):
         b.close()
     assert np.array_equal(outs["without"], outs["with_target_table"])
     assert np.abs(outs["without"] - outs["recorded"]).max() > 1e-2
+
+
+def test_committed_heads_load_in_speculators_and_reproduce_the_recording():
+    """Live cross-check against the library, where a Python with speculators 0.9 is named by
+    SPECDEC_SPECULATORS_PYTHON (a venv of its own: it needs transformers 5; docs/import-head.md):
+    every committed checkpoint loads with Eagle3DraftModel.from_pretrained and its forward equals
+    the recording. Skipped elsewhere; the comparisons above need only the recording."""
+    import os
+    import subprocess
+    from pathlib import Path
+    py = os.environ.get("SPECDEC_SPECULATORS_PYTHON")
+    if not py:
+        pytest.skip("SPECDEC_SPECULATORS_PYTHON (a python with speculators 0.9) is not set")
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([py, "-m", "scripts.record_eagle3", "--check", str(DATA)], cwd=root, capture_output=True,
+                         text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    assert res.stdout.count("loaded by speculators") == len(CASES), res.stdout

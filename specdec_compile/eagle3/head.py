@@ -21,7 +21,8 @@ when ``norm_output``, as speculators feeds it back; else ``h``). The graph's
 ``draft_hidden_states`` (added by the compiler: the residual stream after the
 layer) is ``h``. The draft's logits are spread over the target's vocabulary by
 one Gather: draft index i lands on target id i + d2t[i], every other id gets
-``PAD_LOGIT`` (softmax gives it exactly 0).
+``PAD_LOGIT`` (softmax gives it exactly 0), the output of one extra LM-head row
+of zero weights and bias ``PAD_LOGIT`` (the real rows' bias is 0: exact).
 
 torch and transformers (the ``test`` extra) are imported only when exporting.
 """
