@@ -17,7 +17,8 @@ steps: step 1 reads fc(target features) at every row; step 2 reads the head's
 own step-1 output, one position later (a drafted row). Forward hooks on the
 decoder layer and the LM head give each step's ``h`` (the layer's output) and
 the draft logits. The recording (reference.npz) is what tests/test_eagle3_import.py
-compares the compiled draft with, without speculators installed.
+compares the compiled draft with, without speculators installed. ``--check``
+loads the committed checkpoints with ``from_pretrained`` and reruns the forward.
 """
 from __future__ import annotations
 
