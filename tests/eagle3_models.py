@@ -41,12 +41,12 @@ def import_case(case: str, out: Path, *, target: str = "ort", k: int = 3, prefil
 
 
 def compile_target(case: str, out: Path, *, target: str = "ort", k: int = 3, prefill_len: int = 8,
-                   ctx_len: int = 64) -> Path:
+                   ctx_len: int = 64, batch_size: int = 1) -> Path:
     """The recorded head's target compiled as a TLM exposing the layers the head reads (aux id i: i-1)."""
     from specdec_compile import cli
     c = cases()[case]
     layers = ",".join(str(i - 1) for i in c["aux_ids"])
     assert cli.main([str(target_export(c["target"])), "--role", "tlm", "--k", str(k), "--hidden-states", layers,
                      "--target", target, "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len),
-                     "-o", str(out), "--quiet"]) == 0
+                     "--batch-size", str(batch_size), "-o", str(out), "--quiet"]) == 0
     return out

@@ -40,6 +40,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                                     "(default 4; the TLM's --k)")
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
+    p.add_argument("--batch-size", type=int, default=1, help="rows per call, as the TLM's (default 1)")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
     p.add_argument("--json", action="store_true", help="print the manifest's eagle3 record as JSON")
     add_progress_flags(p)
@@ -53,7 +54,7 @@ def main(argv: list[str], prog: str = "specdec-compile import-head") -> int:
         raise SpecdecError(f"--k must be at least 1, got {a.k}")
     from ..eagle3.importer import hidden_states_hint, import_head
     m = import_head(a.checkpoint, a.tlm, a.output, target=a.target, k=a.k, prefill_len=a.prefill_len,
-                    ctx_len=a.ctx_len, force=a.force)
+                    ctx_len=a.ctx_len, force=a.force, batch_size=a.batch_size)
     fd = m["feature_draft"]
     rec = fd["eagle3"]
     if a.json:

@@ -179,3 +179,16 @@ def test_specdec_run_runs_the_pair_and_refuses_a_bad_own_slot(pair, tmp_path, ca
     (bad / "manifest.json").write_text(json.dumps(m))
     code, _, err = run(["--tlm", tlm, "--dlm", bad, *ids], capsys)
     one_line_error(code, err, "own slot [128, 256) does not hold its 64-wide draft_hidden_states")
+
+
+def test_batch_3_continuous_batching_greedy_and_seeded_sampling(tmp_path):
+    """Three rows, five prompts: each row's text is its prompt decoded alone by the target."""
+    tlm = OrtBackend(compile_target("qwen", tmp_path / "tlm", batch_size=3))
+    head = OrtBackend(import_case("qwen", tmp_path / "head", extra=("--batch-size", "3")))
+    spec, base = SpecDecoder(tlm, head, k=3), TargetOnlyDecoder(tlm)
+    got = spec.generate_many(PROMPTS, max_new_tokens=20)
+    assert [r.generated_ids for r in got] == [r.generated_ids for r in base.generate_many(PROMPTS, max_new_tokens=20)]
+    sp = SamplingParams(0.7, top_p=0.95, seed=11)
+    got = spec.generate_many(PROMPTS, max_new_tokens=15, sampling=sp)
+    want = base.generate_many(PROMPTS, max_new_tokens=15, sampling=sp)
+    assert [r.generated_ids for r in got] == [r.generated_ids for r in want]
