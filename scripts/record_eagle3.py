@@ -36,6 +36,8 @@ def _layer_config(case: dict):
     common = dict(vocab_size=case["vocab"], hidden_size=case["hidden"], intermediate_size=96, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
                   max_position_embeddings=512)
+    if "rope" in case:                    # a scaled rope, as transformers 5 writes it
+        common["rope_parameters"] = dict(case["rope"])
     cls = LlamaConfig if case["family"] == "llama" else Qwen3Config
     cfg = cls(**common)
     cfg._attn_implementation = "sdpa"     # bool masks: the training-time-test mask extension is exact

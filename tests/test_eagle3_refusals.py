@@ -135,6 +135,16 @@ CASES = {
     "unknown rope": (lambda d: _config(d, layer={"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}),
                      ["rope type 'yarn' is not supported"]),
     "other family": (lambda d: _config(d, layer={"model_type": "mistral"}), ["'mistral' is not supported"]),
+    "llama3 rope without its factors": (
+        lambda d: _config(d, layer={"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}),
+        ["rope type 'llama3' needs a positive low_freq_factor"]),
+    "zero KV heads": (lambda d: _config(d, layer={"num_key_value_heads": -2}), ["do not fit 4 heads"]),
+    "positions not a number": (lambda d: _config(d, layer={"max_position_embeddings": "many"}),
+                               ["max_position_embeddings is 'many'"]),
+    "verifier not an object": (lambda d: _config(d, speculators_config={"verifier": "llama"}),
+                               ["speculators_config.verifier is 'llama'"]),
+    "draft vocabulary past the target's": (lambda d: _config(d, draft_vocab_size=400),
+                                           ["draft_vocab_size 400 is larger than the target vocabulary 211"]),
 }
 
 
@@ -189,3 +199,12 @@ def test_an_existing_output_needs_force_and_json_reports_the_record(tmp_path, ca
     assert rep["hidden_states"] == "1,2,3" and rep["eagle3"]["aux_hidden_state_layer_ids"] == [2, 3, 4]
     assert rep["target"] == "qaic" and (out / "compile.sh").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]
+
+
+def test_without_torch_the_export_is_refused_with_the_install_line(tmp_path, capsys, monkeypatch):
+    """Reading and checking need neither torch nor transformers; exporting the head does: one line
+    naming what to install, nothing written."""
+    import sys
+    tlm = target_export("eagle3_llama")
+    monkeypatch.setitem(sys.modules, "torch", None)      # `import torch` now fails
+    _refused(tmp_path, capsys, DATA / "llama", "torch", "pip install 'specdec-compile[test]'", tlm=tlm)

@@ -34,6 +34,9 @@ CONFIG, WEIGHTS = "config.json", "model.safetensors"
 FAMILIES = ("llama", "qwen3")
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 ROPE_TYPES = ("default", "linear", "llama3")
+#: what each rope type needs besides rope_theta
+_ROPE_KEYS = {"default": (), "linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 #: tensors speculators may save that the head does not use
 IGNORED = ("verifier_norm.weight", "verifier_lm_head.weight")
 
@@ -90,6 +93,10 @@ def _rope(tl: dict, where: str) -> dict:
     if float(tl.get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
         raise SpecdecError(f"{where}: partial_rotary_factor {tl['partial_rotary_factor']} is not supported")
     out = {k: v for k, v in params.items() if k not in ("rope_type", "type", "rope_theta")}
+    for key in _ROPE_KEYS[kind]:
+        v = out.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            raise SpecdecError(f"{where}: rope type {kind!r} needs a positive {key}, got {v!r}")
     return {"type": kind, "theta": float(theta), **out}
 
 
@@ -110,8 +117,11 @@ def _layer_config(tl, where: str) -> dict:
     H, heads = _need(tl, "hidden_size", int, where), _need(tl, "num_attention_heads", int, where)
     kv = tl.get("num_key_value_heads") or heads
     hd = tl.get("head_dim") or (H // heads)
-    if not isinstance(kv, int) or heads % kv or not isinstance(hd, int):
+    if (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or heads % kv
+            or not isinstance(hd, int) or isinstance(hd, bool) or hd < 1):
         raise SpecdecError(f"{where}: num_key_value_heads {kv!r} / head_dim {hd!r} do not fit {heads} heads")
+    if tl.get("max_position_embeddings") is not None:
+        _need(tl, "max_position_embeddings", int, where)
     return dict(family=fam, hidden_size=H, intermediate_size=_need(tl, "intermediate_size", int, where),
                 num_heads=heads, num_kv_heads=kv, head_dim=hd, eps=float(_need(tl, "rms_norm_eps", float, where)),
                 rope=_rope(tl, where), attention_bias=bool(tl.get("attention_bias", False)),
@@ -172,6 +182,8 @@ def read_checkpoint(path: str | Path) -> Eagle3Checkpoint:
                            f"{layer['target_vocab']}")
     spec = cfg.get("speculators_config") or {}
     verifier = (spec.get("verifier") or {}) if isinstance(spec, dict) else {}
+    if not isinstance(verifier, dict):
+        raise SpecdecError(f"{where}: speculators_config.verifier is {verifier!r}, expected an object")
     ck = Eagle3Checkpoint(path=path, draft_vocab=dv, aux_ids=_aux_ids(cfg, where), flags=flags,
                           verifier={k: verifier.get(k) for k in ("name_or_path", "architectures")}, **layer)
     f = path / WEIGHTS
