@@ -23,7 +23,10 @@ p = 0). The loop, one row of a batch:
   which is not known until the TLM verifies d_i;
 * the rows of drafted tokens were written with stand-in features, so the
   draft's cache holds target-fed rows only below q (``valid``): the next round
-  rewrites q.. with the target's features, whatever was accepted.
+  rewrites q.. with the target's features, whatever was accepted;
+* a draft with an own-feature slot (an EAGLE-3 head: manifest ``own_offset``)
+  reads n target layers: its rows are [f_{p-1} ; 0] when ingested and
+  [0 ; f^_{p-1}] when drafted (contract section 2).
 
 Greedy output is the target's whatever the draft proposes (drafts are checked
 against the target's tokens), so a wrong pairing shows only as low acceptance;
