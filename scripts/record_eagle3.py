@@ -65,9 +65,9 @@ def _model(case: dict):
             if name.startswith("verifier_"):
                 continue
             if name.endswith("norm.weight") or ".norm." in name or "layernorm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
-                p.copy_(0.15 * torch.randn_like(p))
+                p.copy_(0.05 * torch.randn_like(p))
     if case["draft_vocab"] < case["vocab"]:
         rng = np.random.default_rng(case["seed"])
         ids = np.sort(rng.choice(case["vocab"], case["draft_vocab"], replace=False))
