@@ -34,7 +34,9 @@ def check(det, role: str, hidden_states, feature_layers) -> tuple[int, ...] | No
             raise SpecdecError("--feature-layers: the export has no feature input (a float [batch, seq, F] "
                                "input besides its cache): it is not a feature draft")
         n = len(feature_layers)
-        if det.feature_width % n:
+        # (n + 1) x H: n target layers and the draft's own-feature slot (an EAGLE-3 head, contract section 2)
+        own_slot = bool(det.hidden_size) and det.feature_width == (n + 1) * det.hidden_size
+        if det.feature_width % n and not own_slot:
             raise SpecdecError(f"--feature-layers names {n} layers, but the feature input "
                                f"{det.feature_input!r} is {det.feature_width} wide (not a multiple of {n})")
     if hidden_states is not None:

@@ -3,6 +3,7 @@
     specdec-compile MODEL --role tlm --k 7 -o OUT     compile (the default subtool)   cli/compile.py
     specdec-compile verify ORIGINAL REWRITTEN         numerical equivalence           cli/verify.py
     specdec-compile diff A.onnx B.onnx                graph-aware diff                cli/diff.py
+    specdec-compile import-head CKPT --tlm TLM -o OUT an EAGLE-3 head as a draft  cli/import_head.py
     specdec-run --tlm OUT --dlm OUT ...               speculative decoding            cli/run.py
 
 ``cli/common.py`` holds what they share (the parser, the error wrapper).
@@ -16,7 +17,7 @@ import sys
 from .common import run_cli  # re-exported: specdec_compile.cli.run_cli
 
 PROG = "specdec-compile"
-SUBTOOLS = ("verify", "diff")
+SUBTOOLS = ("verify", "diff", "import-head")
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -26,6 +27,9 @@ def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "diff":
         from .diff import main as diff_main
         return diff_main(argv[1:], prog=f"{PROG} diff")
+    if argv and argv[0] == "import-head":
+        from .import_head import main as import_main
+        return import_main(argv[1:], prog=f"{PROG} import-head")
     from .compile import main as compile_main
     return compile_main(argv, prog=PROG)
 

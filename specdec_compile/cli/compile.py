@@ -41,7 +41,8 @@ example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
   specdec-compile target.onnx --role tlm --k 7 --mxint8-kv-cache --qaic-flag -aic-enable-depth-first -o out/t
       MXINT8 KV cache, and a compiler flag passed through to compile.sh
 
-other subtools: specdec-compile verify ORIGINAL REWRITTEN, specdec-compile diff A B
+other subtools: specdec-compile verify ORIGINAL REWRITTEN, specdec-compile diff A B,
+specdec-compile import-head CKPT --tlm TLM -o OUT (a speculators EAGLE-3 head as a feature draft)
 """
 
 

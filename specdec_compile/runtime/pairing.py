@@ -89,10 +89,13 @@ def check_feature_pair(tlm: Artifact, dlm: Artifact) -> None:
         raise SpecdecError(f"the target was compiled with --hidden-states {_layers(hs.get('layers') or [])} but the "
                            f"draft reads layers {_layers(reads)} ({tlm.path}, {dlm.path}); compile the target "
                            f"with --hidden-states {_layers(reads)}")
-    if int(hs["width"]) != int(fd["width"]):
-        raise SpecdecError(f"the target's hidden states are {hs['width']} wide but the draft reads {fd['width']} "
+    reads_width = int(fd.get("target_width", fd["width"]))
+    if int(hs["width"]) != reads_width:
+        raise SpecdecError(f"the target's hidden states are {hs['width']} wide but the draft reads {reads_width} "
                            f"({tlm.path}, {dlm.path}): another hidden size")
-    if int(fd["draft_width"]) != int(fd["width"]):
+    if fd.get("own_offset") is not None:
+        _check_own_slot(dlm, fd)     # an EAGLE-3 head: its own features go to a slot of their own
+    elif int(fd["draft_width"]) != int(fd["width"]):
         raise SpecdecError(f"{dlm.path}: the draft's own features (draft_hidden_states) are {fd['draft_width']} "
                            f"wide but it reads {fd['width']}: the loop feeds them back in place of the target's "
                            f"for later drafts, so it needs one target layer of its own hidden size")
@@ -101,7 +104,16 @@ def check_feature_pair(tlm: Artifact, dlm: Artifact) -> None:
         raise SpecdecError(f"{dlm.path} is a feature draft for the target {want.get('file')} (sha256 "
                            f"{want['sha256'][:12]}), but {tlm.path} was compiled from {src.get('file')} (sha256 "
                            f"{src['sha256'][:12]}): another target")
-    if len(reads) != 1:
+    if len(reads) != 1 and fd.get("own_offset") is None:
         raise SpecdecError(f"{dlm.path}: the draft reads {len(reads)} target layers ({_layers(reads)}); the loop "
                            f"feeds its own features back in place of the target's for later drafts, so it "
                            f"reads exactly one")
+
+
+def _check_own_slot(dlm: Artifact, fd: dict) -> None:
+    """An own-slot feature draft (contract section 2): input [target features ; own features], the slot
+    as wide as ``draft_hidden_states``."""
+    off, width, own = int(fd["own_offset"]), int(fd["width"]), int(fd["draft_width"])
+    if off != int(fd.get("target_width", -1)) or width - off != own:
+        raise SpecdecError(f"{dlm.path}: the feature draft's own slot [{off}, {width}) does not hold its "
+                           f"{own}-wide draft_hidden_states after target_width {fd.get('target_width')}")

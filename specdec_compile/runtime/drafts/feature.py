@@ -23,7 +23,10 @@ p = 0). The loop, one row of a batch:
   which is not known until the TLM verifies d_i;
 * the rows of drafted tokens were written with stand-in features, so the
   draft's cache holds target-fed rows only below q (``valid``): the next round
-  rewrites q.. with the target's features, whatever was accepted.
+  rewrites q.. with the target's features, whatever was accepted;
+* a draft with an own-feature slot (an EAGLE-3 head: manifest ``own_offset``)
+  reads n target layers: its rows are [f_{p-1} ; 0] when ingested and
+  [0 ; f^_{p-1}] when drafted (contract section 2).
 
 Greedy output is the target's whatever the draft proposes (drafts are checked
 against the target's tokens), so a wrong pairing shows only as low acceptance;
@@ -54,6 +57,9 @@ class FeatureDraft(DlmDraft):
         self.input_name = fd.get("input", "hidden_states")
         self.own_output = fd.get("draft_output", "draft_hidden_states")
         self.width = int(fd["width"])
+        # an EAGLE-3 head (contract section 2): its input is [target features (target_width) ; own slot]
+        self.target_width = int(fd.get("target_width", self.width))
+        self.own_offset = fd.get("own_offset")
         if self.target_output not in tlm.extra_outputs:
             raise SpecdecError(f"the {tlm.kind} backend of {tlm.artifact.path} does not return "
                                f"{self.target_output!r}, which the feature draft reads")
@@ -77,7 +83,7 @@ class FeatureDrafter(DlmDrafter):
         super().__init__(source, ctx)
         self.src = source
         b = source.backend
-        self.feats = np.zeros((b.ctx_len, source.width), np.float32)   # f_p of every position the TLM kept
+        self.feats = np.zeros((b.ctx_len, source.target_width), np.float32)   # f_p of every position kept
         self.known = 0                                                  # f_p known for p < known
         decode = [w for w in b.seq_lens if w < b.prefill_len]
         self.widest = max(decode, default=0)                            # wider catch-ups run as prefill chunks
@@ -99,10 +105,18 @@ class FeatureDrafter(DlmDrafter):
         """The feature rows of positions p0..q-1: f_{p-1} (zeros at p = 0)."""
         if self.known < q - 1:
             raise AssertionError(f"target features known below {self.known}, rows up to {q - 1} asked for")
-        rows = np.zeros((q - p0, self.src.width), np.float32)
+        rows = np.zeros((q - p0, self.src.width), np.float32)   # an own slot, if any, stays zero
         lo = max(p0, 1)
-        rows[lo - p0:] = self.feats[lo - 1:q - 1]
+        rows[lo - p0:, :self.src.target_width] = self.feats[lo - 1:q - 1]
         return {self.src.input_name: rows}
+
+    def _own_input(self, own) -> dict:
+        """The input row of a drafted token: the draft's own feature (in the own slot, zeros elsewhere)."""
+        if self.src.own_offset is None:
+            return {self.src.input_name: own[None]}
+        row = np.zeros((1, self.src.width), np.float32)
+        row[0, int(self.src.own_offset):] = own
+        return {self.src.input_name: row}
 
     def _ingest(self, tokens, p0: int, inputs: dict):
         """(generator) Run rows p0.. of the text with the target's features; returns (logits of the
@@ -123,10 +137,9 @@ class FeatureDrafter(DlmDrafter):
         p0 = self.valid
         logits, own = yield from self._ingest(seq[p0:q], p0, self._inputs(p0, q))
         self.valid = q
-        name = self.src.input_name
         for i in range(n):
             drafts.append(self.pick(logits, q + i))
             if i < n - 1:
-                logits = (yield from self.r.call([drafts[-1]], q + i, 1, inputs={name: own[None]}))[0]
+                logits = (yield from self.r.call([drafts[-1]], q + i, 1, inputs=self._own_input(own)))[0]
                 own = self.r.outputs[self.src.own_output][0]
         return drafts

@@ -1,0 +1,161 @@
+"""``import_head``: a speculators EAGLE-3 checkpoint -> a compiled feature-draft artifact for one target.
+
+Order of work (every refusal before anything is written): read and check the
+checkpoint alone; read the target (export or compiled TLM); check the pair
+(vocabulary, hidden size, layer ids, d2t/t2d against the target's vocabulary,
+a compiled TLM's exposed layers); export the head with torch.onnx into a
+scratch directory; compile it with our passes as a feature draft (``--role dlm
+--feature-layers``, the target's layer indices); write the artifact next to
+OUT, add the ``eagle3`` record to its manifest, and move it into place.
+
+The layer convention (contract section 2): aux id i is the hidden state that
+*enters* the target's decoder layer i (transformers' ``hidden_states[i]``,
+vLLM's aux hidden state i), which is the output of layer i - 1: our
+``--hidden-states i-1``. Aux id 0 (the embedding output) is not a layer output
+and is refused.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecdecError
+from ..layer_lists import format_layers
+from .checkpoint import CONFIG, WEIGHTS, Eagle3Checkpoint, draft_to_target, read_checkpoint
+from .target import Target, check_exposed, read_target, target_embedding
+
+_log = logging.getLogger(__name__)
+
+
+def target_layers(ck: Eagle3Checkpoint, t: Target) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the aux ids, resolved; the target layers whose outputs they are: --hidden-states)."""
+    L = t.num_layers
+    ids = ck.aux_ids if ck.aux_ids is not None else (2, L // 2, L - 3)
+    where = ck.path / CONFIG
+    for i in ids:
+        if i == 0:
+            raise SpecdecError(f"{where}: aux layer id 0 is the target's embedding output, which a compiled target "
+                               f"cannot output (--hidden-states exposes layer outputs): not supported")
+        if not 0 < i <= L:
+            raise SpecdecError(f"{where}: eagle_aux_hidden_state_layer_ids {list(ids)}: id {i} is out of range for "
+                               f"a target of {L} layers (valid: 1..{L})")
+    if len(set(ids)) != len(ids):
+        raise SpecdecError(f"{where}: eagle_aux_hidden_state_layer_ids {list(ids)} names a layer twice")
+    return tuple(ids), tuple(i - 1 for i in ids)
+
+
+def check_pair(ck: Eagle3Checkpoint, t: Target) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    where = ck.path / CONFIG
+    if ck.target_vocab != t.vocab_size:
+        raise SpecdecError(f"{where}: the head is for a vocabulary of {ck.target_vocab} (transformer_layer_config."
+                           f"vocab_size), the target {t.path} has {t.vocab_size}")
+    if t.hidden_size is not None and t.hidden_size != ck.hidden_size:
+        raise SpecdecError(f"{where}: the head's hidden size is {ck.hidden_size}, the target {t.path}'s is "
+                           f"{t.hidden_size}")
+    ids, layers = target_layers(ck, t)
+    if len(ids) != ck.n_aux:
+        raise SpecdecError(f"{where}: {len(ids)} aux layers, but fc reads {ck.n_aux}")
+    check_exposed(t, layers)
+    return ids, layers
+
+
+def _sha256(path: Path) -> str:
+    from ..model_io import sha256_file
+    return sha256_file(path)
+
+
+def eagle3_record(ck: Eagle3Checkpoint, t: Target, ids, layers, target_ids) -> dict:
+    """The manifest's ``feature_draft.eagle3`` object: the checkpoint and the target it was paired with."""
+    return {
+        "checkpoint": {"path": str(ck.path.resolve()), "sha256": _sha256(ck.path / WEIGHTS),
+                       "config_sha256": _sha256(ck.path / CONFIG), "verifier": ck.verifier},
+        "paired_target": {"path": str(Path(t.path).resolve()), "file": t.file, "sha256": t.sha256},
+        "aux_hidden_state_layer_ids": list(ids), "target_layers": list(layers),
+        "family": ck.family, "hidden_size": ck.hidden_size, "draft_vocab_size": ck.draft_vocab,
+        "target_vocab_size": ck.target_vocab, "flags": dict(ck.flags),
+        "draft_ids_spread": not np.array_equal(target_ids, np.arange(ck.target_vocab)),
+    }
+
+
+def _amend(manifest_path: Path, ck: Eagle3Checkpoint, record: dict) -> dict:
+    from ..artifact.manifest import Manifest
+    m = json.loads(manifest_path.read_text(encoding="utf-8"))
+    fd = m["feature_draft"]
+    n = ck.n_aux * ck.hidden_size
+    if fd["width"] != n + ck.hidden_size or fd["draft_width"] != ck.hidden_size:
+        raise AssertionError(f"the compiled head's widths {fd['width']}/{fd['draft_width']} are not {n}+H/H")
+    fd.update(target_width=n, own_offset=n, eagle3=record,
+              pairing=fd["pairing"] + "; the input is [target features (target_width) ; own slot]: a row fed "
+                                      "with the target's features has zeros in the own slot, a drafted row "
+                                      "zeros in the features and the draft's own draft_hidden_states in the slot")
+    Manifest.from_json(m, where=manifest_path)
+    manifest_path.write_text(json.dumps(m, indent=2, sort_keys=True) + "\n", encoding="utf-8", newline="\n")
+    return m
+
+
+def _move_into_place(staged: Path, out: Path) -> None:
+    out = Path(os.path.abspath(out))
+    if out.exists() and any(out.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rename(out, old / "prev")
+        try:
+            os.rename(staged, out)
+        except BaseException:
+            os.rename(old / "prev", out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        if out.exists():
+            out.rmdir()
+        os.rename(staged, out)
+
+
+def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), prefill_len: int = 32,
+                ctx_len: int = 256, force: bool = False, **compile_options) -> dict:
+    """Compile the checkpoint ``ckpt`` into the feature-draft artifact ``out`` for the target ``tlm``;
+    returns the artifact's manifest (as JSON)."""
+    from .. import pipeline
+    from ..artifact.writer import check_out, write_artifact
+    from ..options import Options
+    ck = read_checkpoint(ckpt)
+    t = read_target(tlm)
+    ids, layers = check_pair(ck, t)
+    target_ids = draft_to_target(ck, t.vocab_size)
+    emb = ck.tensors.get("embed_tokens.weight")
+    if emb is None:
+        emb = target_embedding(t)
+        if emb.shape != (ck.target_vocab, ck.hidden_size):
+            raise SpecdecError(f"--tlm {t.path}: its token embedding is {list(emb.shape)}, the head needs "
+                               f"[{ck.target_vocab}, {ck.hidden_size}]")
+    opts = Options(role="dlm", k=k, k_list=tuple(k_list), prefill_len=prefill_len, ctx_len=ctx_len, target=target,
+                   feature_layers=layers, feature_target=(t.file, t.sha256), **compile_options)
+    opts.validate()
+    out = Path(out)
+    check_out(out, force, t.model)
+    from .head import export_head
+    parent = Path(os.path.abspath(out)).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=parent))
+    try:
+        _log.info("exporting the EAGLE-3 head (%s, %d aux layers, draft vocabulary %d) with torch.onnx",
+                  ck.family, ck.n_aux, ck.draft_vocab)
+        onnx_path = export_head(ck, emb, target_ids, scratch / "export")
+        res = pipeline.rewrite(onnx_path, role="dlm", target=target, k=k, ctx_len=ctx_len, source=onnx_path,
+                               feature_layers=layers)
+        write_artifact(res, opts, scratch / "artifact")
+        m = _amend(scratch / "artifact" / "manifest.json", ck, eagle3_record(ck, t, ids, layers, target_ids))
+        _move_into_place(scratch / "artifact", out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return m
+
+
+def hidden_states_hint(m: dict) -> str:
+    """The --hidden-states a target must be compiled with for this draft."""
+    return format_layers(m["feature_draft"]["target_layers"])

@@ -1,0 +1,108 @@
+"""A strict reader of the safetensors format, with numpy only.
+
+A file is an 8-byte little-endian header length N, N bytes of JSON (an object:
+tensor name -> {"dtype", "shape", "data_offsets": [begin, end]}, plus an
+optional "__metadata__" object of strings), then the raw little-endian data;
+offsets count from the end of the header. Every check fails in one line
+(``SpecdecError``): a short file, a header that is not JSON, an unknown dtype,
+a shape that is not a list of non-negative integers, offsets outside the data,
+a byte count that does not match the shape, or tensors that overlap.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from math import prod
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecdecError
+
+#: safetensors dtype -> numpy dtype (BF16 is read as its raw 16 bits, then widened)
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+          "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+_MAX_HEADER = 100 << 20
+
+
+def _bad(path: Path, what: str) -> SpecdecError:
+    return SpecdecError(f"{path}: not a valid safetensors file: {what}")
+
+
+def _header(path: Path, data: bytes) -> dict:
+    if len(data) < 8:
+        raise _bad(path, f"{len(data)} bytes, shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > min(_MAX_HEADER, len(data) - 8):
+        raise _bad(path, f"header length {n} is past the end of the file ({len(data)} bytes)")
+    try:
+        head = json.loads(data[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _bad(path, f"the header is not JSON ({e})") from None
+    if not isinstance(head, dict):
+        raise _bad(path, "the header is not a JSON object")
+    meta = head.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _bad(path, "__metadata__ is not an object of strings")
+    return head
+
+
+def _entry(path: Path, name: str, e, size: int) -> tuple[str, tuple[int, ...], int, int]:
+    if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+        raise _bad(path, f"tensor {name!r}: expected keys dtype, shape, data_offsets")
+    dt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+    if dt not in DTYPES:
+        raise _bad(path, f"tensor {name!r}: unknown dtype {dt!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+    if (not isinstance(offs, list) or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+            or not 0 <= offs[0] <= offs[1] <= size):
+        raise _bad(path, f"tensor {name!r}: data_offsets {offs!r} outside the {size} data bytes")
+    need = prod(shape) * np.dtype(DTYPES[dt]).itemsize
+    if offs[1] - offs[0] != need:
+        raise _bad(path, f"tensor {name!r}: {offs[1] - offs[0]} bytes for {dt} {shape} ({need} expected)")
+    return dt, tuple(shape), offs[0], offs[1]
+
+
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of the file, as numpy arrays (floats of 16 bits widened to float32)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SpecdecError(f"{path}: cannot read: {e.strerror or e}") from None
+    head = _header(path, data)
+    (n,) = struct.unpack("<Q", data[:8])
+    body = memoryview(data)[8 + n:]
+    spans, out = [], {}
+    for name, e in head.items():
+        dt, shape, lo, hi = _entry(path, name, e, len(body))
+        spans.append((lo, hi, name))
+        a = np.frombuffer(body[lo:hi], dtype=DTYPES[dt]).reshape(shape)
+        if dt == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F16":
+            a = a.astype(np.float32)
+        out[name] = a
+    spans.sort()
+    for (_, hi, a), (lo, _, b) in zip(spans, spans[1:]):
+        if lo < hi:
+            raise _bad(path, f"tensors {a!r} and {b!r} overlap")
+    return out
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write ``tensors`` (float32/float16/int64/int32/bool arrays) as a safetensors file (tests, recordings)."""
+    names = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
+    head, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
+        head[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    text = json.dumps(head, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))

@@ -1,0 +1,210 @@
+"""``import-head`` refuses, in one line with exit 2 and nothing written, every checkpoint or target
+that does not fit: not EAGLE-3, a missing file, a hidden size / vocabulary / layer count that
+disagrees with the target, layer ids out of range, d2t and t2d that disagree or leave the target's
+vocabulary, safetensors that fail to parse, tensors of the wrong shape."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from eagle3_models import DATA, compile_target, target_export
+from specdec_compile import cli
+from specdec_compile.eagle3.checkpoint import Eagle3Checkpoint, expected_shapes
+from specdec_compile.eagle3.safetensors import read_safetensors, write_safetensors
+
+
+def _copy(tmp_path, case="llama"):
+    d = tmp_path / "ckpt"
+    shutil.copytree(DATA / case, d)
+    (d / "reference.npz").unlink()
+    return d
+
+
+def _config(d, **changes):
+    cfg = json.loads((d / "config.json").read_text())
+    layer = changes.pop("layer", {})
+    cfg.update(changes)
+    cfg["transformer_layer_config"].update(layer)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return cfg
+
+
+def _tensors(d, fn):
+    t = {k: np.array(v) for k, v in read_safetensors(d / "model.safetensors").items()}
+    fn(t)
+    write_safetensors(d / "model.safetensors", t)
+
+
+def _synth(d, **layer):
+    """Rewrite the checkpoint consistently for another layer config (every tensor of the shape it implies)."""
+    cfg = _config(d, layer=layer)
+    tl = cfg["transformer_layer_config"]
+    H, V = tl["hidden_size"], tl["vocab_size"]
+    ck = Eagle3Checkpoint(path=d, family="llama", hidden_size=H, intermediate_size=tl["intermediate_size"],
+                          num_heads=tl["num_attention_heads"], num_kv_heads=tl["num_key_value_heads"],
+                          head_dim=tl["head_dim"], eps=1e-5, rope={}, attention_bias=False, mlp_bias=False,
+                          target_vocab=V, draft_vocab=cfg["draft_vocab_size"],
+                          aux_ids=tuple(cfg["eagle_aux_hidden_state_layer_ids"]),
+                          flags={k: False for k in ("norm_before_residual", "norm_before_fc", "fc_norm",
+                                                    "norm_output")}, verifier={}, max_positions=512)
+    rng = np.random.default_rng(0)
+    shapes, _ = expected_shapes(ck)
+    t = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items() if k not in ("d2t", "t2d")}
+    ids = np.arange(ck.draft_vocab)
+    t["d2t"] = np.zeros(ck.draft_vocab, np.int64)
+    t["t2d"] = np.isin(np.arange(V), ids)
+    write_safetensors(d / "model.safetensors", t)
+
+
+def _refused(tmp_path, capsys, ckpt, *needles, tlm=None):
+    out = tmp_path / "out"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    code = cli.main(["import-head", str(ckpt), "--tlm", str(tlm or target_export("eagle3_llama")), "--target",
+                     "ort", "-o", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec-compile: error: "), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def _truncate(d):
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+
+
+def _garbage_header(d):
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    f.write_bytes(data[:8] + b"{" * n + data[8 + n:])
+
+
+def _huge_header(d):
+    f = d / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", 1 << 40) + f.read_bytes()[8:])
+
+
+def _set(name, fn):
+    return lambda d: _tensors(d, lambda t: t.__setitem__(name, fn(t[name])))
+
+
+def _flip_t2d(d):
+    def fn(t):
+        t2d = t["t2d"].copy()
+        i = int(np.flatnonzero(t2d)[0])
+        t2d[i], t2d[i + 1 if not t2d[i + 1] else int(np.flatnonzero(~t2d)[0])] = False, True
+        t["t2d"] = t2d
+    _tensors(d, fn)
+
+
+CASES = {
+    "not eagle3": (lambda d: _config(d, speculators_model_type="eagle"), ["not an EAGLE-3 checkpoint", "'eagle'"]),
+    "no config": (lambda d: (d / "config.json").unlink(), ["no config.json"]),
+    "no weights": (lambda d: (d / "model.safetensors").unlink(), ["no model.safetensors"]),
+    "config not json": (lambda d: (d / "config.json").write_text("{"), ["not readable JSON"]),
+    "vocabulary": (lambda d: _synth(d, vocab_size=300), ["vocabulary of 300", "has 211"]),
+    "hidden size": (lambda d: _synth(d, hidden_size=32, head_dim=8), ["hidden size is 32", "64"]),
+    "id past the layers": (lambda d: _config(d, eagle_aux_hidden_state_layer_ids=[1, 2, 5]),
+                           ["id 5 is out of range", "4 layers"]),
+    "negative id": (lambda d: _config(d, eagle_aux_hidden_state_layer_ids=[-1, 2, 3]), ["id -1 is out of range"]),
+    "id 0": (lambda d: _config(d, eagle_aux_hidden_state_layer_ids=[0, 2, 3]), ["embedding output"]),
+    "default ids repeat": (lambda d: _config(d, eagle_aux_hidden_state_layer_ids=None), ["names a layer twice"]),
+    "d2t past the vocabulary": (_set("d2t", lambda a: a + 100), ["outside the target's vocabulary"]),
+    "d2t and t2d disagree": (_flip_t2d, ["d2t and t2d disagree"]),
+    "d2t without t2d": (lambda d: _tensors(d, lambda t: t.pop("t2d")), ["tensor 't2d' is missing"]),
+    "truncated safetensors": (_truncate, ["not a valid safetensors file"]),
+    "garbage header": (_garbage_header, ["not a valid safetensors file", "not JSON"]),
+    "header past the end": (_huge_header, ["not a valid safetensors file", "past the end"]),
+    "fc transposed": (_set("fc.weight", lambda a: a.T), ["'fc.weight' is [192, 64], expected [64, 192]"]),
+    "fewer aux ids than fc reads": (lambda d: _config(d, eagle_aux_hidden_state_layer_ids=[1, 2]),
+                                    ["'fc.weight' is [64, 192], expected [64, 128]"]),
+    "unexpected tensor": (lambda d: _tensors(d, lambda t: t.__setitem__("layers.1.mlp.up_proj.weight",
+                                                                          np.zeros((2, 2), np.float32))),
+                          ["unexpected tensor 'layers.1.mlp.up_proj.weight'"]),
+    "d2t of floats": (_set("d2t", lambda a: a.astype(np.float32)), ["'d2t' has dtype float32"]),
+    "two decoder layers": (lambda d: _config(d, layer={"num_hidden_layers": 2}), ["only 1-layer"]),
+    "both fc norms": (lambda d: _config(d, norm_before_fc=True, fc_norm=True), ["exclude each other"]),
+    "unknown rope": (lambda d: _config(d, layer={"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}),
+                     ["rope type 'yarn' is not supported"]),
+    "other family": (lambda d: _config(d, layer={"model_type": "mistral"}), ["'mistral' is not supported"]),
+    "llama3 rope without its factors": (
+        lambda d: _config(d, layer={"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}),
+        ["rope type 'llama3' needs a positive low_freq_factor"]),
+    "zero KV heads": (lambda d: _config(d, layer={"num_key_value_heads": -2}), ["do not fit 4 heads"]),
+    "positions not a number": (lambda d: _config(d, layer={"max_position_embeddings": "many"}),
+                               ["max_position_embeddings is 'many'"]),
+    "verifier not an object": (lambda d: _config(d, speculators_config={"verifier": "llama"}),
+                               ["speculators_config.verifier is 'llama'"]),
+    "draft vocabulary past the target's": (lambda d: _config(d, draft_vocab_size=400),
+                                           ["draft_vocab_size 400 is larger than the target vocabulary 211"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_checkpoint_is_refused_in_one_line(tmp_path, capsys, name):
+    d = _copy(tmp_path)
+    mutate, needles = CASES[name]
+    mutate(d)
+    _refused(tmp_path, capsys, d, *needles)
+
+
+def test_missing_checkpoint_and_target(tmp_path, capsys):
+    _refused(tmp_path, capsys, tmp_path / "nope", "no such checkpoint directory")
+    _refused(tmp_path, capsys, DATA / "llama", "--tlm", "no such file", tlm=tmp_path / "none.onnx")
+
+
+def test_a_compiled_target_must_expose_exactly_the_heads_layers(tmp_path, capsys):
+    from specdec_compile import cli as c
+    other = tmp_path / "tlm-other"
+    assert c.main([str(target_export("eagle3_llama")), "--role", "tlm", "--k", "3", "--hidden-states", "0,1,2",
+                   "--target", "ort", "-o", str(other), "--quiet"]) == 0
+    _refused(tmp_path, capsys, DATA / "llama", "--hidden-states 0,1,2", "recompile the target with "
+             "--hidden-states 0,1,3", tlm=other)
+    plain = tmp_path / "tlm-plain"
+    assert c.main([str(target_export("eagle3_llama")), "--role", "tlm", "--k", "3", "--target", "ort",
+                   "-o", str(plain), "--quiet"]) == 0
+    _refused(tmp_path, capsys, DATA / "llama", "no --hidden-states", tlm=plain)
+    _refused(tmp_path, capsys, DATA / "llama", "--hidden-states 1,2,3", tlm=compile_target("qwen", tmp_path / "q"))
+
+
+def test_an_artifact_of_the_right_target_is_accepted_and_recorded(tmp_path):
+    tlm = compile_target("llama", tmp_path / "tlm")
+    out = tmp_path / "head"
+    assert cli.main(["import-head", str(DATA / "llama"), "--tlm", str(tlm), "--target", "ort", "--k", "3",
+                     "--prefill-len", "8", "--ctx-len", "64", "-o", str(out), "--quiet"]) == 0
+    rec = json.loads((out / "manifest.json").read_text())["feature_draft"]["eagle3"]
+    src = json.loads((tlm / "manifest.json").read_text())["source"]
+    assert rec["paired_target"]["sha256"] == src["sha256"] and rec["paired_target"]["path"] == str(tlm.resolve())
+
+
+def test_an_existing_output_needs_force_and_json_reports_the_record(tmp_path, capsys):
+    out = tmp_path / "head"
+    argv = ["import-head", str(DATA / "qwen"), "--tlm", str(target_export("eagle3_qwen2")), "--target", "qaic",
+            "-o", str(out), "--quiet"]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "not empty (use --force" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(argv + ["--force", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["hidden_states"] == "1,2,3" and rep["eagle3"]["aux_hidden_state_layer_ids"] == [2, 3, 4]
+    assert rep["target"] == "qaic" and (out / "compile.sh").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]
+
+
+def test_without_torch_the_export_is_refused_with_the_install_line(tmp_path, capsys, monkeypatch):
+    """Reading and checking need neither torch nor transformers; exporting the head does: one line
+    naming what to install, nothing written."""
+    import sys
+    tlm = target_export("eagle3_llama")
+    monkeypatch.setitem(sys.modules, "torch", None)      # `import torch` now fails
+    _refused(tmp_path, capsys, DATA / "llama", "torch", "pip install 'specdec-compile[test]'", tlm=tlm)
