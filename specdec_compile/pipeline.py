@@ -37,7 +37,6 @@ CompileResult fields:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
-from .io import as_kind, read_any
+from .io import as_kind, read_any, read_json
 from .options import Options
 from .validate import check_model, interface_problems
 
@@ -87,13 +86,18 @@ class CompileResult:
 
 
 def _family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
-    """model_type from the exporter's config.json next to the model, if any."""
-    if source_dir is not None and (source_dir / "config.json").is_file():
-        try:
-            return json.loads((source_dir / "config.json").read_text()).get("model_type")
-        except (OSError, ValueError):
-            return None
-    return None
+    """model_type from the exporter's config.json next to the model, if any (it selects the
+    detection hints: a config.json that is there but unreadable is refused, not ignored)."""
+    if source_dir is None or not (source_dir / "config.json").exists():
+        return None
+    path = source_dir / "config.json"
+    cfg = read_json(path, "the export's config.json")
+    if not isinstance(cfg, dict):
+        raise SpecdecError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    family = cfg.get("model_type")
+    if family is not None and not isinstance(family, str):
+        raise SpecdecError(f"{path}: model_type is {str(family)[:80]!r}, expected a string")
+    return family
 
 
 def _export(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:

@@ -389,9 +389,7 @@ def _width_dependence(orig: OriginalModel, tokens: np.ndarray, start: int, width
 
 def compiled_ctx_len(rewritten: str | Path) -> int | None:
     """The context length a qaic graph was compiled for (its metadata), None for any."""
-    import onnx
-    value = {p.key: p.value for p in onnx.load(str(rewritten), load_external_data=False).metadata_props}.get(
-        CTX_LEN_KEY, "")
+    value = {p.key: p.value for p in load_model(rewritten).metadata_props}.get(CTX_LEN_KEY, "")
     return int(value) if value.isdigit() else None
 
 
