@@ -94,6 +94,14 @@ def as_kind(proto: onnx.ModelProto, kind: str, source_dir: Path | None):
     return model
 
 
+def resolve_model_path(path: str | os.PathLike) -> Path:
+    """``path``, or ``path/model.onnx`` when ``path`` is an artifact directory."""
+    p = Path(path)
+    if p.is_dir() and (p / MODEL_FILE).is_file():
+        return p / MODEL_FILE
+    return p
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Read ``path`` without its external weights; check the weights exist.
 

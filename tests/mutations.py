@@ -180,8 +180,19 @@ def _gen_ids(value):
 
 
 def _ext_name(name):
+    """The weights' data file named ``name`` (the graph is export.onnx where ``name`` is model.onnx)."""
     def mutate(m, dst):
-        return save_external(m, dst, location=name)
+        p = save_external(m, dst)
+        light = onnx.load(str(p), load_external_data=False)
+        for t in light.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = name
+        graph = dst / ("export.onnx" if name == "model.onnx" else "model.onnx")
+        p.unlink()
+        (dst / DATA).rename(dst / name)
+        graph.write_bytes(light.SerializeToString())
+        return graph
     return mutate
 
 
@@ -205,7 +216,7 @@ MUTATIONS = {
     "ext-named-specializations": _ext_name("specializations.json"),
     "ext-named-compile-sh": _ext_name("compile.sh"),
     "ext-named-manifest": _ext_name("manifest.json"),
-    "ext-named-model-onnx-sub": _ext_name("weights/model.onnx"),
+    "ext-named-model-onnx": _ext_name("model.onnx"),
     "ext-location-traversal": _loc("../secret.bin"),
     "ext-location-absolute": _loc("/etc/hostname"),
     "ext-length-short": _ext("length", "8"),
