@@ -42,6 +42,7 @@ def test_mutated_models_never_crash_hang_or_leave_files(fixture_path, tmp_path):
     assert report["stray"] == []
     by = {(r["mutant"], r["command"]): r["rc"] for r in results}
     # the mutator really breaks models: most are refused at compile, the valid ones compile and verify
-    assert sum(1 for (m, c), rc in by.items() if c == "compile-qaic" and rc == 2) >= 35
-    assert by[("if-node", "compile-qaic")] == 0 and by[("if-node", "verify-artifact")] == 0
-    assert by[("shell-input-name", "compile-ort")] in (0, 2)
+    compiled = {m for (m, c), rc in by.items() if c.startswith("compile") and rc == 0}
+    assert sum(1 for (m, c), rc in by.items() if c.startswith("compile") and rc == 2) >= 35
+    assert "if-node" in compiled and by[("if-node", "verify-artifact")] == 0
+    assert {m for m, c in by if c == "verify-artifact"} == compiled

@@ -30,6 +30,10 @@ class ProbeError(Exception):
     """The cone cannot be evaluated without activations (message: why)."""
 
 
+class InvalidGraphError(ProbeError):
+    """ONNX Runtime cannot load the graph at all: it is not valid ONNX, whatever its mask."""
+
+
 def _is_float_tensor(t: gs.Tensor, types: dict[str, int]) -> bool:
     elem = types.get(t.name)
     if elem is None and t.dtype is not None:
@@ -230,6 +234,9 @@ def _run(model: onnx.ModelProto, feeds: dict, names: list[str]) -> list[np.ndarr
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # the graph itself is invalid (a node's types, attributes or schema)
+        raise InvalidGraphError(f"ONNX Runtime refuses it: {' '.join(str(e).split())[:300]}") from None
+    try:
         return sess.run(names, feeds)
     except Exception as e:
         raise ProbeError(f"evaluation failed: {' '.join(str(e).split())[:200]}") from None
