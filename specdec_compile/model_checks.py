@@ -38,12 +38,33 @@ _DTYPES = {v for _, v in _T.DataType.items()} - {_T.UNDEFINED}
 
 def check_model_input(model: onnx.ModelProto, what: str) -> None:
     """One-line SpecdecError (prefixed ``what``) for the first problem found, else None."""
+    bad = _not_utf8(model)
+    if bad is not None:
+        raise SpecdecError(f"{what}: a {bad} is not valid UTF-8 text (a corrupt or hostile file)")
     _check_versions(model, what)
     _check_graph_names(model.graph, what)
     _check_domains(model, what)
     _check_dims(model.graph, what)
     for t, where in tensors(model):
         check_tensor(t, f"{what}: {where}")
+
+
+def _not_utf8(msg) -> str | None:
+    """The name of the first string field holding bytes that are not UTF-8 (protobuf then hands
+    bytes, not str, to every reader), else None."""
+    for fd, value in msg.ListFields():
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        for v in (value if repeated else [value]):
+            if fd.type == fd.TYPE_STRING:
+                if isinstance(v, bytes):
+                    return f"{msg.DESCRIPTOR.name}.{fd.name}"
+            else:
+                found = _not_utf8(v)
+                if found is not None:
+                    return found
+    return None
 
 
 def _check_versions(model: onnx.ModelProto, what: str) -> None:

@@ -212,6 +212,20 @@ def _rename_inputs(m):
         n.input[:] = ["$(touch /tmp/hostile-pwned)" if i == "input_ids" else i for i in n.input]
 
 
+def _non_utf8(m, dst):
+    """A node input name whose bytes are not UTF-8 (protobuf then gives readers bytes, not str)."""
+    m = _copy(m)
+    n = next(n for n in m.graph.node if n.op_type == "MatMul")
+    old = n.input[0]
+    for x in m.graph.node:
+        x.input[:] = ["XXXX" + i[4:] if i == old else i for i in x.input]
+        x.output[:] = ["XXXX" + o[4:] if o == old else o for o in x.output]
+    data = m.SerializeToString().replace(("XXXX" + old[4:]).encode(), b"\xff\xfe\xff\xfe" + old[4:].encode())
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "model.onnx").write_bytes(data)
+    return dst / "model.onnx"
+
+
 MUTATIONS = {
     "ext-named-specializations": _ext_name("specializations.json"),
     "ext-named-compile-sh": _ext_name("compile.sh"),
@@ -247,6 +261,7 @@ MUTATIONS = {
     "ir-99": _edit(_ir),
     "no-opset": _edit(_no_opset),
     "shell-input-name": _edit(_rename_inputs),
+    "non-utf8-name": _non_utf8,
     "config-list": _config("[1, 2, 3]"),
     "config-model-type-dict": _config('{"model_type": {"a": 1}}'),
     "config-deep": _config("[" * 100000 + "]" * 100000),

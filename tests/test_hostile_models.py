@@ -80,6 +80,7 @@ REFUSED = {
     "opset-99": "opset 99 is newer than this onnx",
     "ir-99": "IR version 99 is newer",
     "no-opset": "no opset for the ONNX domain",
+    "non-utf8-name": "is not valid UTF-8 text",
     "config-list": "config.json: expected a JSON object, got list",
     "config-model-type-dict": "model_type is",
     "config-deep": "config.json: cannot read the export's config.json: nested too deeply",
