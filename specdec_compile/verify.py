@@ -114,6 +114,14 @@ class VerifyReport:
         return d
 
 
+def _quiet():
+    """Run options under which ONNX Runtime logs nothing: a failing call is reported once, as our line."""
+    import onnxruntime as ort
+    ro = ort.RunOptions()
+    ro.log_severity_level = 4
+    return ro
+
+
 def _session(path: Path):
     """A CPU session with one intra-op thread, from the runtime's ONNX Runtime loader."""
     from .runtime.backends.ort.loader import CPU, create_session
@@ -167,7 +175,7 @@ class OriginalModel:
             if name in feeds and "int32" in t:
                 feeds[name] = feeds[name].astype(np.int32)
         try:
-            out = self.sess.run(self.out_names, feeds)
+            out = self.sess.run(self.out_names, feeds, _quiet())
         except Exception as e:
             raise SpecdecError(f"original model failed on {v} tokens after {start}: "
                                f"{' '.join(str(e).split())[:300]}") from None
@@ -221,7 +229,7 @@ class _Rewritten:
         if self.feature_dtype is not None:
             feeds[HIDDEN_STATES] = feats.astype(self.feature_dtype)
         try:
-            out = self.sess.run(self.out_names, feeds)
+            out = self.sess.run(self.out_names, feeds, _quiet())
         except Exception as e:  # ONNX Runtime's own errors: a graph unlike the one it claims to be
             raise SpecdecError(f"the rewrite failed on ONNX Runtime at seq_len {ids.shape[1]}: "
                                f"{' '.join(str(e).split())[:300]}") from None

@@ -229,7 +229,7 @@ def _cone_inputs(g: gs.Graph, outs: list[gs.Tensor]) -> set[str]:
 def _run(model: onnx.ModelProto, feeds: dict, names: list[str]) -> list[np.ndarray]:
     import onnxruntime as ort
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4   # failures are reported once, as our own line
     so.intra_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
