@@ -248,7 +248,7 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     if target == "qaic" or ctx.fuse_rotary:  # fixed on the device / the rotary tables hold this many rows
         model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx.ctx_len))
     _log.info("checking the rewritten graph (onnx.checker, shape inference, the contract's interface)")
-    inferred = check_model(model)
+    inferred = _checked(model, original, prep.source)
     info = dataclasses.replace(det.info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
                                   info.vocab_size, value_head_dim=info.value_head_dim,
@@ -260,6 +260,21 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
                          passes=applied, ctx_len=ctx.ctx_len, source=prep.source, source_dir=prep.source_dir,
                          snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers,
                          interface=interface, input_kind=prep.kind)
+
+
+def _checked(model: onnx.ModelProto, original: onnx.ModelProto, source) -> onnx.ModelProto:
+    """``check_model`` of the rewrite; when it fails, and the input fails the same checks, the
+    input is named as the invalid model (not the rewrite)."""
+    try:
+        return check_model(model)
+    except SpecdecError as e:
+        try:
+            check_model(original)
+        except SpecdecError as mine:
+            what = source or "the input model"
+            raise SpecdecError(f"{what} is not a valid ONNX model: "
+                               f"{str(mine).replace('rewritten graph fails ', 'it fails ')}") from None
+        raise e from None
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:

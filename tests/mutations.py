@@ -153,6 +153,15 @@ def _dup_outputs(m):
     adds[1].output[0] = adds[0].output[0]
 
 
+def _axis(op: str, value: int):
+    def fn(m):
+        n = next(n for n in m.graph.node if n.op_type == op)
+        for a in n.attribute:
+            if a.name == "axis":
+                a.i = value
+    return fn
+
+
 def _opset(v):
     def fn(m):
         m.opset_import[0].version = v
@@ -255,6 +264,8 @@ MUTATIONS = {
     "if-node": _edit(_if_node),
     "undefined-input": _edit(_undefined_input),
     "dup-node-outputs": _edit(_dup_outputs),
+    "softmax-axis-99": _edit(_axis("Softmax", 99)),
+    "gather-axis-99": _edit(_axis("Gather", 99)),
     "opset-1": _edit(_opset(1)),
     "opset-7": _edit(_opset(7)),
     "opset-99": _edit(_opset(99)),
