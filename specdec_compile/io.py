@@ -190,7 +190,8 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path, what: str = "mod
             if not f.is_file():
                 raise SpecdecError(f"{what}: missing external data file {f} (needed by tensor {t.name!r})"
                                    if not f.exists() else
-                                   f"{what}: external data file {f} is not a regular file (needed by tensor {t.name!r})")
+                                   f"{what}: external data file {f} is not a regular file (needed by tensor "
+                                   f"{t.name!r})")
             _refuse_outside(f, base_dir, what)
             sizes[loc] = f.stat().st_size
         offset = _byte_count(info, "offset", t, what) or 0

@@ -200,8 +200,8 @@ class _Rewritten:
             raise SpecdecError(f"{path}: cache inputs of shape {ins[self.names[0]].shape}: not a rewritten graph")
         need = sum(int(np.prod(s)) for s in shapes) * np.dtype(dtype).itemsize
         if need > MAX_CACHE_BYTES:
-            raise SpecdecError(f"verify would hold {need / 2 ** 30:.1f} GiB of cache (batch {batch}, ctx_len {ctx_len}), "
-                               f"over its limit of {MAX_CACHE_BYTES // 2 ** 30} GiB; lower --ctx-len or --batch-size")
+            raise SpecdecError(f"verify would hold {need / 2 ** 30:.1f} GiB of cache (batch {batch}, "
+                               f"ctx_len {ctx_len}), over its limit of {MAX_CACHE_BYTES // 2 ** 30} GiB; lower --ctx-len or --batch-size")
         self.state = [np.zeros(s, dtype) for s in shapes]
         self.req = req
         self.feature_dtype = (np.float16 if "float16" in ins[HIDDEN_STATES].type else np.float32) \

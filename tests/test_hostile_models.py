@@ -291,6 +291,7 @@ def llama_tlm(fixture_path, tmp_path_factory):
     (["--ctx-len", "100000000"], "--ctx-len 100000000 is over the limit"),
     (["--batch-size", "100000"], "--batch-size 100000 is over the limit of 1024"),
     (["--ctx-len", "0"], "--ctx-len must be at least 1"),
+    (["--ctx-len", "262144", "--batch-size", "1024"], "GiB of cache (batch 1024, ctx_len 262144), over its limit"),
 ])
 def test_verify_option_values(argv, needle, llama_tlm, fixture_path, capsys):
     refused(["verify", fixture_path("llama_gqa"), llama_tlm / "model.onnx", *argv], capsys, needle)

@@ -43,7 +43,8 @@ def find_model_info(layers: list[Attention], logits: gs.Tensor, input_ids: gs.Te
     past0 = layers[0].key.inputs[0]
     for what, n in (("KV heads", shape[1]), ("key head_dim", shape[3]), ("value head_dim", vshape[3])):
         if int(n) < 1:
-            raise UnsupportedPatternError(f"past input {past0.name!r} has shape {shape}: {n} {what}, expected at least 1")
+            raise UnsupportedPatternError(f"past input {past0.name!r} has shape {shape}: {n} {what}, "
+                                          f"expected at least 1")
     if vocab < 1:
         raise UnsupportedPatternError(f"logits output {logits.name!r} has a vocabulary of {vocab} tokens")
     rows = embedding_rows(input_ids)
