@@ -54,7 +54,7 @@ from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
 from .io import as_kind, read_any, read_json
 from .options import Options
-from .validate import check_model, interface_problems
+from .validate import check_model, input_blamed, input_problem, interface_problems
 
 _log = logging.getLogger(__name__)
 
@@ -147,7 +147,8 @@ class Prepared:
         snapshots = [("original", self.original)] if record else None
         for i, p in enumerate(self.passes, 1):
             t = time.perf_counter()
-            graph = p.run(graph, self.ctx)
+            with input_blamed(self.original, self.source):
+                graph = p.run(graph, self.ctx)
             _log.info("pass %d/%d %s: %d nodes (%.2f s)", i, len(self.passes), p.name, len(graph.nodes),
                       time.perf_counter() - t)
             if record:
@@ -195,7 +196,9 @@ def prepare(model_or_path, options: Options | None = None, *, role: str | None =
     name_unnamed_nodes(graph)
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     _log.info("detecting the decoder's patterns (%d nodes)", len(graph.nodes))
-    det = detect(graph, family=_family(source_dir, original), exporter=exporter)
+    family = _family(source_dir, original)
+    with input_blamed(original, source):
+        det = detect(graph, family=family, exporter=exporter)
     i = det.info
     _log.info("detected %s: %d layers, %d KV heads, head_dim %s, vocab %s", i.family or "a decoder", i.num_layers,
               i.num_kv_heads, i.head_dim, i.vocab_size)
@@ -268,13 +271,8 @@ def _checked(model: onnx.ModelProto, original: onnx.ModelProto, source) -> onnx.
     try:
         return check_model(model)
     except SpecdecError as e:
-        try:
-            check_model(original)
-        except SpecdecError as mine:
-            what = source or "the input model"
-            raise SpecdecError(f"{what} is not a valid ONNX model: "
-                               f"{str(mine).replace('rewritten graph fails ', 'it fails ')}") from None
-        raise e from None
+        problem = input_problem(original, source)
+        raise (problem or e) from None
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:

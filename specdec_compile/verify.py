@@ -34,6 +34,7 @@ from .contract import (BATCH_INDEX, CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGIT
 from .errors import SpecdecError
 from .io import load_model
 from .options import check_options
+from .validate import input_blamed
 from .verify_hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
 
 _log = logging.getLogger(__name__)
@@ -139,7 +140,8 @@ class OriginalModel:
         model = load_model(path)
         graph = gs.import_onnx(model)
         name_unnamed_nodes(graph)
-        self.det = detect(graph)
+        with input_blamed(model, path):
+            self.det = detect(graph)
         self.hidden = layer_names(self.det, req)  # the export's internal tensors the rewrite outputs
         self.copy = ExposedCopy(path, self.hidden) if self.hidden else None
         self.sess = _session(self.copy.path if self.copy else path)
@@ -334,6 +336,9 @@ def _check_writes(rewritten) -> None:
     """A rewrite that lost its target's cache write (an optimizer after the compile) is refused."""
     from .cache_writes import check_cache_writes, graph_target
     model = load_model(rewritten)
+    names = [i.name for i in model.graph.input]
+    if not {INPUT_IDS, POSITION_IDS, past_name("key", 0)} <= set(names):  # before ONNX Runtime opens it
+        raise SpecdecError(f"{rewritten}: not a rewritten graph (inputs: {', '.join(names)})")
     check_cache_writes(model, graph_target(model), str(rewritten))
 
 
@@ -448,8 +453,10 @@ def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int, l
 
     from .detect import detect
     from .graph_utils import name_unnamed_nodes
-    graph = gs.import_onnx(load_model(Path(original)))
+    model = load_model(Path(original))
+    graph = gs.import_onnx(model)
     name_unnamed_nodes(graph)
-    windows = [layer.window for layer in detect(graph).layers if layer.window]
+    with input_blamed(model, original):
+        windows = [layer.window for layer in detect(graph).layers if layer.window]
     history = max(ctx_len, max(windows) + 2 * prefill_len) if windows else ctx_len
     return min(history, limit) if limit else history
