@@ -162,6 +162,13 @@ def _axis(op: str, value: int):
     return fn
 
 
+def _constant_as(op: str):
+    """The first Constant node relabelled ``op`` (no inputs, a ``value`` attribute: not valid ONNX)."""
+    def fn(m):
+        next(n for n in m.graph.node if n.op_type == "Constant").op_type = op
+    return fn
+
+
 def _opset(v):
     def fn(m):
         m.opset_import[0].version = v
@@ -265,6 +272,7 @@ MUTATIONS = {
     "undefined-input": _edit(_undefined_input),
     "dup-node-outputs": _edit(_dup_outputs),
     "softmax-axis-99": _edit(_axis("Softmax", 99)),
+    "constant-as-softmax": _edit(_constant_as("Softmax")),
     "gather-axis-99": _edit(_axis("Gather", 99)),
     "opset-1": _edit(_opset(1)),
     "opset-7": _edit(_opset(7)),

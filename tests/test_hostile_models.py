@@ -76,6 +76,7 @@ REFUSED = {
     "undefined-input": "reads 'no_such_tensor', which no node",
     "dup-node-outputs": "is produced twice",
     "softmax-axis-99": "model.onnx is not a valid ONNX model: it fails shape inference",
+    "constant-as-softmax": "is not a valid ONNX model: it fails onnx.checker: Node(/model/Constant) with schema",
     "opset-1": "source opset 1 is older than 13",
     "opset-7": "source opset 7 is older than 13",
     "opset-99": "opset 99 is newer than this onnx",
