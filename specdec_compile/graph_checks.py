@@ -2,6 +2,8 @@
 the contract's interface (names, order, dtypes, dims)."""
 from __future__ import annotations
 
+import contextlib
+
 import onnx
 
 from .contract import (BATCH, BATCH_INDEX, CTX, DRAFT_HIDDEN_STATES, FULL_BATCH, HIDDEN_STATES,
@@ -96,3 +98,28 @@ def check_model(model: onnx.ModelProto) -> onnx.ModelProto:
     except Exception as e:  # InferenceError and friends
         raise SpecdecError(f"rewritten graph fails shape inference: {str(e).splitlines()[0]}") from None
 
+
+def input_problem(original: onnx.ModelProto, source) -> SpecdecError | None:
+    """The error naming the input ``original`` (read from ``source``) as not valid ONNX, when
+    onnx.checker or strict shape inference fail on it; None when they pass."""
+    try:
+        check_model(original)
+    except SpecdecError as e:
+        return SpecdecError(f"{source or 'the input model'} is not a valid ONNX model: "
+                            f"{str(e).replace('rewritten graph fails ', 'it fails ')}")
+    return None
+
+
+@contextlib.contextmanager
+def input_blamed(original: onnx.ModelProto, source):
+    """An unexpected error of a detector or pass on an input that is not valid ONNX becomes one
+    line naming the input (``input_problem``); on a valid input it stays what it is, a bug."""
+    try:
+        yield
+    except SpecdecError:
+        raise
+    except Exception:
+        problem = input_problem(original, source)
+        if problem is not None:
+            raise problem from None
+        raise

@@ -166,3 +166,11 @@ def tensor_by_name(graph: gs.Graph, name: str) -> gs.Tensor:
     if t is None:
         raise KeyError(name)
     return t
+
+
+def toposort(graph: gs.Graph) -> gs.Graph:
+    """``graph.toposort()`` in place, also for a graph with subgraphs (If, Loop, Scan):
+    onnx-graphsurgeon's full sort recurses without end there (each subgraph lists the
+    outer graph's subgraphs again), so such a graph sorts its nodes only."""
+    has_subgraph = any(a for n in graph.nodes for a in n.attrs.values() if isinstance(a, gs.Graph))
+    return graph.toposort(mode="nodes") if has_subgraph else graph.toposort()

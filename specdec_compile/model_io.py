@@ -9,15 +9,28 @@ model over 2 GB rewrites without its weights entering memory.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
 
+from .contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FILE, PARTITION_FILE, QPC_DIR,
+                       SPECIALIZATIONS_FILE)
 from .errors import SpecdecError
+from .model_checks import check_model_input, tensor_bytes
+
+#: the largest .onnx file read (protobuf's own limit for one message: weights beyond it are external data)
+MAX_MODEL_BYTES = 2 ** 31
+#: the largest JSON or text file read (config.json, generation_config.json, manifest.json, --supported-ops)
+MAX_TEXT_BYTES = 16 * 2 ** 20
+#: names an external data file may not have: the artifact's own files (the copy would be overwritten)
+ARTIFACT_NAMES = frozenset({MODEL_FILE, SPECIALIZATIONS_FILE, CUSTOM_IO_FILE, COMPILE_SCRIPT, PARTITION_FILE,
+                            MANIFEST_FILE, QPC_DIR})
 
 _log = logging.getLogger(__name__)
 
@@ -38,6 +51,12 @@ def read_any(model_or_path, source=None) -> tuple[onnx.ModelProto, Path | None, 
     src = Path(source) if source is not None else None
     src_dir = src.resolve().parent if src is not None else None
     if isinstance(model_or_path, onnx.ModelProto):
+        what = str(src) if src is not None else "the ModelProto"
+        check_model_input(model_or_path, what)
+        if src_dir is not None:
+            check_external_data(model_or_path, src_dir, what=what)
+        else:
+            check_locations(model_or_path, what)
         return model_or_path, src, src_dir, "proto"
     if is_ir_model(model_or_path):
         import onnx_ir as ir
@@ -47,8 +66,11 @@ def read_any(model_or_path, source=None) -> tuple[onnx.ModelProto, Path | None, 
         if src_dir is None and dirs:
             src_dir = Path(dirs.pop()).resolve()
         proto = ir.to_proto(model_or_path)
+        check_model_input(proto, "onnx_ir model")
         if src_dir is not None:
             check_external_data(proto, src_dir, what="onnx_ir model")
+        else:
+            check_locations(proto, "onnx_ir model")
         return proto, src, src_dir, "ir"
     raise SpecdecError(f"expected a model path, an onnx.ModelProto or an onnx_ir.Model, got {type(model_or_path).__name__}")
 
@@ -72,6 +94,14 @@ def as_kind(proto: onnx.ModelProto, kind: str, source_dir: Path | None):
     return model
 
 
+def resolve_model_path(path: str | os.PathLike) -> Path:
+    """``path``, or ``path/model.onnx`` when ``path`` is an artifact directory."""
+    p = Path(path)
+    if p.is_dir() and (p / MODEL_FILE).is_file():
+        return p / MODEL_FILE
+    return p
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Read ``path`` without its external weights; check the weights exist.
 
@@ -80,14 +110,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     than the tensors that reference them.
     """
     p = Path(path)
-    if not p.exists():
-        raise SpecdecError(f"{p}: no such file")
-    if p.is_dir():
-        raise SpecdecError(f"{p}: is a directory, expected an .onnx file")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise SpecdecError(f"{p}: cannot read: {e.strerror or e}") from None
+    data = read_limited(p, "an .onnx file", MAX_MODEL_BYTES)
     if not data:
         raise SpecdecError(f"{p}: empty file, not an ONNX model")
     model = onnx.ModelProto()
@@ -99,6 +122,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise SpecdecError(f"{p}: not an ONNX model (no graph)")
     if model.ir_version == 0 and not model.opset_import:
         raise SpecdecError(f"{p}: not an ONNX model (no IR version, no opset)")
+    check_model_input(model, str(p))
     check_external_data(model, p.parent, what=str(p))
     _log.info("loaded %s: %d nodes, %d initializers (weights stay on disk)", p, len(model.graph.node),
               len(model.graph.initializer))
@@ -125,22 +149,58 @@ def external_data_files(model: onnx.ModelProto) -> list[str]:
     return sorted({_external_info(t).get("location", "") for t in external_tensors(model)})
 
 
+def check_locations(model: onnx.ModelProto, what: str = "model") -> None:
+    """Each external location names a file inside the model's directory, not an artifact file's name."""
+    for t in external_tensors(model):
+        _location(t, _external_info(t), what)
+
+
+def _location(t: onnx.TensorProto, info: dict, what: str) -> str:
+    loc = info.get("location")
+    if not loc:
+        raise SpecdecError(f"{what}: tensor {t.name!r} is external but names no location")
+    parts = Path(loc).parts
+    if os.path.isabs(loc) or ".." in parts or "\\" in loc or "\0" in loc:
+        raise SpecdecError(f"{what}: tensor {t.name!r} has an unsafe external data location {loc!r}")
+    if parts and parts[0] in ARTIFACT_NAMES:
+        raise SpecdecError(f"{what}: tensor {t.name!r} has its data in {loc!r}, the name of an artifact file "
+                           f"(it would be overwritten in the artifact); rename the data file and its location")
+    return loc
+
+
+def _byte_count(info: dict, key: str, t: onnx.TensorProto, what: str) -> int | None:
+    v = info.get(key)
+    if v is None or v == "":
+        return None
+    if not (v.isascii() and v.isdigit()):
+        raise SpecdecError(f"{what}: tensor {t.name!r} has external data {key} {v!r}, expected a byte count >= 0")
+    return int(v)
+
+
 def check_external_data(model: onnx.ModelProto, base_dir: Path, what: str = "model") -> None:
+    """Every external tensor: a safe location (``check_locations``), a regular file inside
+    ``base_dir``, an offset and length that are byte counts, a length equal to the tensor's
+    size, and a file long enough for it."""
     sizes: dict[str, int] = {}
     for t in external_tensors(model):
         info = _external_info(t)
-        loc = info.get("location")
-        if not loc:
-            raise SpecdecError(f"{what}: tensor {t.name!r} is external but names no location")
-        if os.path.isabs(loc) or ".." in Path(loc).parts:
-            raise SpecdecError(f"{what}: tensor {t.name!r} has an unsafe external data location {loc!r}")
+        loc = _location(t, info, what)
         if loc not in sizes:
             f = base_dir / loc
             if not f.is_file():
-                raise SpecdecError(f"{what}: missing external data file {f} (needed by tensor {t.name!r})")
+                raise SpecdecError(f"{what}: missing external data file {f} (needed by tensor {t.name!r})"
+                                   if not f.exists() else
+                                   f"{what}: external data file {f} is not a regular file (needed by tensor "
+                                   f"{t.name!r})")
             _refuse_outside(f, base_dir, what)
             sizes[loc] = f.stat().st_size
-        end = int(info.get("offset", 0)) + int(info.get("length", 0) or 0)
+        offset = _byte_count(info, "offset", t, what) or 0
+        length = _byte_count(info, "length", t, what)
+        need = tensor_bytes(t)
+        if need is not None and length is not None and length != need:
+            raise SpecdecError(f"{what}: tensor {t.name!r} has external data length {length}, its dims "
+                               f"{list(t.dims)} and dtype need {need} bytes")
+        end = offset + (length if length is not None else need or 0)
         if end > sizes[loc]:
             raise SpecdecError(f"{what}: external data file {base_dir / loc} is truncated "
                                f"(tensor {t.name!r} needs bytes up to {end}, file has {sizes[loc]})")
@@ -186,17 +246,65 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     written = []
+    check_locations(model, "the model to save")
     for loc in external_data_files(model):
         if source_dir is None:
             raise SpecdecError("model references external data but its source directory is unknown")
         src = Path(source_dir) / loc
         dst = path.parent / loc
+        if path.parent.resolve() not in dst.resolve().parents:
+            raise SpecdecError(f"external data location {loc!r} resolves outside {path.parent}; nothing written there")
         if src.resolve() != dst.resolve():
             (link_or_copy if link else copy_file)(src, dst)
         written.append(dst)
     data = model.SerializeToString(deterministic=True)
     path.write_bytes(data)
     return written
+
+
+def read_limited(path: str | os.PathLike, what: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path``: one-line errors for a missing file, a directory, a FIFO,
+    device or socket (never opened blocking: no hang) and a file over ``limit`` bytes (the bound is said)."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise SpecdecError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise SpecdecError(f"{p}: is a directory, expected {what}") from None
+    except OSError as e:
+        raise SpecdecError(f"{p}: cannot read: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise SpecdecError(f"{p}: is a directory, expected {what}")
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecdecError(f"{p}: not a regular file (a FIFO, device or socket), expected {what}")
+        if st.st_size > limit:
+            raise SpecdecError(f"{p}: {st.st_size} bytes, over the {limit}-byte limit for {what}")
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise SpecdecError(f"{p}: cannot read: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise SpecdecError(f"{p}: over the {limit}-byte limit for {what}")
+    return data
+
+
+def read_json(path: str | os.PathLike, what: str, limit: int = MAX_TEXT_BYTES):
+    """The parsed JSON file ``path`` (``read_limited``'s checks): one-line errors for a file that is not
+    UTF-8 JSON or is nested too deeply to parse."""
+    p = Path(path)
+    data = read_limited(p, what, limit)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SpecdecError(f"{p}: cannot read {what}: not UTF-8 ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise SpecdecError(f"{p}: corrupt JSON ({e.msg} at line {e.lineno})") from None
+    except (RecursionError, ValueError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else " ".join(str(e).split())[:200]
+        raise SpecdecError(f"{p}: cannot read {what}: {reason}") from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

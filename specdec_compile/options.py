@@ -17,15 +17,26 @@ DTYPES = ("float16", "float32")
 PRECISIONS = ("fp16", "mx6")
 HW_VERSIONS = ("ai100", "2.0")
 MAX_CORES = 16
+#: upper bounds on sizes that come from the command line (each error says its bound): the context a
+#: graph is compiled for (qaic rotary tables hold ctx_len rows), the batch, devices to partition over
+MAX_CTX_LEN = 2 ** 18
+MAX_BATCH_SIZE = 1024
+MAX_DEVICES = 64
+#: options only the Cloud AI 100 compiler reads: refused with --target ort (the ORT graph ignores them)
+QAIC_ONLY = (("--precision", "precision", "fp16"), ("--num-cores", "num_cores", MAX_CORES),
+             ("--num-devices", "num_devices", 1), ("--hw-version", "hw_version", None),
+             ("--kv-dtype", "kv_dtype", "float16"), ("--logits-dtype", "logits_dtype", None))
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _at_least_one(flag: str, value) -> None:
+def _at_least_one(flag: str, value, most: int | None = None) -> None:
     if value is not None and (not _is_int(value) or value < 1):
         raise SpecdecError(f"{flag} must be at least 1, got {value!r}")
+    if value is not None and most is not None and value > most:
+        raise SpecdecError(f"{flag} {value} is over the limit of {most}")
 
 
 def check_options(role: str | None = None, target: str | None = None, k: int | None = None, *,
@@ -40,12 +51,14 @@ def check_options(role: str | None = None, target: str | None = None, k: int | N
     if k is not None and (not _is_int(k) or k < 1):
         # two spellings callers have always matched: the rule, and the flag's range
         raise SpecdecError(f"k must be an integer >= 1, got {k!r} (--k: k must be at least 1)")
-    _at_least_one("--batch-size", batch_size)
-    _at_least_one("--ctx-len", ctx_len)
+    _at_least_one("--batch-size", batch_size, MAX_BATCH_SIZE)
+    _at_least_one("--ctx-len", ctx_len, MAX_CTX_LEN)
     _at_least_one("--prefill-len", prefill_len)
     if prefill_len is not None and ctx_len is not None and prefill_len > ctx_len:
         raise SpecdecError(f"--prefill-len {prefill_len} is larger than --ctx-len {ctx_len}")
     for j in (*([k] if k is not None else []), *k_list):
+        if not _is_int(j):
+            raise SpecdecError(f"--k-list entries must be integers, got {j!r}")
         if j < 0:   # k_list may hold 0: a width-1 TLM call (no drafts, the fallback)
             raise SpecdecError(f"--k-list entries must be at least 0, got {j}")
         if ctx_len is not None and j + 1 > ctx_len:
@@ -87,6 +100,12 @@ class Options:
     def validate(self) -> None:
         """Raise SpecdecError (one line) for options no artifact can satisfy."""
         check_options(self.role, self.target, None)
+        if self.target != "qaic":
+            for flag, name, default in QAIC_ONLY:
+                if getattr(self, name) != default:
+                    raise SpecdecError(f"{flag} {getattr(self, name)} is an option of the Cloud AI 100 compiler: it "
+                                       f"needs --target qaic (the {self.target} graph would not be what the "
+                                       f"manifest says)")
         if self.interface not in INTERFACES:
             raise SpecdecError(f"--interface {self.interface!r} is not one of {', '.join(INTERFACES)}")
         if self.interface == "qeff":
@@ -105,9 +124,9 @@ class Options:
             raise SpecdecError(f"--hw-version {self.hw_version!r} is not one of {', '.join(HW_VERSIONS)}")
         check_options(self.role, self.target, None, batch_size=self.batch_size, ctx_len=self.ctx_len,
                       prefill_len=self.prefill_len)
-        if not 1 <= self.num_cores <= MAX_CORES:
-            raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores}")
-        _at_least_one("--num-devices", self.num_devices)
+        if not _is_int(self.num_cores) or not 1 <= self.num_cores <= MAX_CORES:
+            raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores!r}")
+        _at_least_one("--num-devices", self.num_devices, MAX_DEVICES)
         if self.role == "dlm" and self.hidden_states:
             raise SpecdecError("--hidden-states is for the target model (--role tlm); a feature draft "
                                "(--feature-layers) outputs its own features by itself")

@@ -37,7 +37,6 @@ CompileResult fields:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -53,9 +52,9 @@ from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, PASSES_KEY, ROLE_K
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
-from .model_io import as_kind, read_any
+from .model_io import as_kind, read_any, read_json
 from .options import Options
-from .graph_checks import check_model, interface_problems
+from .graph_checks import check_model, input_blamed, input_problem, interface_problems
 
 _log = logging.getLogger(__name__)
 
@@ -87,13 +86,18 @@ class CompileResult:
 
 
 def _family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
-    """model_type from the exporter's config.json next to the model, if any."""
-    if source_dir is not None and (source_dir / "config.json").is_file():
-        try:
-            return json.loads((source_dir / "config.json").read_text()).get("model_type")
-        except (OSError, ValueError):
-            return None
-    return None
+    """model_type from the exporter's config.json next to the model, if any (it selects the
+    detection hints: a config.json that is there but unreadable is refused, not ignored)."""
+    if source_dir is None or not (source_dir / "config.json").exists():
+        return None
+    path = source_dir / "config.json"
+    cfg = read_json(path, "the export's config.json")
+    if not isinstance(cfg, dict):
+        raise SpecdecError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    family = cfg.get("model_type")
+    if family is not None and not isinstance(family, str):
+        raise SpecdecError(f"{path}: model_type is {str(family)[:80]!r}, expected a string")
+    return family
 
 
 def _export(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
@@ -143,7 +147,8 @@ class Prepared:
         snapshots = [("original", self.original)] if record else None
         for i, p in enumerate(self.passes, 1):
             t = time.perf_counter()
-            graph = p.run(graph, self.ctx)
+            with input_blamed(self.original, self.source):
+                graph = p.run(graph, self.ctx)
             _log.info("pass %d/%d %s: %d nodes (%.2f s)", i, len(self.passes), p.name, len(graph.nodes),
                       time.perf_counter() - t)
             if record:
@@ -191,7 +196,9 @@ def prepare(model_or_path, options: Options | None = None, *, role: str | None =
     name_unnamed_nodes(graph)
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     _log.info("detecting the decoder's patterns (%d nodes)", len(graph.nodes))
-    det = detect(graph, family=_family(source_dir, original), exporter=exporter)
+    family = _family(source_dir, original)
+    with input_blamed(original, source):
+        det = detect(graph, family=family, exporter=exporter)
     i = det.info
     _log.info("detected %s: %d layers, %d KV heads, head_dim %s, vocab %s", i.family or "a decoder", i.num_layers,
               i.num_kv_heads, i.head_dim, i.vocab_size)
@@ -244,7 +251,7 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     if target == "qaic" or ctx.fuse_rotary:  # fixed on the device / the rotary tables hold this many rows
         model.metadata_props.add(key=CTX_LEN_KEY, value=str(ctx.ctx_len))
     _log.info("checking the rewritten graph (onnx.checker, shape inference, the contract's interface)")
-    inferred = check_model(model)
+    inferred = _checked(model, original, prep.source)
     info = dataclasses.replace(det.info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
                                   info.vocab_size, value_head_dim=info.value_head_dim,
@@ -256,6 +263,16 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
                          passes=applied, ctx_len=ctx.ctx_len, source=prep.source, source_dir=prep.source_dir,
                          snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers,
                          interface=interface, input_kind=prep.kind)
+
+
+def _checked(model: onnx.ModelProto, original: onnx.ModelProto, source) -> onnx.ModelProto:
+    """``check_model`` of the rewrite; when it fails, and the input fails the same checks, the
+    input is named as the invalid model (not the rewrite)."""
+    try:
+        return check_model(model)
+    except SpecdecError as e:
+        problem = input_problem(original, source)
+        raise (problem or e) from None
 
 
 def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:

@@ -179,12 +179,9 @@ def _checked(where, key: str, value, kind: str, nullable: bool):
 
 
 def read_json(path: Path, what: str):
-    """The parsed JSON file ``path`` (``what`` names it when missing); one-line errors."""
-    if not path.is_file():
+    """The parsed JSON file ``path`` (``what`` names it when missing); one-line errors, also for
+    a FIFO or device, a file over ``io.MAX_TEXT_BYTES`` and JSON nested too deeply."""
+    from ..model_io import read_json as _read
+    if not path.exists():
         raise SpecdecError(f"{path}: missing ({what})")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecdecError(f"{path}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise SpecdecError(f"{path}: corrupt JSON ({e.msg} at line {e.lineno})") from None
+    return _read(path, what)

@@ -27,7 +27,8 @@ OURS = {
     "aic-num-cores": "--num-cores", "mxfp6-matmul": "--precision mx6",
     "mdp-load-partition-config": "--num-devices", "mdp-dump-partition-config": "--num-devices",
 }
-_SAFE = re.compile(r"^-[A-Za-z0-9][A-Za-z0-9_.,:/=+@%-]*$")
+#: one flag, matched whole (``fullmatch``: a trailing newline is not "the end", as ``$`` would take it)
+_SAFE = re.compile(r"-[A-Za-z0-9][A-Za-z0-9_.,:/=+@%-]*")
 
 
 def flag_name(flag: str) -> str:
@@ -44,7 +45,7 @@ def check_flags(options) -> None:
                            f"drop --kv-dtype {options.kv_dtype}")
     seen = set()
     for flag in options.qaic_flags:
-        if not _SAFE.match(flag):
+        if not isinstance(flag, str) or not _SAFE.fullmatch(flag):
             raise SpecdecError(f"--qaic-flag {flag!r}: expected one compiler flag like -mos=1 (a dash, then "
                                f"letters, digits and _.,:/=+@%- only)")
         name = flag_name(flag)

@@ -162,11 +162,12 @@ def read_supported_ops(path: str | Path) -> set[str]:
     plausible ones are read: one op a line (optionally ``domain:Op``, ``Op-13``,
     or followed by opset versions and notes), comma-separated op names, or a
     markdown table whose first column names the op. ``#`` starts a comment."""
+    from ..model_io import MAX_TEXT_BYTES, read_limited
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise SpecdecError(f"--supported-ops {p}: {e.strerror or e}") from None
+        text = read_limited(p, "an operator list", MAX_TEXT_BYTES).decode("utf-8", errors="replace")
+    except SpecdecError as e:
+        raise SpecdecError(f"--supported-ops {e}") from None
     ops = {op for line in text.splitlines() for op in _line_ops(line)}
     if not ops:
         raise SpecdecError(f"--supported-ops {p}: no operator names found (expected one ONNX op name a line)")

@@ -37,7 +37,7 @@ from ..contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FIL
                        TARGETS)
 from ..hidden_features import manifest_fields
 from .graph_facts import check_graph_agrees
-from ..model_io import save_model, sha256_file
+from ..model_io import read_json, save_model, sha256_file
 from .manifest import Manifest
 from ..options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
 from .qaic_ops import op_set
@@ -269,29 +269,44 @@ def _info(result) -> dict:
     return {k: getattr(info, k, None) for k in keys}
 
 
-def _token_ids(source_dir) -> dict:
+def _token_ids(source_dir, vocab: int | None = None) -> dict:
     """Special token ids from the export's config.json / generation_config.json (the latter wins).
 
     Each ``*_token_id`` is one integer (the first, where the config lists several);
-    ``eos_token_ids`` keeps every end-of-sequence id.
+    ``eos_token_ids`` keeps every end-of-sequence id. A value that is not null, an integer
+    or a list of integers, or an id outside the vocabulary (0 to ``vocab``-1), is refused:
+    the manifest must not hand the runtime a token the model cannot produce.
     """
     found: dict = {}
     if source_dir is not None:
         for name in ("config.json", "generation_config.json"):
-            try:
-                cfg = json.loads((Path(source_dir) / name).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+            path = Path(source_dir) / name
+            if not path.exists():
                 continue
+            cfg = read_json(path, f"the export's {name}")
             if not isinstance(cfg, dict):
-                continue
+                raise SpecdecError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
             for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-                v = cfg.get(key)
-                v = [v] if isinstance(v, int) else v
-                if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                v = _ids(cfg.get(key), path, key, vocab)
+                if v:
                     found[key] = v
     ids = {key: found[key][0] if key in found else None for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
     ids["eos_token_ids"] = found.get("eos_token_id")
     return ids
+
+
+def _ids(v, path: Path, key: str, vocab: int | None) -> list[int] | None:
+    """``v`` (null, an id or a list of ids) as a list of ids, each checked against the vocabulary."""
+    if v is None:
+        return None
+    v = [v] if isinstance(v, int) else v
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise SpecdecError(f"{path}: {key} is {str(v)[:80]}, expected a token id or a list of token ids")
+    for x in v:
+        if x < 0 or (vocab is not None and x >= vocab):
+            within = f"0 to {vocab - 1}, vocabulary {vocab}" if vocab is not None else "at least 0"
+            raise SpecdecError(f"{path}: {key} {str(x)[:40]} is not a token id of the model ({within})")
+    return v
 
 
 def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> Manifest:
@@ -303,7 +318,8 @@ def build_manifest(result, options: Options, values: dict, files: list[str], sou
         target=options.target, kv_dtype=options.kv_dtype, logits_dtype=options.logits_dtype,
         precision=options.precision, num_cores=options.num_cores, num_devices=options.num_devices,
         hw_version=options.hw_version, specializations=tuple(values["seq_lens"]),
-        **{k: _tuple(v) for k, v in _token_ids(getattr(result, "source_dir", None)).items()},
+        **{k: _tuple(v) for k, v in _token_ids(getattr(result, "source_dir", None),
+                                               _info(result)["vocab_size"]).items()},
         source_file=Path(source).name if source else None, source_sha256=source_sha,
         passes=tuple(getattr(result, "passes", []) or []), ops=op_set(result.model),
         tool_version=__version__, interface=io_signature(result.model), files=tuple(sorted(files)),

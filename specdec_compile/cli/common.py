@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 
 from ..errors import SpecdecError
@@ -89,8 +91,20 @@ def stop_progress() -> None:
         logger.setLevel(level)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: raised where the program is, so that ``finally`` and cleanup handlers
+    (the artifact writer's temporary directory) run before it exits."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def run_cli(fn, argv, prog: str) -> int:
-    """Run ``fn(argv)``, turning expected failures into one line and exit 2."""
+    """Run ``fn(argv)``, turning expected failures into one line and exit 2 (SIGTERM: cleanup, then 143)."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return fn(argv)
     except SpecdecError as e:
@@ -99,6 +113,9 @@ def run_cli(fn, argv, prog: str) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:
         return 0
     except Exception as e:  # a bug: still one line unless asked for the traceback
@@ -108,4 +125,6 @@ def run_cli(fn, argv, prog: str) -> int:
               f"(set SPECDEC_DEBUG=1 for the traceback)", file=sys.stderr)
         return 3
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         stop_progress()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from .. import __version__
 from ..artifact.writer import (COMPILE_SCRIPT, DTYPES, HW_VERSIONS, PRECISIONS, ROLES, TARGETS, WrittenArtifact as Artifact,
                         Options, check_out, find_compiler, hw_version_for)
+from ..options import MAX_BATCH_SIZE, MAX_CORES, MAX_CTX_LEN, MAX_DEVICES
 from ..contract import INTERFACES
 from ..errors import SpecdecError
 from .common import Parser, add_progress_flags, start_progress
@@ -79,20 +81,23 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "its compiled TLM directory; recorded (file name, sha256) so that specdec-run refuses "
                         "another target")
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
-    p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
-    p.add_argument("--batch-size", type=int, default=1, help="default 1")
+    p.add_argument("--ctx-len", type=int, default=256,
+                   help=f"context length / KV slots (default 256, at most {MAX_CTX_LEN})")
+    p.add_argument("--batch-size", type=int, default=1, help=f"default 1, at most {MAX_BATCH_SIZE}")
     p.add_argument("--target", choices=TARGETS, default="qaic",
                    help="qaic: Cloud AI 100 (CtxScatter, opset 17); ort: ONNX Runtime (TensorScatter, opset 24)")
-    p.add_argument("--kv-dtype", choices=DTYPES, default="float16", help="KV cache precision in custom_io.yaml")
+    p.add_argument("--kv-dtype", choices=DTYPES, default=None,
+                   help="qaic: KV cache precision in custom_io.yaml (default float16)")
     p.add_argument("--logits-dtype", choices=DTYPES, default=None,
-                   help="also list logits in custom_io.yaml at this precision")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp16",
-                   help="mx6 adds -mxfp6-matmul (MXFP6 weights for matmuls)")
-    p.add_argument("--num-cores", type=int, default=16, help="AI 100 cores per device (default 16)")
-    p.add_argument("--num-devices", type=int, default=1,
-                   help="devices to partition the model over (>1 writes mdp_partition.json)")
+                   help="qaic: also list logits in custom_io.yaml at this precision")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="qaic: fp16 (default) or mx6, which adds -mxfp6-matmul (MXFP6 weights for matmuls)")
+    p.add_argument("--num-cores", type=int, default=None, help=f"qaic: AI 100 cores per device (default {MAX_CORES})")
+    p.add_argument("--num-devices", type=int, default=None,
+                   help=f"qaic: devices to partition the model over (>1 writes mdp_partition.json; at most "
+                        f"{MAX_DEVICES}; default 1)")
     p.add_argument("--hw-version", choices=HW_VERSIONS, default=None,
-                   help="-aic-hw-version; default: ai100 with qaic-compile, 2.0 with qaic-exec")
+                   help="qaic: -aic-hw-version; default: ai100 with qaic-compile, 2.0 with qaic-exec")
     p.add_argument("--interface", choices=INTERFACES, default="default",
                    help="qeff: QEfficient's interface (inputs batch_index and, TLM, num_logits_to_keep; "
                         "--batch-size is then full_batch_size), for QEfficient's runtime and vLLM's qaic backend")
@@ -119,11 +124,24 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
+def _qaic_only(a: argparse.Namespace) -> dict:
+    """The qaic-only options as given, their defaults where not; given with --target ort: refused."""
+    given = {"kv_dtype": a.kv_dtype, "logits_dtype": a.logits_dtype, "precision": a.precision,
+             "num_cores": a.num_cores, "num_devices": a.num_devices, "hw_version": a.hw_version}
+    if a.target != "qaic":
+        for key, value in given.items():
+            if value is not None:
+                raise SpecdecError(f"--{key.replace('_', '-')} {value} is an option of the Cloud AI 100 compiler: "
+                                   f"it needs --target qaic (the {a.target} graph would not be what the manifest "
+                                   f"and summary say)")
+    defaults = {"kv_dtype": "float16", "precision": "fp16", "num_cores": MAX_CORES, "num_devices": 1}
+    return {key: defaults.get(key) if value is None else value for key, value in given.items()}
+
+
 def options_from_args(a: argparse.Namespace) -> Options:
     return Options(role=a.role, k=a.k, k_list=_positive_list(a.k_list) if a.k_list is not None else (),
                    prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size, target=a.target,
-                   kv_dtype=a.kv_dtype, logits_dtype=a.logits_dtype, precision=a.precision,
-                   num_cores=a.num_cores, num_devices=a.num_devices, hw_version=a.hw_version,
+                   **_qaic_only(a),
                    hidden_states=_layers(a.hidden_states, "--hidden-states"),
                    feature_layers=_layers(a.feature_layers, "--feature-layers"),
                    feature_target=_feature_target(a.feature_target) if a.feature_target is not None else None,
@@ -290,6 +308,8 @@ def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str,
     rows.append(("model", [(f"{fam}, {m['num_layers']} layers, {m['num_heads']} heads ({m['num_kv_heads']} kv), "
                             f"head_dim {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}", "")]))
     kv = "mxint8" if (m.get("compile_options") or {}).get("mxint8_kv_cache") else m["kv_dtype"]
+    if m["target"] != "qaic":  # no custom IO: the cache is what the graph says
+        kv = next((s["dtype"] for s in m["interface"]["inputs"] if s["name"].startswith("past_")), kv)
     batch = f"full_batch_size {m['batch_size']} (--interface qeff)" if m.get("qeff") else f"batch {m['batch_size']}"
     shapes = (f"{batch}, ctx_len {m['ctx_len']}, seq_len "
               f"{'/'.join(str(s) for s in m['specializations'])}; KV {kv}")
@@ -318,7 +338,7 @@ def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str,
             rows.append(("compile", [(f"running {script}", "")]))
         else:
             rows.append(("compile", [(f"{script}  (on a machine with the Cloud AI 100 SDK, or add --compile)", "")]))
-            rows.append(("", [(f"cd {art.out} && " + " ".join(command), "dim")]))
+            rows.append(("", [(f"cd {shlex.quote(str(art.out))} && " + " ".join(command), "dim")]))
     return rows
 
 

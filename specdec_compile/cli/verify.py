@@ -1,4 +1,4 @@
-"""``specdec-compile verify ORIGINAL REWRITTEN``: numerical equivalence.
+"""``specdec-compile verify ORIGINAL REWRITTEN``: numerical equivalence of a rewrite and its export.
 
 The command line over ``specdec_compile.verify``: defaults from the artifact's
 manifest, the report as a table (or JSON), the exit status.
@@ -6,26 +6,53 @@ manifest, the report as a table (or JSON), the exit status.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 from ..contract import MANIFEST_FILE
-from ..model_io import load_model
+from ..errors import SpecdecError
+from ..model_io import load_model, resolve_model_path
 from ..artifact.manifest import Manifest
+from ..options import MAX_BATCH_SIZE, MAX_CTX_LEN, check_options
 from ..verify.replay import VerifyReport, compiled_ctx_len, history_past_windows, verify
 from .common import Parser, add_progress_flags, start_progress
 
 
 def defaults_from_manifest(rewritten: Path) -> dict:
     """k, prefill_len, ctx_len and the call widths (specializations) of the artifact REWRITTEN
-    sits in ({} outside an artifact)."""
-    if not (rewritten.parent / MANIFEST_FILE).is_file():
+    sits in ({} outside an artifact); a manifest whose shapes no verification can use is refused
+    in one line naming it (``check_options``' bounds, widths 1 to ctx_len)."""
+    if not (rewritten.parent / MANIFEST_FILE).exists():
         return {}
     m = Manifest.read(rewritten.parent)
-    out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len, "widths": list(m.specializations or [])}
+    where = rewritten.parent / MANIFEST_FILE
+    try:
+        check_options(k=m.k, prefill_len=m.prefill_len, ctx_len=m.ctx_len, batch_size=m.batch_size, optional=True)
+    except SpecdecError as e:
+        raise SpecdecError(f"{where}: {e}") from None
+    widths = list(m.specializations or [])
+    bad = [w for w in widths if not 1 <= w <= m.ctx_len]
+    if bad:
+        raise SpecdecError(f"{where}: specializations lists seq_len {bad[0]}, outside 1 to ctx_len {m.ctx_len}")
+    out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len, "widths": widths}
     if m.k is not None:
         out["k"] = m.k
     return out
+
+
+def _looks_rewritten(model) -> bool:
+    """A graph this compiler wrote (its metadata, or retained-state outputs)."""
+    return (any(p.key == "specdec.role" for p in model.metadata_props)
+            or any(o.name.endswith("_RetainedState") for o in model.graph.output))
+
+
+def _check_pair(original: Path, rewritten: Path) -> None:
+    """One-line errors for unreadable models and for a pair given in the wrong order."""
+    a, b = load_model(original), load_model(rewritten)  # one-line errors before ORT sees them
+    if _looks_rewritten(a) and not _looks_rewritten(b):
+        raise SpecdecError(f"the two models look swapped: {original} is a rewrite (retained-state graph) and "
+                           f"{rewritten} is not; give the stock export first, then the rewrite")
 
 
 def render(report: VerifyReport, file=None) -> None:
@@ -55,7 +82,7 @@ def render(report: VerifyReport, file=None) -> None:
 
 
 def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
-    p = Parser(prog=prog, help_hint=f" (see {prog} --help)", description=__doc__.split("\n\n")[0] + ".",
+    p = Parser(prog=prog, help_hint=f" (see {prog} --help)", description=__doc__.split("\n\n")[0].rstrip(".") + ".",
                epilog="Defaults for k, prefill length and context length come from "
                       "manifest.json beside REWRITTEN when there is one, and every "
                       "specialization's width it lists is called once; the default "
@@ -65,24 +92,35 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
                       "k+1 calls of one (greedy speculative output rests on it). "
                       "Exit: 0 pass, 1 numerical mismatch, 2 bad input.")
     p.add_argument("original", type=Path, help="the stock export (concatenating KV cache)")
-    p.add_argument("rewritten", type=Path, help="the rewrite (OUT/model.onnx)")
+    p.add_argument("rewritten", type=Path, help="the rewrite: OUT/model.onnx, or the artifact directory OUT")
     p.add_argument("--k", type=int, default=None, help="speculation length (default: manifest, else 7)")
     p.add_argument("--prefill-len", type=int, default=None, help="prefill chunk (default: manifest, else 32)")
-    p.add_argument("--ctx-len", type=int, default=None, help="context length (default: manifest, else 256)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--ctx-len", type=int, default=None,
+                   help=f"context length (default: manifest, else 256; at most {MAX_CTX_LEN})")
+    p.add_argument("--batch-size", type=int, default=1, help=f"rows per call (default 1, at most {MAX_BATCH_SIZE})")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random token histories (an integer >= 0; default 0): the same seed "
+                        "replays the same tokens")
+    p.add_argument("--tol", type=float, default=1e-4,
+                   help="the largest absolute difference of logits, cache and hidden states that passes "
+                        "(default 1e-4, float32)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_progress_flags(p)
     args = p.parse_args(argv)
     start_progress(prog, args)
-    for f in (args.original, args.rewritten):
-        load_model(f)  # one-line errors for missing/truncated files before ORT sees them
-    d = defaults_from_manifest(args.rewritten)
-    prefill_len = args.prefill_len or d.get("prefill_len", 32)
-    ctx_len = args.ctx_len or history_past_windows(args.original, d.get("ctx_len", 256), prefill_len,
-                                                   limit=compiled_ctx_len(args.rewritten))
-    report = verify(args.original, args.rewritten, k=args.k or d.get("k", 7), prefill_len=prefill_len,
+    if args.seed < 0:
+        raise SpecdecError(f"--seed must be an integer >= 0, got {args.seed}")
+    if not math.isfinite(args.tol) or args.tol < 0:
+        raise SpecdecError(f"--tol must be a finite number >= 0, got {args.tol}")
+    check_options(k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len, batch_size=args.batch_size,
+                  optional=True)
+    original, rewritten = resolve_model_path(args.original), resolve_model_path(args.rewritten)
+    _check_pair(original, rewritten)
+    d = defaults_from_manifest(rewritten)
+    prefill_len = _given(args.prefill_len, d.get("prefill_len", 32))
+    ctx_len = args.ctx_len if args.ctx_len is not None else history_past_windows(
+        original, d.get("ctx_len", 256), prefill_len, limit=compiled_ctx_len(rewritten))
+    report = verify(original, rewritten, k=_given(args.k, d.get("k", 7)), prefill_len=prefill_len,
                     ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol,
                     widths=d.get("widths", ()))
     if args.json:
@@ -90,3 +128,8 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     else:
         render(report)
     return 0 if report.ok else 1
+
+
+def _given(value, default):
+    """An option as given (0 included: ``check_options`` refuses it), else the default."""
+    return default if value is None else value

@@ -30,6 +30,10 @@ class ProbeError(Exception):
     """The cone cannot be evaluated without activations (message: why)."""
 
 
+class InvalidGraphError(ProbeError):
+    """ONNX Runtime cannot load the graph at all: it is not valid ONNX, whatever its mask."""
+
+
 def _is_float_tensor(t: gs.Tensor, types: dict[str, int]) -> bool:
     elem = types.get(t.name)
     if elem is None and t.dtype is not None:
@@ -225,11 +229,14 @@ def _cone_inputs(g: gs.Graph, outs: list[gs.Tensor]) -> set[str]:
 def _run(model: onnx.ModelProto, feeds: dict, names: list[str]) -> list[np.ndarray]:
     import onnxruntime as ort
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4   # failures are reported once, as our own line
     so.intra_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # the graph itself is invalid (a node's types, attributes or schema)
+        raise InvalidGraphError(f"ONNX Runtime refuses it: {' '.join(str(e).split())[:300]}") from None
+    try:
         return sess.run(names, feeds)
     except Exception as e:
         raise ProbeError(f"evaluation failed: {' '.join(str(e).split())[:200]}") from None

@@ -41,6 +41,16 @@ def find_model_info(layers: list[Attention], logits: gs.Tensor, input_ids: gs.Te
     if not isinstance(vocab, int):
         raise UnsupportedPatternError(f"logits output {logits.name!r} has no static vocabulary dim")
     past0 = layers[0].key.inputs[0]
+    for what, n in (("KV heads", shape[1]), ("key head_dim", shape[3]), ("value head_dim", vshape[3])):
+        if int(n) < 1:
+            raise UnsupportedPatternError(f"past input {past0.name!r} has shape {shape}: {n} {what}, "
+                                          f"expected at least 1")
+    if vocab < 1:
+        raise UnsupportedPatternError(f"logits output {logits.name!r} has a vocabulary of {vocab} tokens")
+    rows = embedding_rows(input_ids)
+    if isinstance(rows, int) and rows < vocab:
+        raise UnsupportedPatternError(f"the embedding table has {rows} rows, fewer than the vocabulary of {vocab} "
+                                      f"tokens: a token id from {rows} on would index past it")
     return ModelInfo(num_layers=len(layers), num_kv_heads=int(shape[1]), head_dim=int(shape[3]),
                      vocab_size=int(vocab), dtype=dtype_of(past0).name, family=family, exporter=exporter,
                      value_head_dim=int(vshape[3]) if vshape[3] != shape[3] else None)

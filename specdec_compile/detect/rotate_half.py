@@ -54,7 +54,9 @@ class RotateHalfSite:
 
 def _ints(t: gs.Tensor) -> list[int] | None:
     v = const_value(t)
-    return None if v is None or v.dtype.kind not in "iu" else [int(x) for x in np.atleast_1d(v)]
+    if v is None or v.dtype.kind not in "iu" or v.ndim > 1:
+        return None
+    return [int(x) for x in np.atleast_1d(v)]
 
 
 def _table_read(t: gs.Tensor):

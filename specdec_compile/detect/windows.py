@@ -20,7 +20,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import UnsupportedPatternError
 from ..graph_utils import const_value, producer
-from ._probe import Probe, ProbeError, probe_inputs
+from ._probe import InvalidGraphError, Probe, ProbeError, probe_inputs
 
 SEQ = 3
 #: windows of this many tokens or more are not looked for (sentinels like INT_MAX are not windows)
@@ -106,6 +106,8 @@ def find_windows(graph: gs.Graph, layers, inputs, concats: list[gs.Node]
         try:
             dims, feeds = probe_inputs(graph, past, SEQ, roles, [n.inputs[0] for n in concats])
             values = Probe(graph, dims, feeds).values(operands)
+        except InvalidGraphError as e:
+            raise UnsupportedPatternError(f"the model is not valid ONNX: {e}") from None
         except ProbeError as e:
             errors.append(f"past {past}: {e}")
             continue

@@ -1,7 +1,6 @@
 """The diff of two models or files, and of a sequence of snapshots."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -9,7 +8,7 @@ import onnx
 
 from ..contract import MANIFEST_FILE
 from ..errors import SpecdecError
-from ..model_io import load_model
+from ..model_io import load_model, resolve_model_path
 from ..artifact.manifest import Manifest
 from .hashing import TensorHasher
 from .index import GraphIndex, type_desc
@@ -80,14 +79,6 @@ def diff_models(a: onnx.ModelProto, b: onnx.ModelProto, *, a_dir=None, b_dir=Non
 
 
 # --------------------------------------------------------------------------- files and snapshots
-
-
-def resolve_model_path(path: str | os.PathLike) -> Path:
-    """``path``, or ``path/model.onnx`` when ``path`` is an artifact directory."""
-    p = Path(path)
-    if p.is_dir() and (p / "model.onnx").is_file():
-        return p / "model.onnx"
-    return p
 
 
 def _artifact_notes(pa: Path, pb: Path, identical: bool) -> list[str]:

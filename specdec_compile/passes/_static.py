@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import const_value, producer
+from ..graph_utils import const_value, producer, toposort
 
 _DEPTH = 24
 _PASS_THROUGH = ("Cast", "Identity")
@@ -26,7 +26,7 @@ _PASS_THROUGH = ("Cast", "Identity")
 
 def _inferred(graph: gs.Graph, data_prop: bool = False) -> onnx.ModelProto:
     ordered = graph.copy()
-    ordered.toposort()  # inference reads the nodes in order; passes append theirs at the end
+    toposort(ordered)  # inference reads the nodes in order; passes append theirs at the end
     model = gs.export_onnx(ordered, do_type_check=False)
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from ..graph_utils import toposort
 from ._context import PassContext, need
 
 
@@ -12,5 +13,5 @@ def cleanup(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("cleanup", ctx)
     graph = graph.copy()
     graph.cleanup(remove_unused_graph_inputs=False, remove_unused_node_outputs=False)
-    graph.toposort()
+    toposort(graph)
     return graph

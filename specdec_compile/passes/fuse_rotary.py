@@ -47,7 +47,7 @@ import onnx_graphsurgeon as gs
 
 from ..contract import POSITION_IDS
 from ..detect.rotate_half import RotateHalfSite, find_rotate_half
-from ..graph_utils import Builder, graph_input
+from ..graph_utils import Builder, graph_input, toposort
 from ._context import PassContext, need
 from ._static import symbolic_dims
 from .rotary_tables import rotary_tables
@@ -105,5 +105,5 @@ def fuse_rotary(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     for site in sites:
         _fuse(b, site, caches)
     graph.cleanup(remove_unused_graph_inputs=False)
-    graph.toposort()
+    toposort(graph)
     return graph

@@ -32,7 +32,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..detect.rotate_half import rotate_half_of
-from ..graph_utils import Builder
+from ..graph_utils import Builder, toposort
 from ._context import PassContext, need
 from ._static import dims_and_types, dtype_of
 
@@ -151,5 +151,5 @@ def gather_rotate_half(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
         s.mul.inputs[s.mul.inputs.index(s.rotated)] = gathered
         s.mul.inputs[s.mul.inputs.index(s.other)] = signed[key]
     graph.cleanup(remove_unused_graph_inputs=False)
-    graph.toposort()
+    toposort(graph)
     return graph

@@ -42,7 +42,7 @@ import onnx_graphsurgeon as gs
 
 from ..contract import POSITION_IDS
 from ..errors import SpecdecError, UnsupportedPatternError
-from ..graph_utils import Builder, graph_input, is_external, replace_uses, tensor_by_name, value_dependence
+from ..graph_utils import Builder, graph_input, toposort, is_external, replace_uses, tensor_by_name, value_dependence
 from ._context import PassContext, need
 
 _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
@@ -58,7 +58,7 @@ def _subgraph(graph: gs.Graph, pos_name: str, table_names: list[str]) -> gs.Grap
     tensors = sub.tensors()
     sub.outputs = [tensors[n] for n in table_names]
     sub.cleanup(remove_unused_graph_inputs=True)
-    sub.toposort()
+    toposort(sub)
     others = [t for t in sub.inputs if t.name != pos_name]
     dep = value_dependence(sub, others)
     for name, out in zip(table_names, sub.outputs):

@@ -32,7 +32,7 @@ class Request:
 
 
 def request_of(rewritten: str | Path) -> Request:
-    model = onnx.load(str(rewritten), load_external_data=False)
+    model = load_model(rewritten)
     meta = {p.key: p.value for p in model.metadata_props}
     outs = {o.name for o in model.graph.output}
     feat = next((i for i in model.graph.input if i.name == HIDDEN_STATES), None)

@@ -34,9 +34,13 @@ from ..contract import (BATCH_INDEX, CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGI
 from ..errors import SpecdecError
 from ..model_io import load_model
 from ..options import check_options
+from ..graph_checks import input_blamed
 from .hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
 
 _log = logging.getLogger(__name__)
+
+#: the most memory the rewrite's cache may take during a verification (each error says it)
+MAX_CACHE_BYTES = 4 * 2 ** 30
 
 @dataclass
 class ShapeCheck:
@@ -111,6 +115,14 @@ class VerifyReport:
         return d
 
 
+def _quiet():
+    """Run options under which ONNX Runtime logs nothing: a failing call is reported once, as our line."""
+    import onnxruntime as ort
+    ro = ort.RunOptions()
+    ro.log_severity_level = 4
+    return ro
+
+
 def _session(path: Path):
     """A CPU session with one intra-op thread."""
     from ..ort_session import CPU, create_session
@@ -128,7 +140,8 @@ class OriginalModel:
         model = load_model(path)
         graph = gs.import_onnx(model)
         name_unnamed_nodes(graph)
-        self.det = detect(graph)
+        with input_blamed(model, path):
+            self.det = detect(graph)
         self.hidden = layer_names(self.det, req)  # the export's internal tensors the rewrite outputs
         self.copy = ExposedCopy(path, self.hidden) if self.hidden else None
         self.sess = _session(self.copy.path if self.copy else path)
@@ -164,7 +177,7 @@ class OriginalModel:
             if name in feeds and "int32" in t:
                 feeds[name] = feeds[name].astype(np.int32)
         try:
-            out = self.sess.run(self.out_names, feeds)
+            out = self.sess.run(self.out_names, feeds, _quiet())
         except Exception as e:
             raise SpecdecError(f"original model failed on {v} tokens after {start}: "
                                f"{' '.join(str(e).split())[:300]}") from None
@@ -184,18 +197,30 @@ class _Rewritten:
         self.names = [past_name(kind, i) for i in range(self.layers) for kind in ("key", "value")]
         self.out_names = [LOGITS] + [retained_name(kind, i) for i in range(self.layers)
                                      for kind in ("key", "value")]
-        self.state = [np.zeros((batch, ins[n].shape[1], ctx_len, ins[n].shape[3]), dtype) for n in self.names]
+        shapes = [(batch, ins[n].shape[1], ctx_len, ins[n].shape[3]) for n in self.names]
+        if not all(isinstance(d, int) and d >= 1 for s in shapes for d in s):
+            raise SpecdecError(f"{path}: cache inputs of shape {ins[self.names[0]].shape}: not a rewritten graph")
+        need = sum(int(np.prod(s)) for s in shapes) * np.dtype(dtype).itemsize
+        if need > MAX_CACHE_BYTES:
+            raise SpecdecError(f"verify would hold {need / 2 ** 30:.1f} GiB of cache (batch {batch}, "
+                               f"ctx_len {ctx_len}), over its limit of {MAX_CACHE_BYTES // 2 ** 30} GiB; lower --ctx-len or --batch-size")
+        self.state = [np.zeros(s, dtype) for s in shapes]
         self.req = req
         self.feature_dtype = (np.float16 if "float16" in ins[HIDDEN_STATES].type else np.float32) \
             if req.feature_width else None
         self.out_names += [req.output] if req.output else []
         logits_shape = next(o for o in self.sess.get_outputs() if o.name == LOGITS).shape
+        self.vocab = logits_shape[-1] if logits_shape else None
+        self._ins = ins
         self.role = "dlm" if logits_shape[1] == 1 else "tlm"
         #: --interface qeff (contract section 7): every row in its own cache row, every column's logits
         self.qeff = [n for n in (BATCH_INDEX, NUM_LOGITS_TO_KEEP) if n in ins]
         meta = self.sess.get_modelmeta().custom_metadata_map
         #: the context a qaic graph was compiled for (its rotary tables have that many rows); None: any
         self.max_ctx_len = int(meta[CTX_LEN_KEY]) if meta.get(CTX_LEN_KEY, "").isdigit() else None
+
+    def kv_shape(self, kind: str) -> list:
+        return list(self._ins[past_name(kind, 0)].shape)
 
     def run(self, ids: np.ndarray, pos: np.ndarray, feats: np.ndarray | None = None):
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos, **dict(zip(self.names, self.state))}
@@ -205,7 +230,11 @@ class _Rewritten:
             feeds[NUM_LOGITS_TO_KEEP] = np.zeros((ids.shape[1], 1), np.int64)
         if self.feature_dtype is not None:
             feeds[HIDDEN_STATES] = feats.astype(self.feature_dtype)
-        out = self.sess.run(self.out_names, feeds)
+        try:
+            out = self.sess.run(self.out_names, feeds, _quiet())
+        except Exception as e:  # ONNX Runtime's own errors: a graph unlike the one it claims to be
+            raise SpecdecError(f"the rewrite failed on ONNX Runtime at seq_len {ids.shape[1]}: "
+                               f"{' '.join(str(e).split())[:300]}") from None
         self.state = out[1:1 + len(self.names)]
         return out[0], (out[-1] if self.req.output else None)
 
@@ -282,9 +311,13 @@ def _as_path(model, source, stack) -> Path:
 
 def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, ctx_len: int, batch_size: int,
                   seed: int, tol: float, widths: tuple[int, ...] = ()) -> VerifyReport:
-    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size + max(_extra_widths(widths, k, prefill_len), default=0)
+    widest = max(_extra_widths(widths, k, prefill_len), default=0)
+    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size + widest
     if ctx_len < need:
-        raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario (needs >= {need})")
+        extra = f", a width of {widest}" if widest else ""
+        raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario of prefill {prefill_len}, "
+                           f"k {k}, batch {batch_size}{extra} (needs >= {need} = 2*prefill + 2*(k+1) + batch + 3"
+                           f"{' + width' if widest else ''}): raise --ctx-len or lower the others")
     _check_writes(rewritten)
     req = request_of(rewritten)
     _log.info("verifying %s against %s on ONNX Runtime (k %d, prefill %d, context %d, batch %d)", rewritten,
@@ -303,6 +336,9 @@ def _check_writes(rewritten) -> None:
     """A rewrite that lost its target's cache write (an optimizer after the compile) is refused."""
     from ..artifact.cache_writes import check_cache_writes, graph_target
     model = load_model(rewritten)
+    names = [i.name for i in model.graph.input]
+    if not {INPUT_IDS, POSITION_IDS, past_name("key", 0)} <= set(names):  # before ONNX Runtime opens it
+        raise SpecdecError(f"{rewritten}: not a rewritten graph (inputs: {', '.join(names)})")
     check_cache_writes(model, graph_target(model), str(rewritten))
 
 
@@ -311,8 +347,7 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
     if new.max_ctx_len is not None and ctx_len > new.max_ctx_len:
         raise SpecdecError(f"{rewritten} was compiled for ctx_len {new.max_ctx_len} (a qaic graph: fixed context, "
                            f"rotary tables of that many rows); verify with --ctx-len <= {new.max_ctx_len}")
-    if new.layers != orig.det.info.num_layers:
-        raise SpecdecError(f"layer count differs: original {orig.det.info.num_layers}, rewrite {new.layers}")
+    _check_same_model(orig, new, rewritten)
     rng = np.random.default_rng(seed)
     vocab = orig.det.info.vocab_size
     report = VerifyReport(role=new.role, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
@@ -373,6 +408,22 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
     return report
 
 
+def _check_same_model(orig: OriginalModel, new: _Rewritten, rewritten) -> None:
+    """One line when the rewrite is not of this export: layers, KV heads, head dims, vocabulary."""
+    info = orig.det.info
+    if new.layers != info.num_layers:
+        raise SpecdecError(f"layer count differs: original {info.num_layers}, rewrite {new.layers} "
+                           f"({rewritten} is not a rewrite of this export)")
+    want = {"KV heads": info.num_kv_heads, "key head_dim": info.head_dim,
+            "value head_dim": info.value_head_dim or info.head_dim, "vocabulary": info.vocab_size}
+    got = {"KV heads": new.kv_shape("key")[1], "key head_dim": new.kv_shape("key")[3],
+           "value head_dim": new.kv_shape("value")[3], "vocabulary": new.vocab}
+    for what, w in want.items():
+        if isinstance(got[what], int) and got[what] != w:
+            raise SpecdecError(f"{what} differ: original {w}, rewrite {got[what]} ({rewritten} is not a rewrite "
+                               f"of this export)")
+
+
 def _width_dependence(orig: OriginalModel, tokens: np.ndarray, start: int, width: int) -> tuple[float, int]:
     """The export's logits of positions start..start+width-1 after ``start`` tokens of history:
     one call of ``width`` tokens against ``width`` calls of one (max abs difference, positions
@@ -389,9 +440,7 @@ def _width_dependence(orig: OriginalModel, tokens: np.ndarray, start: int, width
 
 def compiled_ctx_len(rewritten: str | Path) -> int | None:
     """The context length a qaic graph was compiled for (its metadata), None for any."""
-    import onnx
-    value = {p.key: p.value for p in onnx.load(str(rewritten), load_external_data=False).metadata_props}.get(
-        CTX_LEN_KEY, "")
+    value = {p.key: p.value for p in load_model(rewritten).metadata_props}.get(CTX_LEN_KEY, "")
     return int(value) if value.isdigit() else None
 
 
@@ -404,8 +453,10 @@ def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int, l
 
     from ..detect import detect
     from ..graph_utils import name_unnamed_nodes
-    graph = gs.import_onnx(load_model(Path(original)))
+    model = load_model(Path(original))
+    graph = gs.import_onnx(model)
     name_unnamed_nodes(graph)
-    windows = [layer.window for layer in detect(graph).layers if layer.window]
+    with input_blamed(model, original):
+        windows = [layer.window for layer in detect(graph).layers if layer.window]
     history = max(ctx_len, max(windows) + 2 * prefill_len) if windows else ctx_len
     return min(history, limit) if limit else history

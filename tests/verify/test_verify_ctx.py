@@ -75,7 +75,7 @@ class _WidthDependentExport:
 
 
 def test_width_dependence_is_measured_and_fails_verify_only_past_the_tolerance():
-    from specdec_compile.verify import ShapeCheck, VerifyReport, _width_dependence
+    from specdec_compile.verify.replay import ShapeCheck, VerifyReport, _width_dependence
     tokens = np.arange(40)
     export = _WidthDependentExport(50.0)
     diff, flips = _width_dependence(export, tokens, 8, 5)
