@@ -93,58 +93,79 @@ def compile_config(core, precision: str | None, threads: int | None) -> dict:
     return cfg
 
 
-def _stateful(ov, model, art: Artifact, kv: list[str], shapes: dict) -> None:
-    """Fix the batch and the cache shapes, then make every cache pair a state variable."""
+def make_stateful(model, batch: int, shapes: dict, extra_inputs: dict, where) -> None:
+    """Fix the batch and the cache ``shapes`` (name -> [batch, kv_heads, ctx_len, head_dim]) of an
+    OpenVINO model read from a rewritten graph, then make every cache pair a state variable
+    (MakeStateful); anything but the ids, positions and ``extra_inputs`` left as an input is refused."""
+    ov = import_openvino()
     from openvino import passes as ovp
-    B = art.batch_size
     new = {}
     for p in model.inputs:
         n = p.get_any_name()
         if n in shapes:
             new[n] = ov.PartialShape(list(shapes[n]))
-        elif n in art.extra_inputs:
-            new[n] = ov.PartialShape([B, -1, art.extra_inputs[n]])
+        elif n in extra_inputs:
+            new[n] = ov.PartialShape([batch, -1, extra_inputs[n]])
         else:
-            new[n] = ov.PartialShape([B, -1])
+            new[n] = ov.PartialShape([batch, -1])
     model.reshape(new)
     manager = ovp.Manager()
-    manager.register_pass(ovp.MakeStateful({n: f"{n}_RetainedState" for n in kv}))
+    manager.register_pass(ovp.MakeStateful({n: f"{n}_RetainedState" for n in shapes}))
     manager.run_passes(model)
-    left = sorted({p.get_any_name() for p in model.inputs} - {INPUT_IDS, POSITION_IDS} - set(art.extra_inputs))
+    left = sorted({p.get_any_name() for p in model.inputs} - {INPUT_IDS, POSITION_IDS} - set(extra_inputs))
     if left:
-        raise SpecdecError(f"{art.model_path}: OpenVINO's MakeStateful left the inputs {left}; the cache is not "
+        raise SpecdecError(f"{where}: OpenVINO's MakeStateful left the inputs {left}; the cache is not "
                            f"kept inside the engine")
+
+
+def read_and_compile(path, precision: str | None, threads: int | None, prepare=None):
+    """(compiled model, its inference precision "f32"/"bf16"/"f16", its thread count): ``path`` read
+    by OpenVINO's ONNX frontend, ``prepare(model)`` applied (checks, MakeStateful), compiled for the CPU."""
+    ov = import_openvino()
+    core = ov.Core()
+    cfg = compile_config(core, precision, threads)
+    try:
+        model = core.read_model(str(path))
+    except Exception as e:
+        raise SpecdecError(f"{path}: OpenVINO cannot read it: {' '.join(str(e).split())[:300]}") from None
+    if prepare is not None:
+        prepare(model)
+    try:
+        compiled = core.compile_model(model, "CPU", cfg)
+    except Exception as e:
+        raise SpecdecError(f"{path}: OpenVINO cannot compile it: {' '.join(str(e).split())[:300]}") from None
+    got = compiled.get_property("INFERENCE_PRECISION_HINT")
+    got = got.get_type_name() if hasattr(got, "get_type_name") else str(got)
+    return compiled, _SHORT.get(got, got), int(compiled.get_property("INFERENCE_NUM_THREADS"))
+
+
+def state_name(cache_input: str) -> str:
+    """The id MakeStateful gives the state variable of a cache pair."""
+    return f"{cache_input}{cache_input}_RetainedState"
 
 
 def load_openvino(artifact, *, precision: str | None = None, threads: int | None = None,
                   expect_role: str | None = None) -> OpenVinoModel:
     """Open a ``--target openvino`` artifact (directory or ``Artifact``) on OpenVINO's CPU plugin."""
-    ov = import_openvino()
+    import_openvino()
     art = resolve_artifact(artifact, expect_role, need_model=True)
     _check_target(art)
-    core = ov.Core()
-    cfg = compile_config(core, precision, threads)
-    try:
-        model = core.read_model(str(art.model_path))
-    except Exception as e:
-        raise SpecdecError(f"{art.model_path}: OpenVINO cannot read it: {' '.join(str(e).split())[:300]}") from None
-    ins = {p.get_any_name(): _port(p) for p in model.inputs}
-    outs = {p.get_any_name(): _port(p) for p in model.outputs}
-    kv = _check_names(art.model_path, ins, outs, art)
-    _check_role_shape(art, ins, outs)
-    shapes, dtypes = {}, {}
-    for n in kv:
-        shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
-    _check_cache_fits(art, shapes, dtypes)
-    _stateful(ov, model, art, kv, shapes)
-    try:
-        compiled = core.compile_model(model, "CPU", cfg)
-    except Exception as e:
-        raise SpecdecError(f"{art.model_path}: OpenVINO cannot compile it: {' '.join(str(e).split())[:300]}") from None
-    got = compiled.get_property("INFERENCE_PRECISION_HINT")
-    got = got.get_type_name() if hasattr(got, "get_type_name") else str(got)
-    vocab = outs[LOGITS].shape[-1] if outs[LOGITS].shape else None
-    return OpenVinoModel(artifact=with_vocab(art, vocab, "graph's logits"), compiled=compiled, kv_names=kv,
-                         kv_shapes=shapes, kv_dtypes=dtypes, precision=_SHORT.get(got, got),
-                         threads=int(compiled.get_property("INFERENCE_NUM_THREADS")),
-                         state_names={n: f"{n}{n}_RetainedState" for n in kv})
+    facts = {}
+
+    def prepare(model):
+        ins = {p.get_any_name(): _port(p) for p in model.inputs}
+        outs = {p.get_any_name(): _port(p) for p in model.outputs}
+        kv = _check_names(art.model_path, ins, outs, art)
+        _check_role_shape(art, ins, outs)
+        shapes, dtypes = {}, {}
+        for n in kv:
+            shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
+        _check_cache_fits(art, shapes, dtypes)
+        facts.update(kv=kv, shapes=shapes, dtypes=dtypes, vocab=outs[LOGITS].shape[-1] if outs[LOGITS].shape else None)
+        make_stateful(model, art.batch_size, shapes, art.extra_inputs, art.model_path)
+
+    compiled, got, n_threads = read_and_compile(art.model_path, precision, threads, prepare)
+    kv = facts["kv"]
+    return OpenVinoModel(artifact=with_vocab(art, facts["vocab"], "graph's logits"), compiled=compiled, kv_names=kv,
+                         kv_shapes=facts["shapes"], kv_dtypes=facts["dtypes"], precision=got, threads=n_threads,
+                         state_names={n: state_name(n) for n in kv})
