@@ -39,14 +39,14 @@ class OpenVinoRewritten:
     """The replay's rewritten model on OpenVINO; ``base`` (an ORT ``_Rewritten`` of the same
     graph) gives the interface facts (names, role, cache shapes, features)."""
 
-    def __init__(self, base, path: Path, batch: int, precision: str | None = None):
+    def __init__(self, base, path: Path, batch: int, precision: str | None = "f32"):
         self.__dict__.update({k: v for k, v in vars(base).items() if k != "sess"})
         if self.qeff:
             raise SpecdecError(f"{path}: an --interface qeff graph; verify it with --backend ort")
         shapes = {n: tuple(s.shape) for n, s in zip(self.names, self.state)}
         extra = {HIDDEN_STATES: self.req.feature_width} if self.feature_dtype is not None else {}
         self.compiled, self.precision, _ = read_and_compile(
-            path, precision, 1, lambda m: make_stateful(m, batch, shapes, extra, path))
+            path, precision or "f32", 1, lambda m: make_stateful(m, batch, shapes, extra, path))
         self.request = self.compiled.create_infer_request()
         self.request.reset_state()
         self._states = {s.name: s for s in self.request.query_state()}

@@ -258,11 +258,11 @@ def _extra_widths(widths, k: int, prefill_len: int) -> list[int]:
 
 def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: int = 256, batch_size: int = 1,
            seed: int = 0, tol: float = 1e-4, original_source=None, rewritten_source=None,
-           widths=(), backend: str = "auto", precision: str | None = None) -> VerifyReport:
+           widths=(), backend: str = "auto", precision: str = "f32") -> VerifyReport:
     """The rewrite against the export on ONNX Runtime (``VerifyReport``). ``widths``: call widths
     to run besides prefill, 1, 2, k and k+1 (an artifact's other specializations, e.g. from
     ``--k-list``). ``backend``: where the rewrite runs, "ort", "openvino" (its cache state
-    variables inside OpenVINO, at ``precision``) or "auto" (openvino for a graph lowered for it). ``original`` and
+    variables inside OpenVINO, at ``precision``, default f32) or "auto" (openvino for a graph lowered for it). ``original`` and
     ``rewritten``: paths, ``onnx.ModelProto``s or ``onnx_ir.Model``s (a model in memory is
     written to a scratch directory, its external data hard-linked from its source directory:
     ``*_source``, the file it was read from, or an ir model's own ``base_dir``)."""

@@ -10,7 +10,7 @@ Precision: ``precision=None`` runs at what OpenVINO picks for the CPU (bf16 on
 a CPU with AMX or avx512_bf16, else f32). Below f32 a position's logits can
 depend on the width of the call (the GEMMs block differently), so greedy
 speculative output can differ from target-only decoding: ``exact`` says whether
-the backend runs at f32, and ``precision_note`` is the line the CLI prints.
+the backend runs at f32, and ``exactness()`` is what the CLI prints and records.
 """
 from __future__ import annotations
 
@@ -52,12 +52,16 @@ class OpenVinoBackend(Backend):
         """True when the backend runs at f32: a position's logits do not depend on the call's width."""
         return self.precision == "f32"
 
-    def precision_note(self) -> str | None:
-        """One line when greedy speculative output may differ from target-only decoding here; None at f32."""
-        if self.exact:
-            return None
-        return (f"OpenVINO runs {self.artifact.role.upper()} at {self.precision}: logits depend on the call "
-                f"width, so greedy speculative output may differ from target-only (--ov-precision f32 is exact)")
+    def exactness(self, speculative: bool = True) -> dict:
+        """What a run on this backend records (docs/CONTRACT.md): the precision, whether greedy
+        speculative output is guaranteed equal to target-only decoding (f32, or no speculation),
+        and the one line to say when it is not (None when it is)."""
+        exact = self.exact or not speculative
+        note = None if exact else (
+            f"OpenVINO runs the TLM at {self.precision}: its logits may depend on the call width, so greedy "
+            f"speculative output may differ from target-only decoding (--ov-precision f32 is exact)")
+        return {"kind": self.kind, "precision": self.precision, "threads": self.threads,
+                "greedy_equals_target_only": exact, "note": note}
 
     def _run(self, ids, pos):
         return self._run_outputs(ids, pos, {n: np.zeros((*ids.shape, w), np.float32)
