@@ -70,10 +70,12 @@ def backend_width_dependence(new: OpenVinoRewritten, tokens: np.ndarray, start: 
     """The rewrite's logits of positions start..start+width-1 after ``start`` tokens of history on
     this backend: one call of ``width`` tokens against ``width`` calls of one (max abs difference,
     positions whose top token differs). Leaves the state reset."""
+    batch = new.state[0].shape[0]      # the graph's fixed batch: the same row in every row
+
     def call(lo, hi):
-        ids = np.asarray(tokens[lo:hi], np.int64)[None]
-        pos = np.arange(lo, hi, dtype=np.int64)[None]
-        feats = np.zeros((1, hi - lo, feature_width), np.float32) if feature_width else None
+        ids = np.repeat(np.asarray(tokens[lo:hi], np.int64)[None], batch, axis=0)
+        pos = np.repeat(np.arange(lo, hi, dtype=np.int64)[None], batch, axis=0)
+        feats = np.zeros((batch, hi - lo, feature_width), np.float32) if feature_width else None
         return new.run(ids, pos, feats)[0][0]
 
     new.reset()
