@@ -70,6 +70,8 @@ def test_pass_order_is_derived_from_the_registry():
     for role in ("tlm", "dlm"):
         assert passes.select(role, "qaic") == tuple(p for p in default if p.name not in ort_only)
         assert passes.select(role, "ort") == tuple(p for p in default if p.name not in qaic_only)
+        # OpenVINO does its own fusions: the target-neutral passes and the lowering, none of either's
+        assert passes.select(role, "openvino") == tuple(p for p in default if p.name not in qaic_only | ort_only)
         qeff = {p.name for p in passes.select(role, "ort", "qeff")} - {p.name for p in default}
         assert qeff == ({"batch_index", "logits_to_keep"} if role == "tlm" else {"batch_index"})
     with pytest.raises(SpecdecError, match="unknown target 'cpu'"):

@@ -20,7 +20,8 @@ the model. Whether a selected pass changes a given model is the pass's own
 business: when the detection gives it nothing to do (no mask sites; later: an
 export that already has position_ids, no sliding window, no ALiBi), it returns
 the graph unchanged. A target-only legalization (qaic: CastLike -> Cast, ...)
-is an entry with ``targets=("qaic",)``; a pass for a model feature is an entry
+is an entry with ``targets=("qaic",)``; ``openvino`` runs the entries for every target
+and neither target's restricted ones (OpenVINO fuses for itself); a pass for a model feature is an entry
 for every target that no-ops on models without the feature. A pass called
 directly runs as asked: the roles/targets of its entry are the pipeline's
 selection rule, not a check inside the pass.
@@ -159,7 +160,9 @@ REGISTRY: tuple[Pass, ...] = (
          "`com.qualcomm.cloud::CtxScatter(data, position_ids, updates)` (a ScatterND over [batch, head, "
          "position], the form QEfficient's device graphs use); newer ops are rewritten to their opset-17 "
          "forms (Reduce* axes, Split num_outputs, Gelu). `ort`: opset 24, `TensorScatter(mode=\"circular\")`, "
-         "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
+         "which ONNX Runtime updates in place when the output is bound to the input's buffer. `openvino`: opset 17 "
+         "as for qaic, `ScatterElements(cache, slots, updates, axis=2)` (OpenVINO's ScatterElementsUpdate, kept on "
+         "a state variable inside the engine by its `MakeStateful`)"),
     Pass("grouped_attention", grouped_attention,
          "grouped-query attention reads the cache as it is: where the export repeats the KV heads "
          "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the key product "

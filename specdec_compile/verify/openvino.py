@@ -58,9 +58,17 @@ class OpenVinoRewritten:
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos}
         if self.feature_dtype is not None:
             feeds[HIDDEN_STATES] = feats.astype(np.float32)
-        self.request.infer(feeds)
+        try:
+            self.request.infer(feeds)
+        except Exception as e:
+            raise SpecdecError(f"the rewrite failed on OpenVINO on a call of {list(ids.shape)}: "
+                               f"{' '.join(str(e).split())[:300]}") from None
         self.state = [np.array(self._states[state_name(n)].state.data, copy=True) for n in self.names]
         logits = np.array(self.request.get_tensor(LOGITS).data, dtype=np.float32, copy=True)
+        want = (ids.shape[0], ids.shape[1] if self.role == "tlm" else 1)
+        if logits.shape[:2] != want:
+            raise SpecdecError(f"the rewrite failed on OpenVINO on a call of {list(ids.shape)}: logits "
+                               f"{list(logits.shape)}, expected [{want[0]}, {want[1]}, vocab]")
         hidden = self.request.get_tensor(self.req.output).data.copy() if self.req.output else None
         return logits, hidden
 
