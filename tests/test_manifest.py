@@ -179,3 +179,17 @@ def test_opset_names_the_target(tmp_path):
     res.model.opset_import[0].version = 24
     with pytest.raises(SpecdecError, match="target ort \\(its opset 24\\)"):
         write_artifact(res, tlm(), tmp_path / "o")
+
+
+def test_opset_17_names_qaic_only_with_its_domain(tmp_path):
+    """opset 17 is the qaic and the openvino lowering's: it names qaic where the graph imports the
+    com.qualcomm.cloud domain (CtxScatter), and names nothing otherwise (its metadata decides)."""
+    from onnx import helper
+    from specdec_compile.artifact.graph_facts import graph_claims
+    from specdec_compile.contract import QAIC_DOMAIN
+    res = fake_result(tmp_path)
+    res.target = None
+    res.model.opset_import[0].version = 17
+    assert "its opset 17" not in str(graph_claims(res)["target"])
+    res.model.opset_import.append(helper.make_opsetid(QAIC_DOMAIN, 1))
+    assert ("qaic", "its opset 17") in graph_claims(res)["target"]

@@ -26,23 +26,19 @@ PROMPTS = [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20], [1, 2, 3, 4, 5
 
 @pytest.fixture(scope="module")
 def art(fixture_path, tmp_path_factory):
-    """art(name, role, target="openvino", k=None, extra=()) -> artifact dir (built once). name
-    "head" is the tiny feature draft (reading the target's last layer)."""
+    """art(name, role, *flags, target="openvino") -> an artifact dir, compiled once per arguments
+    (PL 8, CL 64); name "head" is the tiny feature draft."""
     root = tmp_path_factory.mktemp("ov_artifacts")
     made = {}
 
-    def get(name, role, target="openvino", k=None, extra=()):
-        key = (name, role, target, k, tuple(extra))
-        if key not in made:
-            out = root / "-".join(str(x) for x in key if x not in (None, ())).replace(",", "_").replace(" ", "")
+    def get(name, role, *flags, target="openvino"):
+        if (name, role, flags, target) not in made:
+            out = root / f"a{len(made)}"
             src = export_feature_draft(1) if name == "head" else fixture_path(name)
-            argv = [str(src), "--role", role, "--target", target, "--prefill-len", str(PL), "--ctx-len", str(CL),
-                    "-o", str(out), *extra]
-            if k is not None:
-                argv += ["--k", str(k)]
-            assert compile_cli.main(argv) == 0
-            made[key] = out
-        return made[key]
+            assert compile_cli.main([str(src), "--role", role, "--target", target, "--prefill-len", str(PL),
+                                     "--ctx-len", str(CL), "-o", str(out), *map(str, flags)]) == 0
+            made[name, role, flags, target] = out
+        return made[name, role, flags, target]
 
     return get
 
@@ -63,7 +59,7 @@ def f32(path, **kw):
 
 @pytest.mark.parametrize("draft", ["llama_gqa", "gpt2"])
 def test_greedy_dlm_equals_target_only_and_transformers(art, hf_greedy, draft):
-    tlm, dlm = f32(art("llama_gqa", "tlm", k=4)), f32(art(draft, "dlm"))
+    tlm, dlm = f32(art("llama_gqa", "tlm", "--k", 4)), f32(art(draft, "dlm"))
     assert tlm.exact and tlm.exactness()["note"] is None
     spec, base = SpecDecoder(tlm, dlm), TargetOnlyDecoder(tlm)
     for prompt in PROMPTS[:3]:
@@ -73,8 +69,8 @@ def test_greedy_dlm_equals_target_only_and_transformers(art, hf_greedy, draft):
 
 
 def test_ngram_draft_equals_target_only_and_ort(art):
-    tlm = f32(art("llama_gqa", "tlm", k=4))
-    ort = OrtBackend(art("llama_gqa", "tlm", target="ort", k=4))
+    tlm = f32(art("llama_gqa", "tlm", "--k", 4))
+    ort = OrtBackend(art("llama_gqa", "tlm", "--k", 4, target="ort"))
     for prompt in PROMPTS:
         s = SpecDecoder(tlm, None, draft="ngram").generate(prompt, max_new_tokens=40)
         b = TargetOnlyDecoder(tlm).generate(prompt, max_new_tokens=40)
@@ -85,8 +81,8 @@ def test_ngram_draft_equals_target_only_and_ort(art):
 def test_feature_draft_every_width_and_k0_fallback(art):
     """A TLM with --hidden-states and widths 0,1,3 (K=0 fallback), the feature head with its extra
     input and output: speculative == target-only, fixed k, adaptive and k=0."""
-    tlm = f32(art("llama_gqa", "tlm", k=3, extra=("--k-list", "0,1,3", "--hidden-states", "-1")))
-    head = f32(art("head", "dlm", k=3, extra=("--feature-layers", "-1")))
+    tlm = f32(art("llama_gqa", "tlm", "--k", 3, "--k-list", "0,1,3", "--hidden-states", "-1"))
+    head = f32(art("head", "dlm", "--k", 3, "--feature-layers", "-1"))
     assert tlm.extra_outputs and head.extra_inputs and head.extra_outputs
     spec, base = SpecDecoder(tlm, head, k=3), TargetOnlyDecoder(tlm)
     assert isinstance(spec.source, FeatureDraft)
@@ -102,7 +98,7 @@ def test_feature_draft_every_width_and_k0_fallback(art):
 def test_every_width_matches_onnx_runtime(art):
     """Each specialization of the manifest, the same calls on OpenVINO (state inside) and on ONNX
     Runtime (the same graph, cache in host buffers): logits and cache agree at f32."""
-    path = art("llama_gqa", "tlm", k=3, extra=("--k-list", "1,3"))
+    path = art("llama_gqa", "tlm", "--k", 3, "--k-list", "1,3")
     o, r = f32(path), OrtBackend(path)
     rng = np.random.default_rng(0)
     start = 0
@@ -120,7 +116,7 @@ def test_every_width_matches_onnx_runtime(art):
 def test_the_cache_never_crosses_to_the_host(art):
     """After MakeStateful the compiled model takes only the ids and positions and gives only the
     logits: a call cannot pass the cache through host buffers. The state variables hold it."""
-    b = f32(art("llama_gqa", "tlm", k=4))
+    b = f32(art("llama_gqa", "tlm", "--k", 4))
     ins = sorted(p.get_any_name() for p in b.compiled.inputs)
     outs = sorted(p.get_any_name() for p in b.compiled.outputs)
     assert ins == ["input_ids", "position_ids"] and outs == ["logits"]
@@ -135,17 +131,17 @@ def test_the_cache_never_crosses_to_the_host(art):
     b.warmup()
     assert np.all(b.cache("past_key.0") == 0) and np.array_equal(b.run(ids, pos), first)
     # a feature draft: its features in and out are the only other tensors crossing
-    head = f32(art("head", "dlm", k=3, extra=("--feature-layers", "-1")))
+    head = f32(art("head", "dlm", "--k", 3, "--feature-layers", "-1"))
     assert sorted(p.get_any_name() for p in head.compiled.inputs) == ["hidden_states", "input_ids", "position_ids"]
 
 
 def test_batch_2_continuous_batching(art, tmp_path):
-    tlm = f32(art("llama_gqa", "tlm", k=4, extra=("--batch-size", "2")))
-    dlm = f32(art("llama_gqa", "dlm", extra=("--batch-size", "2")))
+    tlm = f32(art("llama_gqa", "tlm", "--k", 4, "--batch-size", "2"))
+    dlm = f32(art("llama_gqa", "dlm", "--batch-size", "2"))
     s = SpecDecoder(tlm, dlm).generate_many(PROMPTS, max_new_tokens=20)        # 5 prompts, 2 rows
     b = TargetOnlyDecoder(tlm).generate_many(PROMPTS, max_new_tokens=20)
     assert [x.generated_ids for x in s] == [x.generated_ids for x in b]
-    one = TargetOnlyDecoder(f32(art("llama_gqa", "tlm", k=4)))
+    one = TargetOnlyDecoder(f32(art("llama_gqa", "tlm", "--k", 4)))
     assert [x.generated_ids for x in b] == [one.generate(p, max_new_tokens=20).generated_ids for p in PROMPTS]
     params = SamplingParams(0.8, top_p=0.95, seed=3)
     s = SpecDecoder(tlm, dlm).generate_many(PROMPTS, max_new_tokens=15, sampling=params)
@@ -155,7 +151,7 @@ def test_batch_2_continuous_batching(art, tmp_path):
 
 def test_precision_option_and_exactness_record(art):
     caps = set(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
-    path = art("llama_gqa", "tlm", k=4)
+    path = art("llama_gqa", "tlm", "--k", 4)
     assert f32(path).precision == "f32"
     low = "bf16" if "BF16" in caps else "f16" if "FP16" in caps else None
     if low is None:
@@ -170,7 +166,7 @@ def test_precision_option_and_exactness_record(art):
 
 
 def test_cli_backend_openvino(art, capsys):
-    t, d = art("llama_gqa", "tlm", k=4), art("gpt2", "dlm")
+    t, d = art("llama_gqa", "tlm", "--k", 4), art("gpt2", "dlm")
     code, out, err = run(["--tlm", str(t), "--dlm", str(d), "--backend", "openvino", "--ov-precision", "f32",
                           "--ov-threads", "1", "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "12", "--json"], capsys)
     assert code == 0, err
@@ -186,7 +182,7 @@ def test_cli_says_when_greedy_may_differ(art, capsys):
     caps = set(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     if "BF16" not in caps:
         pytest.skip("this CPU has no bf16")
-    code, out, err = run(["--tlm", str(art("llama_gqa", "tlm", k=4)), "--draft", "ngram", "--backend", "openvino",
+    code, out, err = run(["--tlm", str(art("llama_gqa", "tlm", "--k", 4)), "--draft", "ngram", "--backend", "openvino",
                           "--ov-precision", "bf16", "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "8", "--json"],
                          capsys)
     assert code == 0
@@ -196,7 +192,7 @@ def test_cli_says_when_greedy_may_differ(art, capsys):
 
 
 def test_refusals_are_one_line(art, capsys, monkeypatch):
-    ort_art = art("llama_gqa", "tlm", target="ort", k=4)
+    ort_art = art("llama_gqa", "tlm", "--k", 4, target="ort")
     with pytest.raises(SpecdecError, match="compiled for --target ort; the openvino backend runs"):
         OpenVinoBackend(ort_art)
     with pytest.raises(SpecdecError, match="compiled for --target ort"):
@@ -205,7 +201,7 @@ def test_refusals_are_one_line(art, capsys, monkeypatch):
                    capsys, "compiled for --target ort")
     refused(["--tlm", str(ort_art), "--target-only", "--ov-threads", "2", "--prompt-ids", "1,2"],
                    capsys, "--ov-threads is for --backend openvino")
-    b = f32(art("llama_gqa", "tlm", k=4))
+    b = f32(art("llama_gqa", "tlm", "--k", 4))
     with pytest.raises(SpecdecError, match="matches no specialization"):
         b.run(np.zeros((1, 3), np.int64), np.arange(3)[None])
     with pytest.raises(SpecdecError, match="batch_index"):
@@ -214,7 +210,7 @@ def test_refusals_are_one_line(art, capsys, monkeypatch):
     refused(["--tlm", str(ort_art), "--target-only", "--backend", "openvino", "--prompt-ids", "1,2"],
                    capsys, "pip install 'specdec-compile[openvino]'")
     with pytest.raises(SpecdecError, match=r"needs OpenVINO, which is not installed: pip install"):
-        OpenVinoBackend(art("llama_gqa", "tlm", k=4))
+        OpenVinoBackend(art("llama_gqa", "tlm", "--k", 4))
 
 
 def test_qeff_interface_refused_for_the_openvino_target(fixture_path, tmp_path, capsys):

@@ -1,8 +1,8 @@
 """Loading for OpenVINO: read a ``--target openvino`` graph, check it, make its cache state.
 
 ``load_openvino`` reads the artifact's ``model.onnx`` with OpenVINO's ONNX
-frontend, checks the contract's interface (the same checks as the ONNX Runtime
-loader), fixes the batch and the cache shape ``[batch, kv_heads, ctx_len,
+frontend, checks the contract's interface (``ort.loader.check_interface``, the
+ONNX Runtime loader's checks), fixes the batch and the cache shape ``[batch, kv_heads, ctx_len,
 head_dim]``, and applies OpenVINO's ``MakeStateful`` to every
 ``past_*.{i}`` / ``past_*.{i}_RetainedState`` pair: the cache becomes state
 variables inside the engine, and the compiled model's inputs are only
@@ -21,7 +21,7 @@ from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
 from ....errors import SpecdecError
 from ....artifact.reader import Artifact
 from ..base import resolve_artifact, with_vocab
-from ..ort.loader import _cache_geometry, _check_cache_fits, _check_names, _check_role_shape
+from ..ort.loader import check_interface
 
 INSTALL_HINT = "pip install 'specdec-compile[openvino]' (or pip install openvino)"
 #: --ov-precision values -> OpenVINO's INFERENCE_PRECISION_HINT, and the CPU capability each needs
@@ -155,12 +155,7 @@ def load_openvino(artifact, *, precision: str | None = None, threads: int | None
     def prepare(model):
         ins = {p.get_any_name(): _port(p) for p in model.inputs}
         outs = {p.get_any_name(): _port(p) for p in model.outputs}
-        kv = _check_names(art.model_path, ins, outs, art)
-        _check_role_shape(art, ins, outs)
-        shapes, dtypes = {}, {}
-        for n in kv:
-            shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
-        _check_cache_fits(art, shapes, dtypes)
+        kv, shapes, dtypes = check_interface(art, ins, outs)
         facts.update(kv=kv, shapes=shapes, dtypes=dtypes, vocab=outs[LOGITS].shape[-1] if outs[LOGITS].shape else None)
         make_stateful(model, art.batch_size, shapes, art.extra_inputs, art.model_path)
 
