@@ -9,9 +9,10 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
 * per backend and precision: target-only and n-gram (prompt lookup) decoding, tokens/s (wall, all
   prompts), the speedup over that backend's own target-only, and whether the speculative text
   equals target-only's on every prompt (``greedy_equal``);
-* per OpenVINO precision, the width check over the same texts: each prompt's target-only answer
-  re-scored in calls of k+1 tokens against calls of one; ``width_flips``: positions whose top token
-  differs, of ``positions``; ``vs_f32_flips``: positions whose top token differs from f32's (width 1);
+* per OpenVINO precision, the width check over the same texts (OpenVINO f32's target-only answers):
+  each prompt and answer re-scored in calls of k+1 tokens against calls of one; ``width_flips``:
+  positions whose top token differs, of ``positions``; ``vs_f32_flips``: positions whose top token
+  (width 1) differs from f32's on the same text; ``texts_equal_f32``: target-only text equal to f32's;
 * OpenVINO GenAI's own pipeline beside them when ``openvino_genai`` is installed (not measured
   otherwise: the row says so).
 """
@@ -96,7 +97,7 @@ def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: i
     for prec in ("f32", "bf16"):
         backends.append(("openvino", prec, lambda prec=prec: OpenVinoBackend(dirs["openvino"], precision=prec,
                                                                               threads=threads)))
-    f32_ones = None
+    ref = None            # OpenVINO f32's target-only texts and their width-1 top tokens: what bf16 re-scores
     for kind, prec, make in backends:
         b = make()
         b.warmup()
@@ -108,18 +109,32 @@ def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: i
             row[f"{draft}_speedup"] = rate / base_rate
             row[f"{draft}_greedy_equal"] = [g == t for g, t in zip(got, base)]
         if kind == "openvino":
-            flips, total, ones = width_flips(b, prompts, base, K + 1)
+            texts = base if ref is None else ref[0]
+            flips, total, ones = width_flips(b, prompts, texts, K + 1)
             row.update(width_flips=flips, positions=total)
-            if prec == "f32":
-                f32_ones = ones
-            elif f32_ones is not None:
-                row["vs_f32_flips"] = int(sum(np.sum(np.array(a) != np.array(o)) for a, o in zip(ones, f32_ones)))
+            if ref is None:
+                ref = (base, ones)
+            else:
+                row["vs_f32_flips"] = int(sum(np.sum(np.array(a) != np.array(o)) for a, o in zip(ones, ref[1])))
                 row["vs_f32_positions"] = int(sum(len(o) for o in ones))
+                row["texts_equal_f32"] = [g == t for g, t in zip(base, ref[0])]
         log(json.dumps(row))
         res["rows"].append(row)
         b.close()
     res["genai"] = _genai(export, prompts, threads)
     return res
+
+
+def run_section(real_out: Path, out: Path, threads: int, n_prompts: int, log=print):
+    """``make bench``'s section: the results, or a line saying why it was skipped."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return "skipped: openvino is not installed (pip install 'specdec-compile[openvino]')"
+    export, tokenizer = real_out / "export" / "tlm" / "model.onnx", real_out / "tokenizer"
+    if not export.is_file() or not tokenizer.is_dir():
+        return f"skipped: no SmolLM2 export in {real_out} (make demo builds it)"
+    return run(export, tokenizer, out, threads, n_prompts, log)
 
 
 def _genai(export, prompts, threads):
