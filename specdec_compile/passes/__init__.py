@@ -20,8 +20,10 @@ the model. Whether a selected pass changes a given model is the pass's own
 business: when the detection gives it nothing to do (no mask sites; later: an
 export that already has position_ids, no sliding window, no ALiBi), it returns
 the graph unchanged. A target-only legalization (qaic: CastLike -> Cast, ...)
-is an entry with ``targets=("qaic",)``; ``openvino`` runs the entries for every target
-and neither target's restricted ones (OpenVINO fuses for itself); a pass for a model feature is an entry
+is an entry with ``targets=("qaic",)``; ``openvino`` runs the entries for every target and
+the three ``ort`` passes that read the cache as it is and share shape arithmetic
+(``grouped_attention``, ``share_shapes``, ``gather_rotate_half``: no per-call copy of the
+cache for the grouped heads); a pass for a model feature is an entry
 for every target that no-ops on models without the feature. A pass called
 directly runs as asked: the roles/targets of its entry are the pipeline's
 selection rule, not a check inside the pass.
@@ -171,7 +173,7 @@ REGISTRY: tuple[Pass, ...] = (
          "against the attention weights as `[batch, kv_heads, g, seq, ctx]`; the results are reshaped back to "
          "`[batch, heads, seq, x]`: each element the export's own dot product, bit for bit. Made only where "
          "shape inference proves the repeat exact; any other form is left as it is",
-         targets=("ort",)),
+         targets=("ort", "openvino")),
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
          "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`; on `ort`, "
@@ -180,7 +182,7 @@ REGISTRY: tuple[Pass, ...] = (
          "shape arithmetic once per graph, not per layer: every read of `batch_size`, `seq_len` or `ctx_len` "
          "off a tensor's shape (where shape inference names the dim) reads it once off the graph input, then "
          "identical nodes (same op, attributes and inputs; constants by value) are merged",
-         targets=("ort",)),
+         targets=("ort", "openvino")),
     Pass("fuse_rotary", fuse_rotary,
          "opt-in (`fuse_rotary=True`; off, a no-op: the kernel's fused multiply-adds round unlike the export, "
          "past 1e-4 on SmolLM2-135M): the rotary Cos/Sin become `rotary_tables`' tables (evaluated by ONNX Runtime, "
@@ -196,7 +198,7 @@ REGISTRY: tuple[Pass, ...] = (
          "`Gather(x, permutation) * (sin * sign)`: `-x[j] * s` is `x[j] * -s` bit for bit, and the signed "
          "sin is computed once per call for every layer (Cohere's interleaved pairs too). Made only where the "
          "form is exactly that and the sin operand is `d` wide; anything else is left as it is, with the reason",
-         targets=("ort",)),
+         targets=("ort", "openvino")),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
          "becomes dense where it is exactly that form: every expert runs on every token and its output is "
