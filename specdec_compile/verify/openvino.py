@@ -57,7 +57,7 @@ class OpenVinoRewritten:
     def run(self, ids: np.ndarray, pos: np.ndarray, feats: np.ndarray | None = None):
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos}
         if self.feature_dtype is not None:
-            feeds[HIDDEN_STATES] = feats.astype(np.float32)
+            feeds[HIDDEN_STATES] = feats.astype(self.feature_dtype)
         try:
             self.request.infer(feeds)
         except Exception as e:

@@ -44,6 +44,8 @@ class OpenVinoBackend(Backend):
         self.precision = model.precision
         self.threads = model.threads
         self.extra_names = list(self.extra_outputs)
+        # a feature draft's features in the graph's own float type (a float16 export takes float16)
+        self.input_dtypes = {n: self.compiled.input(n).get_element_type().to_dtype() for n in self.extra_inputs}
         self._request = self.compiled.create_infer_request()
         self._request.reset_state()
 
@@ -70,7 +72,7 @@ class OpenVinoBackend(Backend):
     def _run_outputs(self, ids, pos, extra):
         feed = {INPUT_IDS: ids, POSITION_IDS: pos}
         for n, a in extra.items():
-            feed[n] = np.ascontiguousarray(a, dtype=np.float32)
+            feed[n] = np.ascontiguousarray(a, dtype=self.input_dtypes[n])
         try:
             self._request.infer(feed, share_inputs=True)
         except Exception as e:
