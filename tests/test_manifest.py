@@ -92,7 +92,7 @@ def _edit(data: dict, **change) -> dict:
     (dict(ctx_len=None), "ctx_len is None, expected an integer"),
     (dict(k_list=[3, "x"]), "expected a list of integers"),
     (dict(role="draft"), "role is 'draft', expected tlm or dlm"),
-    (dict(target="cuda"), "target is 'cuda', expected ort or qaic"),
+    (dict(target="cuda"), "target is 'cuda', expected one of qaic, ort, openvino"),
     (dict(k=None), "k=None, expected k >= 1"),
     (dict(k_list=[3]), "does not hold k=7"),
     (dict(role="dlm"), "a DLM manifest has k=7"),
