@@ -78,3 +78,13 @@ def test_openvino_backend_refuses_another_targets_graph(fixture_path, tmp_path, 
     assert cli.main(["verify", str(src), str(model), "--backend", "openvino"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "lowered for --target ort; OpenVINO runs --target openvino graphs" in err[0]
+
+
+def test_without_openvino_verify_says_how_to_install(fixture_path, tmp_path, capsys, monkeypatch):
+    src = fixture_path("llama_gqa")
+    model = _compile(src, tmp_path / "ov", capsys)
+    monkeypatch.setitem(__import__("sys").modules, "openvino", None)     # not installed
+    assert cli.main(["verify", str(src), str(model)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "pip install 'specdec-compile[openvino]'" in err[0]
+    assert cli.main(["verify", str(src), str(model), "--backend", "ort", "--json"]) == 0   # ONNX Runtime reads it
