@@ -31,6 +31,9 @@ kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
                 runtime's own host work per step (loop_host_ms: the step's wall time
                 minus the time inside the session, on the same calls) and its share
                 of the session time (loop_host_share).
+backends        SmolLM2 (make demo's export) on ONNX Runtime f32, OpenVINO f32 and OpenVINO bf16 side
+                by side: target-only, n-gram and suffix drafts, greedy equality, the width check's top-token
+                flips (bench/backends.py; skipped in one line without openvino or the demo's build).
 batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts (the toy pair) and
                 suffix_drafts_real (SmolLM2, when make demo's build exists; also written to
                 bench/results/results-suffix-real.{json,md}): bench/suffix.py.
@@ -378,6 +381,9 @@ def markdown(res: dict) -> str:
         for t, r in (rs.get("by_target") or {rs["target"]: rs}).items():
             L.append(f"| {desc} | {t} | {r['wall_s']:.2f} s | {r['peak_rss_bytes'] / 1e6:.0f} MB | "
                      f"{r['rss_over_weights']:.1%} |")
+    if isinstance(res.get("backends"), dict):
+        from . import backends
+        L += ["", "### backends", "", backends.markdown(res["backends"])]
     return "\n".join(L) + "\n"
 
 
@@ -393,9 +399,10 @@ def _previous_results(path: Path) -> dict:
 
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood,step_floor",
+    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood,step_floor,"
+                                      "backends",
                     help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
-                         "real-ood, step_floor")
+                         "real-ood, step_floor, backends")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (workshop/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
@@ -470,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import real_model
         res["real_model"], res["real_model_settings"] = real_model.run(a.real_out, a, log=log)
         log(f"[bench] picture {real_model.picture(res['real_model'], HERE / 'results' / 'real_model.svg')}")
+    if "backends" in only:      # SmolLM2 on ORT f32, OpenVINO f32 and bf16 (bench/backends.py)
+        from . import backends
+        res["backends"] = backends.run_section(a.real_out, a.out / "backends", a.ort_threads, a.real_prompts, log)
     if "real-ood" in only:
         from . import real_ood
         res["real_ood"], res["real_ood_settings"] = real_ood.run(a.real_out, a, log=log)

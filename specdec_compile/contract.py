@@ -3,8 +3,8 @@
 BATCH, SEQ, CTX = "batch_size", "seq_len", "ctx_len"
 INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"
 ROLES = ("tlm", "dlm")
-TARGETS = ("qaic", "ort")
-TARGET_OPSET = {"qaic": 17, "ort": 24}
+TARGETS = ("qaic", "ort", "openvino")
+TARGET_OPSET = {"qaic": 17, "ort": 24, "openvino": 17}
 #: the TLM's extra output (--hidden-states) and a feature draft's extra input: the target's residual
 #: stream after the listed layers, [batch_size, seq_len, width]
 HIDDEN_STATES = "hidden_states"

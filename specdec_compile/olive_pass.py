@@ -36,7 +36,8 @@ _log = logging.getLogger(__name__)
 #: pass parameter -> (type, default, description); ``None``: not given (the option's own default)
 PARAMS = {
     "role": (str, None, "tlm (target) or dlm (draft); required"),
-    "target": (str, "qaic", "qaic (Cloud AI 100, CtxScatter, opset 17) or ort (ONNX Runtime, TensorScatter)"),
+    "target": (str, "qaic", "qaic (Cloud AI 100, CtxScatter, opset 17), ort (ONNX Runtime, TensorScatter) or openvino "
+                         "(OpenVINO, ScatterElements)"),
     "k": (int, None, "TLM: drafted tokens per round (required for a TLM and a feature draft)"),
     "k_list": (list, None, "TLM: extra verification widths"),
     "prefill_len": (int, 32, "prompt chunk length"),

@@ -108,6 +108,9 @@ class Options:
                                        f"manifest says)")
         if self.interface not in INTERFACES:
             raise SpecdecError(f"--interface {self.interface!r} is not one of {', '.join(INTERFACES)}")
+        if self.interface == "qeff" and self.target == "openvino":
+            raise SpecdecError("--interface qeff is for --target qaic or ort; the openvino target has the "
+                               "default interface only")
         if self.interface == "qeff":
             from .artifact.qeff import check_qeff_options
             check_qeff_options(self)

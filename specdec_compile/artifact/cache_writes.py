@@ -20,7 +20,8 @@ from ..contract import INTERFACE_KEY, QAIC_DOMAIN, TARGET_KEY
 from ..errors import SpecdecError
 
 #: target -> (domain, op) of the node that writes each retained-state output
-CACHE_WRITE_OPS = {"qaic": (QAIC_DOMAIN, "CtxScatter"), "ort": ("", "TensorScatter")}
+CACHE_WRITE_OPS = {"qaic": (QAIC_DOMAIN, "CtxScatter"), "ort": ("", "TensorScatter"),
+                   "openvino": ("", "ScatterElements")}
 #: the same for QEfficient's interface (contract section 7): the write goes to the row batch_index names
 QEFF_CACHE_WRITE_OPS = {"qaic": (QAIC_DOMAIN, "CtxScatterCB"), "ort": ("", "ScatterND")}
 RETAINED_SUFFIX = "_RetainedState"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx
 
-from ..contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, ROLE_KEY, TARGET_KEY, TARGET_OPSET, past_name
+from ..contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, QAIC_DOMAIN, ROLE_KEY, TARGET_KEY, TARGET_OPSET, past_name
 from ..errors import SpecdecError
 
 
@@ -38,7 +38,9 @@ def graph_claims(result) -> dict[str, list[tuple[object, str]]]:
     model = result.model
     meta = {p.key: p.value for p in model.metadata_props}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    by_opset = {v: t for t, v in TARGET_OPSET.items()}
+    by_opset = {v: t for t, v in TARGET_OPSET.items() if list(TARGET_OPSET.values()).count(v) == 1}
+    if any(o.domain == QAIC_DOMAIN for o in model.opset_import):   # opset 17 is qaic's and openvino's
+        by_opset[TARGET_OPSET["qaic"]] = "qaic"
     logits_seq = _dim(model, LOGITS, 1, outputs=True)
     claims: dict[str, list[tuple[object, str]]] = {
         "role": [(getattr(result, "role", None), "the rewrite's role"),

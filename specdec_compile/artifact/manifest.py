@@ -139,7 +139,7 @@ class Manifest:
         if self.role not in ROLES:
             raise SpecdecError(f"{where}: role is {self.role!r}, expected tlm or dlm")
         if self.target not in TARGETS:
-            raise SpecdecError(f"{where}: target is {self.target!r}, expected ort or qaic")
+            raise SpecdecError(f"{where}: target is {self.target!r}, expected one of {', '.join(TARGETS)}")
         for key in ("prefill_len", "ctx_len", "batch_size", "num_cores", "num_devices"):
             if getattr(self, key) < 1:
                 raise SpecdecError(f"{where}: {key}={getattr(self, key)}, expected at least 1")

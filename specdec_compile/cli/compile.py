@@ -85,7 +85,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help=f"context length / KV slots (default 256, at most {MAX_CTX_LEN})")
     p.add_argument("--batch-size", type=int, default=1, help=f"default 1, at most {MAX_BATCH_SIZE}")
     p.add_argument("--target", choices=TARGETS, default="qaic",
-                   help="qaic: Cloud AI 100 (CtxScatter, opset 17); ort: ONNX Runtime (TensorScatter, opset 24)")
+                   help="qaic: Cloud AI 100 (CtxScatter, opset 17); ort: ONNX Runtime (TensorScatter, opset 24); "
+                        "openvino: OpenVINO (ScatterElements, opset 17; run with specdec-run --backend openvino)")
     p.add_argument("--kv-dtype", choices=DTYPES, default=None,
                    help="qaic: KV cache precision in custom_io.yaml (default float16)")
     p.add_argument("--logits-dtype", choices=DTYPES, default=None,
@@ -351,7 +352,7 @@ def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, exp
     role = m["role"].upper() + (f" k={m['k']}" if m["k"] is not None else "")
     if m["k_list"] and len(m["k_list"]) > 1:
         role += f" (widths {','.join(str(j) for j in m['k_list'])})"
-    where = "Cloud AI 100 (qaic)" if m["target"] == "qaic" else "ONNX Runtime (ort)"
+    where = {"qaic": "Cloud AI 100 (qaic)", "openvino": "OpenVINO (openvino)"}.get(m["target"], "ONNX Runtime (ort)")
     head = Text()
     head.append(role, style="bold")
     head.append(f" for {where} -> {art.out}")

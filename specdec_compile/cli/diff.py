@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from .common import Parser, run_cli
+from ..contract import TARGETS
 from ..errors import SpecdecError
 from ..diff.compare import diff_files
 from ..diff.render import print_report, render_json
@@ -29,7 +30,7 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--passes", action="store_true",
                    help="compile ORIGINAL and show what each pass changed (same sections per pass)")
     p.add_argument("--role", choices=("tlm", "dlm"), help="with --passes: the role to compile for")
-    p.add_argument("--target", choices=("qaic", "ort"), default="qaic", help="with --passes: lowering target")
+    p.add_argument("--target", choices=TARGETS, default="qaic", help="with --passes: lowering target")
     p.add_argument("--k", type=int, default=None, help="with --passes: speculation length (graph does not depend on it)")
     return p
 

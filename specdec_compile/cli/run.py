@@ -74,7 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None, metavar="K",
                    help="drafts per round (one of the TLM's compiled widths; default: its k, "
                         "adaptive when several are compiled)")
-    p.add_argument("--backend", choices=("ort", "qaic"), default="ort")
+    p.add_argument("--backend", choices=("ort", "qaic", "openvino"), default="ort",
+                   help="ort: ONNX Runtime (default); qaic: Cloud AI 100; openvino: OpenVINO's CPU plugin, the "
+                        "cache in its state variables (artifacts compiled with --target openvino; "
+                        "pip install 'specdec-compile[openvino]')")
+    p.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
+                   help="--backend openvino: inference precision (default: OpenVINO's pick for the CPU, bf16 "
+                        "where it has bf16; only f32 keeps greedy speculative output equal to target-only, "
+                        "the run says so otherwise)")
+    p.add_argument("--ov-threads", type=int, default=None, metavar="N",
+                   help="--backend openvino: inference threads per model (default: OpenVINO's)")
     p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
     p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
     p.add_argument("--ort-threads", type=int, default=None, metavar="N",
@@ -251,6 +260,7 @@ def _check_args(args) -> None:
         if not 1 <= args.ngram_max <= NgramDraft.MAX_N:
             raise SpecdecError(f"--ngram-max must be in [1, {NgramDraft.MAX_N}] (got {args.ngram_max})")
     _check_suffix_args(args)
+    _check_backend_args(args)
     if not args.target_only and args.draft == "dlm" and not args.dlm:
         raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
@@ -261,6 +271,17 @@ def _check_args(args) -> None:
         raise SpecdecError("--chat needs --tokenizer DIR (its chat template)")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+
+
+def _check_backend_args(args) -> None:
+    for flag, value in (("--ov-precision", args.ov_precision), ("--ov-threads", args.ov_threads)):
+        if value is not None and args.backend != "openvino":
+            raise SpecdecError(f"{flag} is for --backend openvino")
+    if args.ov_threads is not None and args.ov_threads < 1:
+        raise SpecdecError(f"--ov-threads must be >= 1 (got {args.ov_threads})")
+    if args.backend == "openvino":   # not installed: one line saying how, before anything loads
+        from ..runtime.backends.openvino import import_openvino
+        import_openvino()
 
 
 def _check_suffix_args(args) -> None:
@@ -311,7 +332,7 @@ def _open(args):
 
     tlm_dev = _device_ids(args.tlm_device_ids, "--tlm-device-ids")
     dlm_dev = _device_ids(args.dlm_device_ids, "--dlm-device-ids")
-    need_model = args.backend == "ort"
+    need_model = args.backend in ("ort", "openvino")
     # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
     tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
     dlm_art = None if (args.target_only or args.draft in ("ngram", "suffix")) else \
@@ -326,6 +347,8 @@ def _open(args):
     kw = {"inplace": False} if (args.copy_cache and args.backend == "ort") else {}
     if args.backend == "ort":
         kw.update(ort_thread_options(args.ort_threads, two_models=dlm_art is not None))
+    if args.backend == "openvino":
+        kw.update(precision=args.ov_precision, threads=args.ov_threads)
     tlm = open_backend(tlm_art, args.backend, expect_role="tlm", device_ids=tlm_dev, **kw)
     dlm = None
     if dlm_art is not None:
@@ -374,6 +397,9 @@ def run(argv: list[str]) -> int:
     _check_args(args)
     tlm, dlm, (tok, dlm_tok), prompts = _open(args)
     eos = _eos(args, tok, tlm)
+    note = tlm.exactness(speculative=not args.target_only)["note"] if args.backend == "openvino" else None
+    if note:
+        print(f"{PROG}: note: {note}", file=sys.stderr, flush=True)
     if args.target_only:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
@@ -388,8 +414,11 @@ def run(argv: list[str]) -> int:
     summary = aggregate_metrics(results)
     summary.batch_size = tlm.batch_size
     summary.tokens_per_s = summary.new_tokens / wall if wall > 0 else None
+    out = {"results": [r.to_json() for r in results], "metrics": summary.to_json()}
+    if args.backend == "openvino":   # contract: whether greedy output is target-only's, recorded
+        out["backend"] = tlm.exactness(speculative=not args.target_only)
     if args.json:
-        print(json.dumps({"results": [r.to_json() for r in results], "metrics": summary.to_json()}))
+        print(json.dumps(out))
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
     return 0

@@ -75,6 +75,10 @@ def render(report: VerifyReport, file=None) -> None:
                       f"{report.width_max_abs_diff:.3e}; top token differs at {flips} of {report.k + 1} positions"
                       + (" (greedy speculative output would not equal one-token decoding)"
                          if report.width_dependent else ""))
+    if report.backend_width_max_abs_diff is not None:
+        console.print(f"width on {report.backend} at {report.precision}: the rewrite's logits in one call of k+1 "
+                      f"tokens against k+1 calls of one differ by {report.backend_width_max_abs_diff:.3e}; top token "
+                      f"differs at {report.backend_width_top_token_changes} of {report.k + 1} positions")
     hidden = f", max |Δ hidden states| = {report.max_hidden_diff:.3e}" if report.max_hidden_diff else ""
     console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
                   f"{report.max_cache_diff:.3e}{hidden} (tolerance {report.tol:g})"
@@ -104,6 +108,13 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     p.add_argument("--tol", type=float, default=1e-4,
                    help="the largest absolute difference of logits, cache and hidden states that passes "
                         "(default 1e-4, float32)")
+    p.add_argument("--backend", choices=("auto", "ort", "openvino"), default="auto",
+                   help="where the rewrite runs: ONNX Runtime, or OpenVINO with its cache in state variables "
+                        "(MakeStateful; needs the [openvino] extra) where the width check then also runs on the "
+                        "rewrite; auto (default): openvino for a --target openvino graph, else ort")
+    p.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default="f32",
+                   help="--backend openvino: the inference precision (default f32; below it the logits "
+                        "differ from the export's, so raise --tol to check the rest)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_progress_flags(p)
     args = p.parse_args(argv)
@@ -122,7 +133,7 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
         original, d.get("ctx_len", 256), prefill_len, limit=compiled_ctx_len(rewritten))
     report = verify(original, rewritten, k=_given(args.k, d.get("k", 7)), prefill_len=prefill_len,
                     ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol,
-                    widths=d.get("widths", ()))
+                    widths=d.get("widths", ()), backend=args.backend, precision=args.ov_precision)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

@@ -20,7 +20,10 @@ the model. Whether a selected pass changes a given model is the pass's own
 business: when the detection gives it nothing to do (no mask sites; later: an
 export that already has position_ids, no sliding window, no ALiBi), it returns
 the graph unchanged. A target-only legalization (qaic: CastLike -> Cast, ...)
-is an entry with ``targets=("qaic",)``; a pass for a model feature is an entry
+is an entry with ``targets=("qaic",)``; ``openvino`` runs the entries for every target and
+the three ``ort`` passes that read the cache as it is and share shape arithmetic
+(``grouped_attention``, ``share_shapes``, ``gather_rotate_half``: no per-call copy of the
+cache for the grouped heads); a pass for a model feature is an entry
 for every target that no-ops on models without the feature. A pass called
 directly runs as asked: the roles/targets of its entry are the pipeline's
 selection rule, not a check inside the pass.
@@ -159,7 +162,9 @@ REGISTRY: tuple[Pass, ...] = (
          "`com.qualcomm.cloud::CtxScatter(data, position_ids, updates)` (a ScatterND over [batch, head, "
          "position], the form QEfficient's device graphs use); newer ops are rewritten to their opset-17 "
          "forms (Reduce* axes, Split num_outputs, Gelu). `ort`: opset 24, `TensorScatter(mode=\"circular\")`, "
-         "which ONNX Runtime updates in place when the output is bound to the input's buffer"),
+         "which ONNX Runtime updates in place when the output is bound to the input's buffer. `openvino`: opset 17 "
+         "as for qaic, `ScatterElements(cache, slots, updates, axis=2)` (OpenVINO's ScatterElementsUpdate, kept on "
+         "a state variable inside the engine by its `MakeStateful`)"),
     Pass("grouped_attention", grouped_attention,
          "grouped-query attention reads the cache as it is: where the export repeats the KV heads "
          "(`Reshape(Expand(Unsqueeze(cache, [2])))`, a copy of g times the cache per step), the key product "
@@ -168,7 +173,7 @@ REGISTRY: tuple[Pass, ...] = (
          "against the attention weights as `[batch, kv_heads, g, seq, ctx]`; the results are reshaped back to "
          "`[batch, heads, seq, x]`: each element the export's own dot product, bit for bit. Made only where "
          "shape inference proves the repeat exact; any other form is left as it is",
-         targets=("ort",)),
+         targets=("ort", "openvino")),
     Pass("fold_static_shapes", fold_static_shapes,
          "integer shape arithmetic whose answer is static (every value it reads is a small constant or a "
          "static dim) becomes a constant: GLM's rotary `repeat_interleave` loses its `NonZero`; on `ort`, "
@@ -177,7 +182,7 @@ REGISTRY: tuple[Pass, ...] = (
          "shape arithmetic once per graph, not per layer: every read of `batch_size`, `seq_len` or `ctx_len` "
          "off a tensor's shape (where shape inference names the dim) reads it once off the graph input, then "
          "identical nodes (same op, attributes and inputs; constants by value) are merged",
-         targets=("ort",)),
+         targets=("ort", "openvino")),
     Pass("fuse_rotary", fuse_rotary,
          "opt-in (`fuse_rotary=True`; off, a no-op: the kernel's fused multiply-adds round unlike the export, "
          "past 1e-4 on SmolLM2-135M): the rotary Cos/Sin become `rotary_tables`' tables (evaluated by ONNX Runtime, "
@@ -193,7 +198,7 @@ REGISTRY: tuple[Pass, ...] = (
          "`Gather(x, permutation) * (sin * sign)`: `-x[j] * s` is `x[j] * -s` bit for bit, and the signed "
          "sin is computed once per call for every layer (Cohere's interleaved pairs too). Made only where the "
          "form is exactly that and the sin operand is `d` wide; anything else is left as it is, with the reason",
-         targets=("ort",)),
+         targets=("ort", "openvino")),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
          "becomes dense where it is exactly that form: every expert runs on every token and its output is "

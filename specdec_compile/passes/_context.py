@@ -16,7 +16,7 @@ class PassContext:
 
     detection     the ``Detection`` of the original graph (names, valid across copies)
     role          "tlm" | "dlm"
-    target        "qaic" | "ort"
+    target        "qaic" | "ort" | "openvino"
     k             speculation length (recorded; today no pass's graph depends on it)
     mask_value    the fill for masked scores: large, finite, negative
     source_opset  the exported model's opset (``lower`` reads it; None: the graph's own)

@@ -7,6 +7,11 @@ form QEfficient's device-proven graphs use. Ops newer than opset 17 are
 rewritten to their opset-17 forms (Reduce* axes input -> attribute, Split
 num_outputs -> split sizes, Gelu -> Erf formula); anything else newer fails.
 
+``openvino`` (OpenVINO's ONNX frontend): opset 17 as for ``qaic``; each CacheWrite
+becomes ``ScatterElements(cache, index, updates, axis=2)``, the index the slots
+expanded to the update's shape (OpenVINO's ScatterElementsUpdate, which its
+MakeStateful transformation keeps on a state variable inside the engine).
+
 ``ort`` (ONNX Runtime): opset 24; each CacheWrite becomes
 ``TensorScatter(cache, updates, write_index, axis=2, mode="circular")``, which
 ONNX Runtime updates in place when the output is bound to the input's buffer.
@@ -97,7 +102,7 @@ def _expand_cache_writes(graph: gs.Graph, target: str) -> None:
     offs = b.op("Range", [b.const(0, "int64"), seq, b.const(1, "int64")], hint="offsets")         # [S]
     wrap = b.op("Mod", [b.op("Add", [first, offs], hint="run"), ctx], hint="pad_slots")           # [B,S]
     slots = b.op("Where", [valid, pos, wrap], hint="slots")                                      # [B,S]
-    idx4 = b.op("Unsqueeze", [slots if target == "qaic" else wrap, b.const([1, 3], "int64")], hint="slots4")
+    idx4 = b.op("Unsqueeze", [wrap if target == "ort" else slots, b.const([1, 3], "int64")], hint="slots4")
     valid4 = b.op("Unsqueeze", [valid, b.const([1, 3], "int64")], hint="valid4")                 # [B,1,S,1]
     start = b.op("Squeeze", [first, b.const([1], "int64")], hint="write_index") if target == "ort" else None
     shared: dict = {}
@@ -106,7 +111,7 @@ def _expand_cache_writes(graph: gs.Graph, target: str) -> None:
         out = node.outputs[0]
         layer = node.name.split("/")[1] if node.name.count("/") >= 2 else "kv"
         lb = Builder(graph, f"{layer}/{node.name.rsplit('_', 1)[-1]}")
-        index = _shared_index(b, idx4, pos, cache, shared) if target == "ort" else None
+        index = _shared_index(b, idx4, pos, cache, shared) if target != "qaic" else None
         index = index or lb.op("Expand", [idx4, lb.op("Shape", [update], hint="update_shape")], hint="old_index")
         old = lb.op("GatherElements", [cache, index], attrs={"axis": 2}, hint="old_slots")
         keep = lb.op("Where", [valid4, update, old], hint="pad_keeps_old")
@@ -115,6 +120,9 @@ def _expand_cache_writes(graph: gs.Graph, target: str) -> None:
         if target == "qaic":
             graph.nodes.append(gs.Node(op="CtxScatter", domain=QAIC_DOMAIN, name=f"{lb.scope}/CtxScatter",
                                        inputs=[cache, slots, keep], outputs=[out]))
+        elif target == "openvino":   # the slots' index, the shape of the update (ScatterElementsUpdate)
+            graph.nodes.append(gs.Node(op="ScatterElements", name=f"{lb.scope}/ScatterElements", attrs={"axis": 2},
+                                       inputs=[cache, index, keep], outputs=[out]))
         else:
             graph.nodes.append(gs.Node(op="TensorScatter", name=f"{lb.scope}/TensorScatter",
                                        attrs={"axis": 2, "mode": "circular"},
@@ -242,7 +250,7 @@ def lower(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     opset = TARGET_OPSET[target]
     _expand_cache_writes(graph, target)
     domains = [onnx.helper.make_opsetid("", opset)]
-    if target == "qaic":
+    if opset <= 17:
         _to_opset17(graph, source_opset)
     else:
         _from_below_18(graph, source_opset)

@@ -13,7 +13,7 @@ See docs/runtime.md and docs/serving.md.
 """
 from ..artifact.reader import Artifact, load_artifact
 from .pairing import check_pair
-from .backends import Backend, OrtBackend, QaicBackend, open_backend
+from .backends import Backend, OpenVinoBackend, OrtBackend, QaicBackend, open_backend
 from .decoding import SpecDecoder, TargetOnlyDecoder, generate
 from .drafts import DraftContext, TargetStep
 from .drafts.dlm import DlmDraft
@@ -27,6 +27,6 @@ from .sampling import SamplingParams
 from .vocab import PairVocab
 
 __all__ = ["Artifact", "Backend", "DlmDraft", "DraftContext", "FeatureDraft", "GenerationResult", "HybridDraft", "NgramDraft", "TargetStep",
-           "WidthPolicy", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
+           "WidthPolicy", "OpenVinoBackend", "OrtBackend", "PairVocab", "QaicBackend", "SamplingParams",
            "SpecDecoder", "SuffixDraft", "TargetOnlyDecoder", "aggregate_metrics", "check_pair", "generate",
            "load_artifact", "open_backend"]

@@ -4,5 +4,6 @@
                 specialization, cache carried over; the width check (a position's logits in
                 one call of k+1 tokens and in k+1 calls of one)
     hidden.py   the hidden-state outputs compared with the export's own tensors
+    openvino.py the rewrite run on OpenVINO (``--backend openvino``): cache in state variables
 """
 from .replay import VerifyReport, verify  # noqa: F401

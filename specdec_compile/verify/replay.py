@@ -68,6 +68,12 @@ class VerifyReport:
     #: abs difference and at how many positions the top token differs (None: not checked)
     width_max_abs_diff: float | None = None
     width_top_token_changes: int | None = None
+    #: where the rewrite ran ("ort" or "openvino", verify/openvino.py) and, on OpenVINO, at what
+    #: precision; there the same width check runs on the rewrite itself (None: not checked)
+    backend: str = "ort"
+    precision: str | None = None
+    backend_width_max_abs_diff: float | None = None
+    backend_width_top_token_changes: int | None = None
 
     @property
     def max_logits_diff(self) -> float:
@@ -83,8 +89,11 @@ class VerifyReport:
 
     @property
     def width_dependent(self) -> bool:
-        """The top token at some position depends on the call's width, beyond the tolerance."""
-        return bool(self.width_top_token_changes) and (self.width_max_abs_diff or 0.0) > self.tol
+        """The top token at some position depends on the call's width, beyond the tolerance
+        (the export's on ONNX Runtime, or the rewrite's on the backend)."""
+        return any(bool(n) and (d or 0.0) > self.tol for n, d in (
+            (self.width_top_token_changes, self.width_max_abs_diff),
+            (self.backend_width_top_token_changes, self.backend_width_max_abs_diff)))
 
     @property
     def ok(self) -> bool:
@@ -278,10 +287,11 @@ def _extra_widths(widths, k: int, prefill_len: int) -> list[int]:
 
 def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: int = 256, batch_size: int = 1,
            seed: int = 0, tol: float = 1e-4, original_source=None, rewritten_source=None,
-           widths=()) -> VerifyReport:
+           widths=(), backend: str = "auto", precision: str = "f32") -> VerifyReport:
     """The rewrite against the export on ONNX Runtime (``VerifyReport``). ``widths``: call widths
     to run besides prefill, 1, 2, k and k+1 (an artifact's other specializations, e.g. from
-    ``--k-list``). ``original`` and
+    ``--k-list``). ``backend``: where the rewrite runs, "ort", "openvino" (its cache state
+    variables inside OpenVINO, at ``precision``, default f32) or "auto" (openvino for a graph lowered for it). ``original`` and
     ``rewritten``: paths, ``onnx.ModelProto``s or ``onnx_ir.Model``s (a model in memory is
     written to a scratch directory, its external data hard-linked from its source directory:
     ``*_source``, the file it was read from, or an ir model's own ``base_dir``)."""
@@ -291,7 +301,8 @@ def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: i
         original = _as_path(original, original_source, stack)
         rewritten = _as_path(rewritten, rewritten_source, stack)
         return _verify_paths(original, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
-                             batch_size=batch_size, seed=seed, tol=tol, widths=tuple(widths))
+                             batch_size=batch_size, seed=seed, tol=tol, widths=tuple(widths), backend=backend,
+                             precision=precision)
 
 
 def _as_path(model, source, stack) -> Path:
@@ -310,7 +321,8 @@ def _as_path(model, source, stack) -> Path:
 
 
 def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, ctx_len: int, batch_size: int,
-                  seed: int, tol: float, widths: tuple[int, ...] = ()) -> VerifyReport:
+                  seed: int, tol: float, widths: tuple[int, ...] = (), backend: str = "auto",
+                  precision: str | None = None) -> VerifyReport:
     widest = max(_extra_widths(widths, k, prefill_len), default=0)
     need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size + widest
     if ctx_len < need:
@@ -318,13 +330,17 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario of prefill {prefill_len}, "
                            f"k {k}, batch {batch_size}{extra} (needs >= {need} = 2*prefill + 2*(k+1) + batch + 3"
                            f"{' + width' if widest else ''}): raise --ctx-len or lower the others")
-    _check_writes(rewritten)
+    from .openvino import pick_backend
+    backend = pick_backend(backend, _check_writes(rewritten))
     req = request_of(rewritten)
     _log.info("verifying %s against %s on ONNX Runtime (k %d, prefill %d, context %d, batch %d)", rewritten,
               original, k, prefill_len, ctx_len, batch_size)
     orig = OriginalModel(Path(original), req)
     try:
         new = _Rewritten(Path(rewritten), ctx_len, batch_size, req)
+        if backend == "openvino":
+            from .openvino import OpenVinoRewritten
+            new = OpenVinoRewritten(new, Path(rewritten), batch_size, precision)
         return _replay(orig, new, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
                        batch_size=batch_size, seed=seed, tol=tol, widths=widths)
     finally:
@@ -332,14 +348,16 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
             orig.copy.close()
 
 
-def _check_writes(rewritten) -> None:
-    """A rewrite that lost its target's cache write (an optimizer after the compile) is refused."""
+def _check_writes(rewritten) -> str | None:
+    """A rewrite that lost its target's cache write (an optimizer after the compile) is refused;
+    returns its target."""
     from ..artifact.cache_writes import check_cache_writes, graph_target
     model = load_model(rewritten)
     names = [i.name for i in model.graph.input]
     if not {INPUT_IDS, POSITION_IDS, past_name("key", 0)} <= set(names):  # before ONNX Runtime opens it
         raise SpecdecError(f"{rewritten}: not a rewritten graph (inputs: {', '.join(names)})")
     check_cache_writes(model, graph_target(model), str(rewritten))
+    return graph_target(model)
 
 
 def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_len: int, ctx_len: int,
@@ -351,7 +369,8 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
     rng = np.random.default_rng(seed)
     vocab = orig.det.info.vocab_size
     report = VerifyReport(role=new.role, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
-                          batch_size=batch_size, tol=tol)
+                          batch_size=batch_size, tol=tol, backend="openvino" if hasattr(new, "precision") else "ort",
+                          precision=getattr(new, "precision", None))
     rows = [_scenario(prefill_len, k, ctx_len, prefill_len + prefill_len // 2 + 1 + b, widths)
             for b in range(batch_size)]
     n_calls = min(len(r) for r in rows)
@@ -405,6 +424,10 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
     if new.role == "tlm":
         report.width_max_abs_diff, report.width_top_token_changes = _width_dependence(
             orig, tokens[0], prefill_len, k + 1)
+        if report.backend == "openvino":
+            from .openvino import backend_width_dependence
+            report.backend_width_max_abs_diff, report.backend_width_top_token_changes = backend_width_dependence(
+                new, tokens[0], prefill_len, k + 1, new.req.feature_width)
     return report
 
 

@@ -92,7 +92,7 @@ def _edit(data: dict, **change) -> dict:
     (dict(ctx_len=None), "ctx_len is None, expected an integer"),
     (dict(k_list=[3, "x"]), "expected a list of integers"),
     (dict(role="draft"), "role is 'draft', expected tlm or dlm"),
-    (dict(target="cuda"), "target is 'cuda', expected ort or qaic"),
+    (dict(target="cuda"), "target is 'cuda', expected one of qaic, ort, openvino"),
     (dict(k=None), "k=None, expected k >= 1"),
     (dict(k_list=[3]), "does not hold k=7"),
     (dict(role="dlm"), "a DLM manifest has k=7"),
@@ -179,3 +179,17 @@ def test_opset_names_the_target(tmp_path):
     res.model.opset_import[0].version = 24
     with pytest.raises(SpecdecError, match="target ort \\(its opset 24\\)"):
         write_artifact(res, tlm(), tmp_path / "o")
+
+
+def test_opset_17_names_qaic_only_with_its_domain(tmp_path):
+    """opset 17 is the qaic and the openvino lowering's: it names qaic where the graph imports the
+    com.qualcomm.cloud domain (CtxScatter), and names nothing otherwise (its metadata decides)."""
+    from onnx import helper
+    from specdec_compile.artifact.graph_facts import graph_claims
+    from specdec_compile.contract import QAIC_DOMAIN
+    res = fake_result(tmp_path)
+    res.target = None
+    res.model.opset_import[0].version = 17
+    assert "its opset 17" not in str(graph_claims(res)["target"])
+    res.model.opset_import.append(helper.make_opsetid(QAIC_DOMAIN, 1))
+    assert ("qaic", "its opset 17") in graph_claims(res)["target"]

@@ -1,4 +1,5 @@
-"""Pass lower: the target form (qaic: opset 17 + CtxScatter; ort: opset 24 + TensorScatter)."""
+"""Pass lower: the target form (qaic: opset 17 + CtxScatter; ort: opset 24 + TensorScatter;
+openvino: opset 17 + ScatterElements)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_ctx_scatter_function_is_a_scatter_over_batch_head_position():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("target,opset", [("qaic", 17), ("ort", 24)])
+@pytest.mark.parametrize("target,opset", [("qaic", 17), ("ort", 24), ("openvino", 17)])
 def test_lower_sets_opset_and_cache_write_form(fixture_path, target, opset):
     g, det = load(fixture_path("llama_dynamo"))  # opset 20, ReduceMean with an axes input
     g = passes.retained_kv(g, ctx(det))
@@ -47,6 +48,12 @@ def test_lower_sets_opset_and_cache_write_form(fixture_path, target, opset):
     if target == "qaic":
         assert ops.count("CtxScatter") == 4 and [f.name for f in out.functions] == ["CtxScatter"]
         assert all("axes" in n.attrs and len(n.inputs) == 1 for n in out.nodes if n.op == "ReduceMean")
+    elif target == "openvino":   # ScatterElements over the slots, opset-17 forms, no function
+        scatters = [n for n in out.nodes if n.op == "ScatterElements"]
+        assert len(scatters) == 4 and all(n.attrs["axis"] == 2 for n in scatters) and not out.functions
+        assert all(n.inputs[1].shape is None or len(n.inputs[1].shape) == 4 for n in scatters)
+        assert all("axes" in n.attrs and len(n.inputs) == 1 for n in out.nodes if n.op == "ReduceMean")
+        assert "TensorScatter" not in ops and "CtxScatter" not in ops
     else:
         scatters = [n for n in out.nodes if n.op == "TensorScatter"]
         assert len(scatters) == 4 and all(n.attrs["mode"] == "circular" for n in scatters)

@@ -137,6 +137,19 @@ def _check_cache_fits(art: Artifact, shapes: dict, dtypes: dict) -> None:
                            f"{need / 2 ** 30:.1f} GiB, more than this host's {have / 2 ** 30:.1f} GiB")
 
 
+def check_interface(art: Artifact, ins: dict, outs: dict) -> tuple[list[str], dict, dict]:
+    """The graph's inputs and outputs (name -> an arg with ``shape`` and ONNX ``type``) against the
+    contract and the manifest: (cache input names, their shapes, their dtypes); the cache must fit
+    in memory. Shared by every backend that reads the graph's interface (ONNX Runtime, OpenVINO)."""
+    kv = _check_names(art.model_path, ins, outs, art)
+    _check_role_shape(art, ins, outs)
+    shapes, dtypes = {}, {}
+    for n in kv:
+        shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
+    _check_cache_fits(art, shapes, dtypes)
+    return kv, shapes, dtypes
+
+
 def _check_cache_writes(art: Artifact) -> None:
     """The graph still writes its cache the target's way (no optimizer inlined CtxScatter since)."""
     from ....artifact.cache_writes import check_cache_writes
@@ -156,12 +169,7 @@ def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str |
     _check_cache_writes(art)
     ins = {i.name: i for i in session.get_inputs()}
     outs = {o.name: o for o in session.get_outputs()}
-    kv = _check_names(art.model_path, ins, outs, art)
-    _check_role_shape(art, ins, outs)
-    shapes, dtypes = {}, {}
-    for n in kv:
-        shapes[n], dtypes[n] = _cache_geometry(art, n, ins[n])
-    _check_cache_fits(art, shapes, dtypes)
+    kv, shapes, dtypes = check_interface(art, ins, outs)
     lshape = outs[LOGITS].shape
     vocab = lshape[-1] if lshape and isinstance(lshape[-1], int) else None
     device = "cuda" if providers[0] == CUDA else "cpu"

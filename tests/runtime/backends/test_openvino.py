@@ -1,0 +1,221 @@
+"""The OpenVINO backend on real artifacts: the tiny exports compiled with ``--target openvino``,
+run by OpenVINO's CPU plugin with the cache in state variables (MakeStateful). Greedy speculative
+output equals target-only decoding at f32 for DLM, n-gram and feature drafts; the cache never
+crosses to the host per call; every width, the K=0 fallback, batches and the refusals."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from runtime_helpers import hf_greedy_of, one_line_error, run
+
+from feature_draft_models import export_feature_draft
+from models import build_hf_model
+from specdec_compile import cli as compile_cli
+from specdec_compile.errors import SpecdecError
+from specdec_compile.runtime import (FeatureDraft, OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder,
+                                     open_backend)
+
+ov = pytest.importorskip("openvino")
+from specdec_compile.runtime import OpenVinoBackend  # noqa: E402
+
+PL, CL = 8, 64
+PROMPTS = [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20], [1, 2, 3, 4, 5, 6, 7, 8], [7] * 17, [9, 4]]
+
+
+@pytest.fixture(scope="module")
+def art(fixture_path, tmp_path_factory):
+    """art(name, role, *flags, target="openvino") -> an artifact dir, compiled once per arguments
+    (PL 8, CL 64); name "head" is the tiny feature draft."""
+    root = tmp_path_factory.mktemp("ov_artifacts")
+    made = {}
+
+    def get(name, role, *flags, target="openvino"):
+        if (name, role, flags, target) not in made:
+            out = root / f"a{len(made)}"
+            src = export_feature_draft(1) if name == "head" else fixture_path(name)
+            assert compile_cli.main([str(src), "--role", role, "--target", target, "--prefill-len", str(PL),
+                                     "--ctx-len", str(CL), "-o", str(out), *map(str, flags)]) == 0
+            made[name, role, flags, target] = out
+        return made[name, role, flags, target]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def hf_greedy():
+    return hf_greedy_of(build_hf_model("llama_gqa"))
+
+
+def refused(argv, capsys, needle):
+    code, _, err = run(argv, capsys)
+    one_line_error(code, err, needle)
+
+
+def f32(path, **kw):
+    return OpenVinoBackend(path, precision="f32", threads=1, **kw)
+
+
+@pytest.mark.parametrize("draft", ["llama_gqa", "gpt2"])
+def test_greedy_dlm_equals_target_only_and_transformers(art, hf_greedy, draft):
+    tlm, dlm = f32(art("llama_gqa", "tlm", "--k", 4)), f32(art(draft, "dlm"))
+    assert tlm.exact and tlm.exactness()["note"] is None
+    spec, base = SpecDecoder(tlm, dlm), TargetOnlyDecoder(tlm)
+    for prompt in PROMPTS[:3]:
+        s, b = spec.generate(prompt, max_new_tokens=30), base.generate(prompt, max_new_tokens=30)
+        assert s.generated_ids == b.generated_ids == hf_greedy(prompt, 30), prompt
+        assert (s.metrics["acceptance_rate"] == 1.0) == (draft == "llama_gqa")
+
+
+def test_ngram_draft_equals_target_only_and_ort(art):
+    tlm = f32(art("llama_gqa", "tlm", "--k", 4))
+    ort = OrtBackend(art("llama_gqa", "tlm", "--k", 4, target="ort"))
+    for prompt in PROMPTS:
+        s = SpecDecoder(tlm, None, draft="ngram").generate(prompt, max_new_tokens=40)
+        b = TargetOnlyDecoder(tlm).generate(prompt, max_new_tokens=40)
+        assert s.generated_ids == b.generated_ids == TargetOnlyDecoder(ort).generate(
+            prompt, max_new_tokens=40).generated_ids
+
+
+def test_feature_draft_every_width_and_k0_fallback(art):
+    """A TLM with --hidden-states and widths 0,1,3 (K=0 fallback), the feature head with its extra
+    input and output: speculative == target-only, fixed k, adaptive and k=0."""
+    tlm = f32(art("llama_gqa", "tlm", "--k", 3, "--k-list", "0,1,3", "--hidden-states", "-1"))
+    head = f32(art("head", "dlm", "--k", 3, "--feature-layers", "-1"))
+    assert tlm.extra_outputs and head.extra_inputs and head.extra_outputs
+    spec, base = SpecDecoder(tlm, head, k=3), TargetOnlyDecoder(tlm)
+    assert isinstance(spec.source, FeatureDraft)
+    for p in PROMPTS[:3]:
+        s = spec.generate(p, max_new_tokens=30)
+        assert s.generated_ids == base.generate(p, max_new_tokens=30).generated_ids, p
+        assert s.metrics["call_time_by_width"]["dlm"]
+    ref = base.generate(PROMPTS[0], max_new_tokens=30).generated_ids
+    assert SpecDecoder(tlm, head).generate(PROMPTS[0], max_new_tokens=30).generated_ids == ref
+    assert SpecDecoder(tlm, head, k=0).generate(PROMPTS[0], max_new_tokens=30).generated_ids == ref
+
+
+def test_every_width_matches_onnx_runtime(art):
+    """Each specialization of the manifest, the same calls on OpenVINO (state inside) and on ONNX
+    Runtime (the same graph, cache in host buffers): logits and cache agree at f32."""
+    path = art("llama_gqa", "tlm", "--k", 3, "--k-list", "1,3")
+    o, r = f32(path), OrtBackend(path)
+    rng = np.random.default_rng(0)
+    start = 0
+    for width in o.seq_lens:
+        ids = rng.integers(0, 200, size=(1, width))
+        v = max(1, width - 1)                                   # right padding where there is room
+        pos = np.full((1, width), -1)
+        pos[0, :v] = np.arange(start, start + v)
+        np.testing.assert_allclose(o.run(ids, pos)[0, :v], r.run(ids, pos)[0, :v], atol=1e-4)
+        start += v
+    for n in o.kv_names:
+        np.testing.assert_allclose(o.cache(n), r.cache(n), atol=1e-5)
+
+
+def test_the_cache_never_crosses_to_the_host(art):
+    """After MakeStateful the compiled model takes only the ids and positions and gives only the
+    logits: a call cannot pass the cache through host buffers. The state variables hold it."""
+    b = f32(art("llama_gqa", "tlm", "--k", 4))
+    ins = sorted(p.get_any_name() for p in b.compiled.inputs)
+    outs = sorted(p.get_any_name() for p in b.compiled.outputs)
+    assert ins == ["input_ids", "position_ids"] and outs == ["logits"]
+    assert sorted(b.states()) == sorted(b.kv_names) and len(b.kv_names) == 4
+    ids, pos = np.array([[1, 5, 9, 33, 7, 100, 42, 17]]), np.arange(8)[None]
+    first = b.run(ids, pos)
+    kv = b.cache("past_key.0")
+    assert kv.shape == (1, 2, CL, 16)
+    assert np.abs(kv[0, :, :8]).sum() > 0 and np.all(kv[0, :, 8:] == 0)     # slots 0..7 written inside
+    b.reset()
+    assert all(np.all(b.cache(n) == 0) for n in b.kv_names)
+    b.warmup()
+    assert np.all(b.cache("past_key.0") == 0) and np.array_equal(b.run(ids, pos), first)
+    # a feature draft: its features in and out are the only other tensors crossing
+    head = f32(art("head", "dlm", "--k", 3, "--feature-layers", "-1"))
+    assert sorted(p.get_any_name() for p in head.compiled.inputs) == ["hidden_states", "input_ids", "position_ids"]
+
+
+def test_batch_2_continuous_batching(art, tmp_path):
+    tlm = f32(art("llama_gqa", "tlm", "--k", 4, "--batch-size", "2"))
+    dlm = f32(art("llama_gqa", "dlm", "--batch-size", "2"))
+    s = SpecDecoder(tlm, dlm).generate_many(PROMPTS, max_new_tokens=20)        # 5 prompts, 2 rows
+    b = TargetOnlyDecoder(tlm).generate_many(PROMPTS, max_new_tokens=20)
+    assert [x.generated_ids for x in s] == [x.generated_ids for x in b]
+    one = TargetOnlyDecoder(f32(art("llama_gqa", "tlm", "--k", 4)))
+    assert [x.generated_ids for x in b] == [one.generate(p, max_new_tokens=20).generated_ids for p in PROMPTS]
+    params = SamplingParams(0.8, top_p=0.95, seed=3)
+    s = SpecDecoder(tlm, dlm).generate_many(PROMPTS, max_new_tokens=15, sampling=params)
+    b = TargetOnlyDecoder(tlm).generate_many(PROMPTS, max_new_tokens=15, sampling=params)
+    assert [x.generated_ids for x in s] == [x.generated_ids for x in b]
+
+
+def test_precision_option_and_exactness_record(art):
+    caps = set(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    path = art("llama_gqa", "tlm", "--k", 4)
+    assert f32(path).precision == "f32"
+    low = "bf16" if "BF16" in caps else "f16" if "FP16" in caps else None
+    if low is None:
+        with pytest.raises(SpecdecError, match="cannot run OpenVINO at bf16"):
+            OpenVinoBackend(path, precision="bf16")
+        return
+    b = OpenVinoBackend(path, precision=low, threads=1)
+    rec = b.exactness()
+    assert b.precision == low and not b.exact and rec["greedy_equals_target_only"] is False
+    assert low in rec["note"] and "\n" not in rec["note"]
+    assert b.exactness(speculative=False)["greedy_equals_target_only"] is True
+
+
+def test_cli_backend_openvino(art, capsys):
+    t, d = art("llama_gqa", "tlm", "--k", 4), art("gpt2", "dlm")
+    code, out, err = run(["--tlm", str(t), "--dlm", str(d), "--backend", "openvino", "--ov-precision", "f32",
+                          "--ov-threads", "1", "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "12", "--json"], capsys)
+    assert code == 0, err
+    rec = json.loads(out)
+    assert rec["backend"]["greedy_equals_target_only"] is True and rec["backend"]["precision"] == "f32"
+    assert "note:" not in err
+    code, out2, _ = run(["--tlm", str(t), "--target-only", "--backend", "openvino", "--ov-precision", "f32",
+                         "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "12", "--json"], capsys)
+    assert json.loads(out2)["results"][0]["generated_ids"] == rec["results"][0]["generated_ids"]
+
+
+def test_cli_says_when_greedy_may_differ(art, capsys):
+    caps = set(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    if "BF16" not in caps:
+        pytest.skip("this CPU has no bf16")
+    code, out, err = run(["--tlm", str(art("llama_gqa", "tlm", "--k", 4)), "--draft", "ngram", "--backend", "openvino",
+                          "--ov-precision", "bf16", "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "8", "--json"],
+                         capsys)
+    assert code == 0
+    notes = [line for line in err.splitlines() if "note:" in line]
+    assert len(notes) == 1 and "bf16" in notes[0] and "differ from target-only" in notes[0]
+    assert json.loads(out)["backend"]["greedy_equals_target_only"] is False
+
+
+def test_refusals_are_one_line(art, capsys, monkeypatch):
+    ort_art = art("llama_gqa", "tlm", "--k", 4, target="ort")
+    with pytest.raises(SpecdecError, match="compiled for --target ort; the openvino backend runs"):
+        OpenVinoBackend(ort_art)
+    with pytest.raises(SpecdecError, match="compiled for --target ort"):
+        open_backend(ort_art, "openvino")
+    refused(["--tlm", str(ort_art), "--target-only", "--backend", "openvino", "--prompt-ids", "1,2"],
+                   capsys, "compiled for --target ort")
+    refused(["--tlm", str(ort_art), "--target-only", "--ov-threads", "2", "--prompt-ids", "1,2"],
+                   capsys, "--ov-threads is for --backend openvino")
+    b = f32(art("llama_gqa", "tlm", "--k", 4))
+    with pytest.raises(SpecdecError, match="matches no specialization"):
+        b.run(np.zeros((1, 3), np.int64), np.arange(3)[None])
+    with pytest.raises(SpecdecError, match="batch_index"):
+        b.run(np.zeros((1, 4), np.int64), np.arange(4)[None], rows=[0])
+    monkeypatch.setitem(__import__("sys").modules, "openvino", None)     # not installed
+    refused(["--tlm", str(ort_art), "--target-only", "--backend", "openvino", "--prompt-ids", "1,2"],
+                   capsys, "pip install 'specdec-compile[openvino]'")
+    with pytest.raises(SpecdecError, match=r"needs OpenVINO, which is not installed: pip install"):
+        OpenVinoBackend(art("llama_gqa", "tlm", "--k", 4))
+
+
+def test_qeff_interface_refused_for_the_openvino_target(fixture_path, tmp_path, capsys):
+    code = compile_cli.main([str(fixture_path("llama_gqa")), "--role", "tlm", "--k", "3", "--target", "openvino",
+                             "--interface", "qeff", "-o", str(tmp_path / "q")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--interface qeff is for --target qaic or ort" in err[0]
+    assert not (tmp_path / "q").exists()
