@@ -41,6 +41,7 @@ class OpenVinoRewritten:
 
     def __init__(self, base, path: Path, batch: int, precision: str | None = "f32"):
         self.__dict__.update({k: v for k, v in vars(base).items() if k != "sess"})
+        self.kv_shape = base.kv_shape     # the cache's declared shape: the same graph's inputs
         if self.qeff:
             raise SpecdecError(f"{path}: an --interface qeff graph; verify it with --backend ort")
         shapes = {n: tuple(s.shape) for n, s in zip(self.names, self.state)}
