@@ -56,7 +56,7 @@ def compare_runs(target: tuple[list[GenerationResult], float], spec: tuple[list[
 
 
 def _cell(v) -> str:
-    return "-" if v is None else f"{v:.2f}"
+    return "-" if v is None else f"{v:.4g}"
 
 
 def format_report(report: dict) -> list[str]:
