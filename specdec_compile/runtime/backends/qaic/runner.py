@@ -37,17 +37,24 @@ class QaicBackend(Backend):
         self.program = loaded.program
         self.bindings, self.index, self.allowed = loaded.bindings, loaded.index, loaded.allowed
         self.retained = loaded.retained
-        self.logits_dtype = loaded.logits_dtype
+        self.logits_type = loaded.logits_type
         self._dtypes = loaded.dtypes
         self._zero_next = False
         # buffers: retained state skipped (zero-size), the rest set per call
         self.qbuffers = [self.rt.QBuffer(bytes(0)) for _ in self.bindings]
         self.dims = [(self._dtypes[b.type].itemsize, [0]) for b in self.bindings]
 
-    def _set(self, name, arr: np.ndarray):
+    def _set(self, name, values: np.ndarray):
+        """``values`` into the binding's buffer, in its type (buffers.py)."""
         i = self.index[name]
+        arr = self._dtypes[self.bindings[i].type].encode(values)
         self.qbuffers[i] = self.rt.QBuffer(arr.tobytes())
         self.dims[i] = (arr.itemsize, list(arr.shape) if arr.shape else [1])
+
+    def _get(self, outs, name, shape) -> np.ndarray:
+        """A float output's values as float32."""
+        i = self.index[name]
+        return self._dtypes[self.bindings[i].type].decode(bytes(outs[i]), shape)
 
     def _skip(self, name):
         i = self.index[name]
@@ -68,15 +75,15 @@ class QaicBackend(Backend):
             raise SpecdecError(f"{self.qpc_path}: no matching dimension for input_ids [{B}, {S}] in the QPC")
         self._set(INPUT_IDS, ids)
         self._set(POSITION_IDS, pos)
-        self._set(LOGITS, np.zeros(logits_shape, self.logits_dtype))
-        for n, a in extra.items():          # a feature draft's features, in the binding's dtype (float16 per custom IO)
-            self._set(n, np.ascontiguousarray(a, dtype=self._dtype_of(n)))
+        self._set(LOGITS, self.logits_type.zeros(logits_shape))
+        for n, a in extra.items():          # a feature draft's features, in the binding's type (float16 per custom IO)
+            self._set(n, a)
         for n, w in self.extra_outputs.items():
-            self._set(n, np.zeros((B, S, w), self._dtype_of(n)))
+            self._set(n, np.zeros((B, S, w), np.float32))
         for n in self.retained:
             b = self.bindings[self.index[n]]
             if self._zero_next and n.startswith("past_") and not n.endswith("_RetainedState"):
-                self._set(n, np.zeros(tuple(b.dims), self._dtypes[b.type]))
+                self._set(n, self._dtypes[b.type].zeros(b.dims))
             else:
                 self._skip(n)
         self._zero_next = False
@@ -85,14 +92,10 @@ class QaicBackend(Backend):
         lp.check(lp.exec_obj.waitForCompletion(), "run (waitForCompletion)")
         status, outs = lp.exec_obj.getData()
         lp.check(status, "getData")
-        res = {LOGITS: np.frombuffer(bytes(outs[self.index[LOGITS]]), self.logits_dtype)
-               .reshape(logits_shape).astype(np.float32)}
+        res = {LOGITS: self._get(outs, LOGITS, logits_shape)}
         for n, w in self.extra_outputs.items():
-            res[n] = np.frombuffer(bytes(outs[self.index[n]]), self._dtype_of(n)).reshape(B, S, w).astype(np.float32)
+            res[n] = self._get(outs, n, (B, S, w))
         return res
-
-    def _dtype_of(self, name: str) -> np.dtype:
-        return self._dtypes[self.bindings[self.index[name]].type]
 
     def _reset(self):
         # the next call uploads zero caches once; later calls skip them again
