@@ -127,3 +127,20 @@ def test_bad_rows_and_a_qpc_of_the_other_interface(arts, tmp_path):
     f.write_text(json.dumps(q))
     with pytest.raises(SpecdecError, match="batch_index binding but the artifact was compiled without"):
         backend(d2, [])
+
+
+def test_cli_backend_qaic_with_a_qeff_target(arts, monkeypatch, capsys):
+    import sys
+
+    from test_qaic import fake_aicapi, fake_qaicrt
+
+    from specdec_compile.cli import run as run_cli
+    monkeypatch.setitem(sys.modules, "qaicrt", fake_qaicrt([]))
+    monkeypatch.setitem(sys.modules, "QAicApi_pb2", fake_aicapi())
+    argv = ["--tlm", str(arts["tlm"]), "--dlm", str(arts["dlm"]), "--prompt-ids", ",".join(map(str, IDS)),
+            "--prompt-ids", "5,9,33", "--max-new-tokens", "12", "--json", "--full-batch-size", str(FBS)]
+    capsys.readouterr()
+    assert run_cli.main(argv + ["--backend", "qaic"]) == 0
+    got = [r["generated_ids"] for r in json.loads(capsys.readouterr().out)["results"]]
+    assert run_cli.main(argv + ["--backend", "ort"]) == 0
+    assert [r["generated_ids"] for r in json.loads(capsys.readouterr().out)["results"]] == got
