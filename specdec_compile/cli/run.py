@@ -17,6 +17,8 @@ import json
 import sys
 
 from .common import Parser, add_progress_flags, run_cli, start_progress
+from .qeff_words import (add_qeff_run_flags, check_full_batch_size, read_prompt_lines, read_text,
+                         resolve_qeff_run_flags, split_prompts)
 from ..errors import SpecdecError
 
 PROG = "specdec-run"
@@ -56,14 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "optional with --prompt-ids")
     p.add_argument("--dlm-tokenizer", metavar="DIR", help="the DLM's tokenizer, checked to equal the TLM's")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--prompt", metavar="TEXT", action="append", help="a text prompt (repeat for several prompts)")
+    g.add_argument("--prompt", metavar="TEXT", action="append",
+                   help="a text prompt; \"a|b\" is two prompts, as QEfficient splits them (a literal | "
+                        "is written \\|); repeat for more prompts")
     g.add_argument("--prompt-file", metavar="FILE", help=f"prompts separated by {PROMPT_SEP}")
     g.add_argument("--prompt-ids", metavar="IDS", action="append",
                    help="token ids separated by commas or spaces: 1,2,3 or \"1 2 3\" (repeat for several prompts)")
     p.add_argument("--chat", action="store_true",
                    help="wrap each text prompt as a user message in the tokenizer's chat template "
                         "(with the generation prompt); needs --tokenizer")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="new tokens per prompt at most (default 128; QEfficient's --generation-len)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0 = greedy (default); below 1e-5 behaves as greedy")
     p.add_argument("--top-k", type=int, default=0, metavar="K")
@@ -94,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ONNX Runtime: feed the cache back by swapping buffers even for ort targets")
     p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline); --tlm may then also be the target "
                         "compiled with --role dlm, for seq_len-1 steps")
+    p.add_argument("--compare", action="store_true",
+                   help="run the TLM alone, then speculative decoding, on the same prompts and seed; print "
+                        "TTFT, decode tokens/s, total tokens/s and E2E time for both, the speedup, tokens per "
+                        "target call, and whether the greedy outputs were identical (--json: as JSON)")
     p.add_argument("--eos-id", type=int, default=None, metavar="ID",
                    help="end-of-sequence id (default: every EOS id of the TLM's manifest and of the "
                         "tokenizer; -1 = none)")
@@ -101,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip running each specialization once before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
     p.add_argument("--no-color", action="store_true")
+    add_qeff_run_flags(p, g)
     add_progress_flags(p, steps="models loaded")
     return p
 
@@ -127,16 +136,11 @@ def _prompts(args, tok) -> list[list[int]]:
             out.append(ids)
         return out
     if args.prompt is not None:
-        texts = list(args.prompt)
+        texts = split_prompts(args.prompt)
+    elif args.prompts_txt_file_path is not None:
+        texts = read_prompt_lines(args.prompts_txt_file_path)
     else:
-        try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                raw = f.read()
-        except OSError as e:
-            raise SpecdecError(f"{args.prompt_file}: cannot read: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise SpecdecError(f"{args.prompt_file}: not UTF-8 text") from None
-        texts = [t.strip() for t in raw.split(PROMPT_SEP)]
+        texts = [t.strip() for t in read_text(args.prompt_file).split(PROMPT_SEP)]
         texts = [t for t in texts if t]
         if not texts:
             raise SpecdecError(f"{args.prompt_file}: no prompts in it")
@@ -245,6 +249,9 @@ def _device_ids(text, what):
 def _check_args(args) -> None:
     if args.draft is None and not args.target_only:
         args.draft = "dlm"
+    if args.compare and args.target_only:
+        raise SpecdecError("--compare runs the target alone itself: give the draft (--dlm DIR or --draft), "
+                           "not --target-only")
     if args.target_only and args.dlm:
         raise SpecdecError("--target-only decodes with the TLM alone: it takes no --dlm")
     if args.draft == "ngram" and args.dlm:
@@ -335,6 +342,7 @@ def _open(args):
     need_model = args.backend in ("ort", "openvino")
     # --target-only also takes the target compiled with --role dlm: the seq_len-1 baseline
     tlm_art = load_artifact(args.tlm, expect_role=None if args.target_only else "tlm", need_model=need_model)
+    check_full_batch_size(args, tlm_art.batch_size)
     dlm_art = None if (args.target_only or args.draft in ("ngram", "suffix")) else \
         load_artifact(args.dlm, expect_role="dlm", need_model=need_model)
     tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
@@ -384,13 +392,13 @@ def _eos(args, tok, tlm):
 
 
 def run(argv: list[str]) -> int:
-    from ..runtime.decoding import SpecDecoder, TargetOnlyDecoder
-    from ..runtime.drafts import make_draft_source
+    from ..runtime.decoding import TargetOnlyDecoder
     from ..runtime.metrics import aggregate_metrics
     from ..runtime.sampling import SamplingParams
 
     args = build_parser().parse_args(argv)
     start_progress(PROG, args)
+    resolve_qeff_run_flags(args)
     if args.max_new_tokens < 0:
         raise SpecdecError("--max-new-tokens must be >= 0")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
@@ -400,13 +408,12 @@ def run(argv: list[str]) -> int:
     note = tlm.exactness(speculative=not args.target_only)["note"] if args.backend == "openvino" else None
     if note:
         print(f"{PROG}: note: {note}", file=sys.stderr, flush=True)
+    if args.compare:
+        return _run_compare(args, tlm, dlm, (tok, dlm_tok), prompts, eos, sampling)
     if args.target_only:
         dec = TargetOnlyDecoder(tlm, eos_token_id=eos)
     else:
-        source = make_draft_source(args.draft, dlm, ngram_max=args.ngram_max, tokenizer=tok, dlm_tokenizer=dlm_tok,
-                                   suffix={"cache_tokens": args.suffix_cache_tokens, "max_depth": args.suffix_max_depth})
-        dec = SpecDecoder(tlm, draft=source, eos_token_id=eos, k=args.k,
-                          fallback=not args.no_fallback, tokenizer=tok)
+        dec = _spec_decoder(args, tlm, dlm, (tok, dlm_tok), eos)
 
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)
@@ -421,6 +428,44 @@ def run(argv: list[str]) -> int:
         print(json.dumps(out))
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
+    return 0
+
+
+def _spec_decoder(args, tlm, dlm, toks, eos):
+    """The speculative decoder the arguments ask for (--draft, --k, --no-fallback)."""
+    from ..runtime.decoding import SpecDecoder
+    from ..runtime.drafts import make_draft_source
+    tok, dlm_tok = toks
+    source = make_draft_source(args.draft, dlm, ngram_max=args.ngram_max, tokenizer=tok, dlm_tokenizer=dlm_tok,
+                               suffix={"cache_tokens": args.suffix_cache_tokens, "max_depth": args.suffix_max_depth})
+    return SpecDecoder(tlm, draft=source, eos_token_id=eos, k=args.k, fallback=not args.no_fallback, tokenizer=tok)
+
+
+def _run_compare(args, tlm, dlm, toks, prompts, eos, sampling) -> int:
+    """--compare: the TLM alone, then speculative decoding, on the same prompts, settings and
+    seed (one seed drawn for both when --seed is not given); the report of runtime/compare.py."""
+    import dataclasses
+
+    from ..runtime.compare import compare_runs, format_report
+    from ..runtime.decoding import TargetOnlyDecoder
+    if not sampling.greedy:
+        sampling = dataclasses.replace(sampling, seed=sampling.run_seed())
+    runs = {"target_only": _decode_all(TargetOnlyDecoder(tlm, eos_token_id=eos), prompts, args, sampling,
+                                       None, toks[0]),
+            "speculative": _decode_all(_spec_decoder(args, tlm, dlm, toks, eos), prompts, args, sampling,
+                                       None, toks[0])}
+    report = compare_runs(runs["target_only"], runs["speculative"], greedy=sampling.greedy)
+    if args.json:
+        report["seed"] = sampling.seed
+        report["results"] = {name: [r.to_json() for r in res] for name, (res, _) in runs.items()}
+        print(json.dumps(report))
+        return 0
+    printer = _Printer(toks[0], (not args.no_color) and sys.stdout.isatty())
+    for i, r in enumerate(runs["speculative"][0]):     # the texts (speculative decoding's), then the report
+        printer.start(r.prompt_ids, i, len(prompts))
+        printer.on_tokens(r.generated_ids, r.sources)
+        printer.end(r.stop_reason)
+    print("\n".join(format_report(report)))
     return 0
 
 

@@ -62,7 +62,7 @@ class SamplingParams:
             return int(self.seed)
         if rng is not None:
             return int(rng.integers(0, 2 ** 63))
-        return int(np.random.SeedSequence().entropy)
+        return int(np.random.SeedSequence().entropy) % 2 ** 63   # entropy has 128 bits; a seed is < 2**64
 
     def noise(self, index: int = 0, rng: np.random.Generator | None = None) -> "Noise | None":
         """The randomness of prompt ``index`` of a run (None when greedy)."""

@@ -31,8 +31,31 @@ IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55]
 # ---------------------------------------------------------------------------- FAKE QAicApi_pb2
 
 FLOAT_TYPE, FLOAT_16_TYPE, INT64_I_TYPE, INT32_I_TYPE = 1, 2, 9, 8
+# the other types QEfficient's QAICInferenceSession maps (cloud_infer.py); BFLOAT16_TYPE is 11
+# there when the module lacks it, so the fake module leaves it out to exercise that default
+BFLOAT16_TYPE, INT8_Q_TYPE, UINT8_Q_TYPE, INT16_Q_TYPE, INT32_Q_TYPE, INT8_TYPE = 11, 3, 4, 5, 6, 7
 INP, OUT = 0, 1
-NP = {FLOAT_TYPE: np.float32, FLOAT_16_TYPE: np.float16, INT64_I_TYPE: np.int64, INT32_I_TYPE: np.int32}
+NP = {FLOAT_TYPE: np.float32, FLOAT_16_TYPE: np.float16, INT64_I_TYPE: np.int64, INT32_I_TYPE: np.int32,
+      BFLOAT16_TYPE: np.uint16, INT8_Q_TYPE: np.int8, UINT8_Q_TYPE: np.uint8, INT16_Q_TYPE: np.int16,
+      INT32_Q_TYPE: np.int32, INT8_TYPE: np.int8}
+
+
+def device_values(t, raw: bytes, dims, feed_dtype):
+    """The FAKE device reading a buffer of type ``t`` as the ONNX graph's ``feed_dtype``
+    (bfloat16 by torch, independently of the runtime's own conversion)."""
+    arr = np.frombuffer(raw, NP[t]).reshape(dims)
+    if t == BFLOAT16_TYPE:
+        import torch
+        arr = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16).float().numpy()
+    return arr.astype(feed_dtype)
+
+
+def device_bytes(t, arr) -> bytes:
+    """The FAKE device writing float32 values into a buffer of type ``t``."""
+    if t == BFLOAT16_TYPE:
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(arr, np.float32)).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    return np.asarray(arr).astype(NP[t]).tobytes()
 
 
 class FakeIoDesc:
@@ -54,6 +77,8 @@ def fake_aicapi():
     m = types.ModuleType("QAicApi_pb2")
     m.__doc__ = "FAKE QAicApi_pb2 for tests"
     m.FLOAT_TYPE, m.FLOAT_16_TYPE, m.INT64_I_TYPE, m.INT32_I_TYPE = FLOAT_TYPE, FLOAT_16_TYPE, INT64_I_TYPE, INT32_I_TYPE
+    m.INT8_Q_TYPE, m.UINT8_Q_TYPE, m.INT16_Q_TYPE, m.INT32_Q_TYPE, m.INT8_TYPE = (INT8_Q_TYPE, UINT8_Q_TYPE,
+                                                                               INT16_Q_TYPE, INT32_Q_TYPE, INT8_TYPE)
     m.BUFFER_IO_TYPE_INPUT, m.BUFFER_IO_TYPE_OUTPUT = INP, OUT
     m.IoDesc = FakeIoDesc
     return m
@@ -122,6 +147,8 @@ def fake_qaicrt(events: list):
 
         def load(self):
             self.session = ort.InferenceSession(self.desc["model"], providers=["CPUExecutionProvider"])
+            ort_types = {"tensor(int64)": np.int64, "tensor(float)": np.float32, "tensor(float16)": np.float16}
+            self.feed_types = {i.name: ort_types[i.type] for i in self.session.get_inputs()}
             return QStatus.QS_SUCCESS
 
         def activate(self):
@@ -161,13 +188,14 @@ def fake_qaicrt(events: list):
             for b, buf, (size, d) in zip(p.bindings, self.buffers, self.dims):
                 if b["dir"] != INP:
                     continue
+                want = p.feed_types[b["name"]]
                 if buf.size:
-                    arr = np.frombuffer(buf.data, NP[b["type"]]).reshape(d)
+                    arr = device_values(b["type"], buf.data, d, want)
                     if b["name"].startswith("past_"):
-                        p.state[b["name"]] = arr.copy()
+                        p.state[b["name"]] = arr.astype(NP[b["type"]])
                 else:
-                    arr = p.state[b["name"]]
-                feeds[b["name"]] = arr.astype(np.float32) if b["type"] == FLOAT_16_TYPE else arr
+                    arr = p.state[b["name"]].astype(want)
+                feeds[b["name"]] = arr
             names = [o.name for o in p.session.get_outputs()]
             res = dict(zip(names, p.session.run(names, feeds)))
             self.out = []
@@ -176,7 +204,7 @@ def fake_qaicrt(events: list):
                     p.state[b["name"][: -len("_RetainedState")]] = res[b["name"]].astype(NP[b["type"]])
                     self.out.append(QBuffer(b""))
                 elif b["dir"] == OUT:
-                    self.out.append(QBuffer(res[b["name"]].astype(NP[b["type"]]).tobytes()))
+                    self.out.append(QBuffer(device_bytes(b["type"], res[b["name"]])))
                 else:
                     self.out.append(QBuffer(b""))
             return QStatus.QS_SUCCESS
@@ -190,8 +218,9 @@ def fake_qaicrt(events: list):
     return m
 
 
-def write_fake_qpc(art_dir, drop_seq_len=None):
-    """A FAKE QPC directory (OUT/qpc/programqpc.bin, JSON) for an artifact."""
+def write_fake_qpc(art_dir, drop_seq_len=None, types=None):
+    """A FAKE QPC directory (OUT/qpc/programqpc.bin, JSON) for an artifact; ``types``: binding
+    name -> QAicApi type, in place of the default ones."""
     art = load_artifact(art_dir)
     sess = ort.InferenceSession(str(art_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     V = sess.get_outputs()[0].shape[-1]
@@ -223,6 +252,7 @@ def write_fake_qpc(art_dir, drop_seq_len=None):
     allowed = [[f(s) for f in shape_fns] for s in seq_lens]
     for b, f in zip(bindings, shape_fns):
         b["dims"] = f(seq_lens[0])
+        b["type"] = (types or {}).get(b["name"], b["type"])
     qpc = art_dir / "qpc"
     qpc.mkdir(exist_ok=True)
     (qpc / "programqpc.bin").write_text(json.dumps({"model": str(art_dir / "model.onnx"), "bindings": bindings,

@@ -14,14 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ....contract import COMPILE_SCRIPT, INPUT_IDS, LOGITS, POSITION_IDS, QPC_DIR
+from ....contract import BATCH_INDEX, COMPILE_SCRIPT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS, QPC_DIR
 from ....errors import SpecdecError
 from ....artifact.reader import Artifact
 from ..base import resolve_artifact, with_vocab
+from .buffers import BufType, buffer_types, check_value_binding
 
 SDK_LIB = "/opt/qti-aic/dev/lib"
 SDK_PYTHON = "/opt/qti-aic/dev/python"
 QPC_FILE = "programqpc.bin"
+QEFF_INPUTS = (BATCH_INDEX, NUM_LOGITS_TO_KEEP)
 
 
 def import_qaicrt():
@@ -79,10 +81,10 @@ class QaicProgram:
     exec_obj: object
     bindings: list                  # the IO descriptor's bindings, in index order
     index: dict                     # binding name -> index
-    dtypes: dict                    # QAicApi type -> numpy dtype
+    dtypes: dict                    # QAicApi type -> BufType (buffers.py)
     allowed: list                   # per specialization: {binding name: dims}
     retained: list[str]             # the retained-state bindings (kept on the device)
-    logits_dtype: np.dtype
+    logits_type: BufType
 
     def check(self, status, what: str) -> None:
         if status != self.rt.QStatus.QS_SUCCESS:
@@ -90,15 +92,14 @@ class QaicProgram:
 
 
 def _read_iodesc(art: Artifact, qpc_path: Path, qpc_obj, api, ok) -> tuple[list, dict, list]:
-    """(bindings, allowed shapes per specialization, numpy dtypes) from the QPC's IO descriptor."""
+    """(bindings, allowed shapes per specialization, buffer types) from the QPC's IO descriptor."""
     status, raw = qpc_obj.getIoDescriptor()
     if status != ok:
         raise SpecdecError(f"{art.name}: qaicrt getIoDescriptor failed ({status})")
     iodesc = api.IoDesc()
     iodesc.ParseFromString(bytes(raw))
     bindings = list(iodesc.selected_set.bindings)
-    dtypes = {api.FLOAT_TYPE: np.dtype(np.float32), api.FLOAT_16_TYPE: np.dtype(np.float16),
-              api.INT64_I_TYPE: np.dtype(np.int64), api.INT32_I_TYPE: np.dtype(np.int32)}
+    dtypes = buffer_types(api)
     names = {b.name for b in bindings}
     for need in (INPUT_IDS, POSITION_IDS, LOGITS):
         if need not in names:
@@ -106,6 +107,10 @@ def _read_iodesc(art: Artifact, qpc_path: Path, qpc_obj, api, ok) -> tuple[list,
     for b in bindings:
         if b.type not in dtypes:
             raise SpecdecError(f"{qpc_path}: binding {b.name} has an unsupported type {b.type}")
+    floats = {LOGITS, *art.extra_inputs, *art.extra_outputs}
+    for b in bindings:
+        if b.name in (INPUT_IDS, POSITION_IDS, *QEFF_INPUTS) or b.name in floats:
+            check_value_binding(qpc_path, b, dtypes, "float" if b.name in floats else "int")
     allowed = [{b.name: tuple(s.dims) for b, s in zip(bindings, shape_set.shapes)}
                for shape_set in iodesc.allowed_shapes]
     # every (batch, seq_len) the artifact declares must be one the QPC accepts
@@ -142,6 +147,13 @@ def load_qaic(artifact, *, device_ids=None, qpc=None, expect_role: str | None = 
     for n in (*art.extra_inputs, *art.extra_outputs):
         if n not in index:
             raise SpecdecError(f"{qpc_path}: the manifest declares {n!r} but the QPC has no such binding")
+    want = {BATCH_INDEX, NUM_LOGITS_TO_KEEP} if art.role == "tlm" else {BATCH_INDEX}
+    if art.qeff and not want <= set(index):
+        raise SpecdecError(f"{qpc_path}: the artifact has --interface qeff but the QPC has no "
+                           f"{' / '.join(sorted(want - set(index)))} binding: compiled from another model?")
+    if not art.qeff and BATCH_INDEX in index:
+        raise SpecdecError(f"{qpc_path}: the QPC has a batch_index binding but the artifact was compiled "
+                           f"without --interface qeff: compiled from another model?")
     lb = bindings[index[LOGITS]]
     art = with_vocab(art, int(lb.dims[-1]), "QPC's logits binding")
     props = rt.QAicProgramProperties()
@@ -153,7 +165,7 @@ def load_qaic(artifact, *, device_ids=None, qpc=None, expect_role: str | None = 
         artifact=art, rt=rt, qpc_path=qpc_path, device_ids=device_ids, context=context, queue=queue,
         program=program, exec_obj=None, bindings=bindings, index=index, dtypes=dtypes, allowed=allowed,
         retained=[b.name for b in bindings if b.name.startswith("past_") or b.name.endswith("_RetainedState")],
-        logits_dtype=dtypes[lb.type])
+        logits_type=dtypes[lb.type])
     loaded.check(program.load(), "program load")
     loaded.check(program.activate(), "program activate")
     loaded.exec_obj = rt.ExecObj(context, program)

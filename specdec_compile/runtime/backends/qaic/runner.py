@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
+from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
 from ..base import Backend
 from .loader import QaicProgram, load_qaic
@@ -37,17 +37,24 @@ class QaicBackend(Backend):
         self.program = loaded.program
         self.bindings, self.index, self.allowed = loaded.bindings, loaded.index, loaded.allowed
         self.retained = loaded.retained
-        self.logits_dtype = loaded.logits_dtype
+        self.logits_type = loaded.logits_type
         self._dtypes = loaded.dtypes
         self._zero_next = False
         # buffers: retained state skipped (zero-size), the rest set per call
         self.qbuffers = [self.rt.QBuffer(bytes(0)) for _ in self.bindings]
         self.dims = [(self._dtypes[b.type].itemsize, [0]) for b in self.bindings]
 
-    def _set(self, name, arr: np.ndarray):
+    def _set(self, name, values: np.ndarray):
+        """``values`` into the binding's buffer, in its type (buffers.py)."""
         i = self.index[name]
+        arr = self._dtypes[self.bindings[i].type].encode(values)
         self.qbuffers[i] = self.rt.QBuffer(arr.tobytes())
         self.dims[i] = (arr.itemsize, list(arr.shape) if arr.shape else [1])
+
+    def _get(self, outs, name, shape) -> np.ndarray:
+        """A float output's values as float32."""
+        i = self.index[name]
+        return self._dtypes[self.bindings[i].type].decode(bytes(outs[i]), shape)
 
     def _skip(self, name):
         i = self.index[name]
@@ -58,25 +65,44 @@ class QaicBackend(Backend):
         return self._run_outputs(ids, pos, {n: np.zeros((*ids.shape, w), np.float32)
                                             for n, w in self.extra_inputs.items()})[LOGITS]
 
+    def _set_rows(self, rows):
+        self._rows = rows
+
+    def _kept(self, B: int, S: int) -> int:
+        """The logits columns a TLM call of [B, S] gives: S, or an --interface qeff
+        specialization's num_logits_to_keep (1 at prefill; the largest where two match)."""
+        if not (self.artifact.qeff and self.role == "tlm"):
+            return S
+        ns = [a[NUM_LOGITS_TO_KEEP][0] for a in self.allowed
+              if a.get(INPUT_IDS) == (B, S) and NUM_LOGITS_TO_KEEP in a]
+        ns += [int(sp["num_logits_to_keep"]) for sp in (self.artifact.manifest.get("qeff") or {}).get(
+            "specializations", []) if (int(sp["batch_size"]), int(sp["seq_len"])) == (B, S) and not self.allowed]
+        return max(ns) if ns else S
+
     def _run_outputs(self, ids, pos, extra):
         rt, lp = self.rt, self.loaded
         B, S = ids.shape
-        out_s = S if self.role == "tlm" else 1
+        n = self._kept(B, S)
+        out_s = n if self.role == "tlm" else 1
         logits_shape = (B, out_s, self.vocab_size)
         if self.allowed and not any(a.get(INPUT_IDS) == (B, S) and a.get(LOGITS, logits_shape) == logits_shape
                                     for a in self.allowed):
             raise SpecdecError(f"{self.qpc_path}: no matching dimension for input_ids [{B}, {S}] in the QPC")
         self._set(INPUT_IDS, ids)
         self._set(POSITION_IDS, pos)
-        self._set(LOGITS, np.zeros(logits_shape, self.logits_dtype))
-        for n, a in extra.items():          # a feature draft's features, in the binding's dtype (float16 per custom IO)
-            self._set(n, np.ascontiguousarray(a, dtype=self._dtype_of(n)))
+        if self.artifact.qeff:      # contract section 7: the call's cache rows; a TLM's kept columns
+            self._set(BATCH_INDEX, self._rows)
+            if self.role == "tlm":
+                self._set(NUM_LOGITS_TO_KEEP, np.zeros((n, 1), np.int64))
+        self._set(LOGITS, self.logits_type.zeros(logits_shape))
+        for n, a in extra.items():          # a feature draft's features, in the binding's type (float16 per custom IO)
+            self._set(n, a)
         for n, w in self.extra_outputs.items():
-            self._set(n, np.zeros((B, S, w), self._dtype_of(n)))
+            self._set(n, np.zeros((B, S, w), np.float32))
         for n in self.retained:
             b = self.bindings[self.index[n]]
             if self._zero_next and n.startswith("past_") and not n.endswith("_RetainedState"):
-                self._set(n, np.zeros(tuple(b.dims), self._dtypes[b.type]))
+                self._set(n, self._dtypes[b.type].zeros(b.dims))
             else:
                 self._skip(n)
         self._zero_next = False
@@ -85,14 +111,12 @@ class QaicBackend(Backend):
         lp.check(lp.exec_obj.waitForCompletion(), "run (waitForCompletion)")
         status, outs = lp.exec_obj.getData()
         lp.check(status, "getData")
-        res = {LOGITS: np.frombuffer(bytes(outs[self.index[LOGITS]]), self.logits_dtype)
-               .reshape(logits_shape).astype(np.float32)}
+        res = {LOGITS: self._get(outs, LOGITS, logits_shape)}
+        if out_s != S and self.role == "tlm":
+            res[LOGITS] = place_kept(res[LOGITS], pos, S)
         for n, w in self.extra_outputs.items():
-            res[n] = np.frombuffer(bytes(outs[self.index[n]]), self._dtype_of(n)).reshape(B, S, w).astype(np.float32)
+            res[n] = self._get(outs, n, (B, S, w))
         return res
-
-    def _dtype_of(self, name: str) -> np.dtype:
-        return self._dtypes[self.bindings[self.index[name]].type]
 
     def _reset(self):
         # the next call uploads zero caches once; later calls skip them again
@@ -106,3 +130,16 @@ class QaicBackend(Backend):
             except Exception:
                 pass
             self.program = None
+
+
+def place_kept(kept: np.ndarray, pos: np.ndarray, S: int) -> np.ndarray:
+    """[B, n, V] logits of an --interface qeff TLM call (the n columns ending at each row's last
+    valid column L, or 0..n-1 when L+1 < n: contract section 7) placed in a [B, S, V] array at
+    those columns; the columns the device did not give are NaN, never another column's values."""
+    B, n, V = kept.shape
+    out = np.full((B, S, V), np.nan, np.float32)
+    for r in range(B):
+        last = int(np.argmax(pos[r])) if np.any(pos[r] >= 0) else -1   # the largest position's column
+        first = max(last + 1 - n, 0)
+        out[r, first:first + n] = kept[r]
+    return out
