@@ -30,6 +30,26 @@ STOP_REASONS = {"eos": "end of sequence (EOS token)", "max_new_tokens": "--max-n
 TARGET_STYLE = "bold"
 
 
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """Where the models run: the backend, its devices, threads and precision."""
+    p.add_argument("--backend", choices=("ort", "qaic", "openvino"), default="ort",
+                   help="ort: ONNX Runtime (default); qaic: Cloud AI 100; openvino: OpenVINO's CPU plugin, the "
+                        "cache in its state variables (artifacts compiled with --target openvino; "
+                        "pip install 'specdec-compile[openvino]')")
+    p.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
+                   help="--backend openvino: inference precision (default: OpenVINO's pick for the CPU, bf16 "
+                        "where it has bf16; only f32 keeps greedy speculative output equal to target-only, "
+                        "the run says so otherwise)")
+    p.add_argument("--ov-threads", type=int, default=None, metavar="N",
+                   help="--backend openvino: inference threads per model (default: OpenVINO's)")
+    p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
+    p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
+    p.add_argument("--ort-threads", type=int, default=None, metavar="N",
+                   help="ONNX Runtime intra-op threads per model (default: ORT's own for one model; "
+                        "with a DLM and a TLM on the CPU, the usable cores and no spin-waiting, so "
+                        "the two never compete)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..runtime.drafts import NAMES as DRAFT_NAMES
     p = Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
@@ -78,22 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None, metavar="K",
                    help="drafts per round (one of the TLM's compiled widths; default: its k, "
                         "adaptive when several are compiled)")
-    p.add_argument("--backend", choices=("ort", "qaic", "openvino"), default="ort",
-                   help="ort: ONNX Runtime (default); qaic: Cloud AI 100; openvino: OpenVINO's CPU plugin, the "
-                        "cache in its state variables (artifacts compiled with --target openvino; "
-                        "pip install 'specdec-compile[openvino]')")
-    p.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
-                   help="--backend openvino: inference precision (default: OpenVINO's pick for the CPU, bf16 "
-                        "where it has bf16; only f32 keeps greedy speculative output equal to target-only, "
-                        "the run says so otherwise)")
-    p.add_argument("--ov-threads", type=int, default=None, metavar="N",
-                   help="--backend openvino: inference threads per model (default: OpenVINO's)")
-    p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
-    p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
-    p.add_argument("--ort-threads", type=int, default=None, metavar="N",
-                   help="ONNX Runtime intra-op threads per model (default: ORT's own for one model; "
-                        "with a DLM and a TLM on the CPU, the usable cores and no spin-waiting, so "
-                        "the two never compete)")
+    add_backend_flags(p)
     p.add_argument("--copy-cache", action="store_true",
                    help="ONNX Runtime: feed the cache back by swapping buffers even for ort targets")
     p.add_argument("--target-only", action="store_true", help="decode with the TLM alone (baseline); --tlm may then also be the target "
