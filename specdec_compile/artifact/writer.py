@@ -379,7 +379,6 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     ``original`` (the graph before the rewrite, weights not loaded) is only used
     to report which inputs and outputs changed.
     """
-    options.validate()
     check_graph_agrees(result, options)
     shown = Path(out)
     source = getattr(result, "source", None)

@@ -1,6 +1,7 @@
 """``PassContext``: the one argument every pass takes besides the graph."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..contract import MASK_VALUE
@@ -43,6 +44,17 @@ class PassContext:
     hidden_layers: tuple[int, ...] | None = None
     interface: str = "default"
     fuse_rotary: bool = False
+
+    @classmethod
+    def from_options(cls, options, **fields) -> "PassContext":
+        """The context of a compile with ``options`` (an ``Options``, checked when it was built:
+        trusted here, not checked again) and ``fields`` (detection, source_opset, ...)."""
+        ctx = object.__new__(cls)
+        given = {"role": options.role, "target": options.target, "k": options.k, "ctx_len": options.ctx_len,
+                 "interface": options.interface, **fields}
+        for f in dataclasses.fields(cls):
+            object.__setattr__(ctx, f.name, given.get(f.name, f.default))
+        return ctx
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)
