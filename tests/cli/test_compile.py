@@ -183,7 +183,7 @@ def test_shared_parser_errors_are_one_line_specdec_errors():
     with pytest.raises(SpecdecError) as e:
         p.parse_args(["--n", "x"])
     assert str(e.value).endswith("(see tool --help)") and "invalid int value" in str(e.value)
-    plain = cli_common._Parser(prog="tool")  # the older name and its default behaviour
+    plain = cli_common.Parser(prog="tool")  # its default behaviour
     with pytest.raises(SpecdecError) as e:
         plain.parse_args(["--bogus"])
     assert str(e.value) == "unrecognized arguments: --bogus"

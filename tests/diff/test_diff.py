@@ -522,7 +522,7 @@ def test_passes_cli_and_explain_from_pipeline(fixture_models, capsys):
     src = fixture_models["llama_gqa"]
     res = pipeline.rewrite(str(src), Options(role="tlm", target="qaic", k=3), record=True)
     assert res.snapshots[0][0] == "original" and len(res.snapshots) >= 2
-    rep = D.explain(res.snapshots, base_dir=res.source_dir)
+    rep = D.diff_snapshots(res.snapshots, base_dir=res.source_dir)
     assert [p["pass"] for p in rep["passes"]] == [name for name, _ in res.snapshots[1:]]
     if "total" in rep:
         _contract_check(rep["total"], n_layers=2)
