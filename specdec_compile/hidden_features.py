@@ -17,7 +17,7 @@ from .layer_lists import format_layers, resolve_layers
 
 
 def check(det, role: str, hidden_states, feature_layers) -> tuple[int, ...] | None:
-    """Refuse what this model cannot give (one line); the ``PassContext.hidden_layers``. The
+    """Refuse what this model cannot give (one line); the ``PassContext.exposed_layers``. The
     role already agrees with the layers (``Options`` refuses --hidden-states for a DLM)."""
     if det.feature_input is not None and feature_layers is None:
         what = (f"the export has a float input {det.feature_input!r} [batch, seq, {det.feature_width}] "
@@ -67,7 +67,7 @@ def record(model: onnx.ModelProto, hidden_states, feature_layers) -> None:
 def manifest_fields(result) -> dict:
     """The manifest's ``hidden_states`` (TLM) / ``feature_draft`` (DLM) entries."""
     det = getattr(result, "detection", None)
-    hidden, feats = getattr(result, "hidden_layers", None), getattr(result, "feature_layers", None)
+    hidden, feats = getattr(result, "hidden_states", None), getattr(result, "feature_layers", None)
     out = {}
     if hidden is not None and det is not None:
         out["hidden_states"] = {

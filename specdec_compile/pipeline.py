@@ -33,7 +33,7 @@ CompileResult fields:
     source_dir   directory external data locations are relative to (or None)
     snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
     input_kind   what was given: "path" | "proto" | "ir" (``as_given()`` converts back)
-    hidden_layers   TLM --hidden-states: the layers as given (negative from the end); None: none
+    hidden_states   TLM --hidden-states: the layers as given (negative from the end); None: none
     feature_layers  feature draft --feature-layers: the target layers it reads; None: not one
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ class CompileResult:
     source: Path | None = None
     source_dir: Path | None = None
     snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
-    hidden_layers: tuple[int, ...] | None = None
+    hidden_states: tuple[int, ...] | None = None   # as given (Options.hidden_states); None: none
     feature_layers: tuple[int, ...] | None = None
     interface: str = "default"
     input_kind: str = "proto"        # what rewrite was given: "path" | "proto" | "ir"
@@ -173,7 +173,7 @@ def prepare(model_or_path, options: Options, *, source=None, fuse_rotary: bool =
     graph, det = import_and_detect(original, source, source_dir)
     exposed = _features.check(det, options.role, options.hidden_states or None, options.feature_layers or None)
     ctx = _passes.PassContext.from_options(options, detection=det, source_opset=graph.opset,
-                                           hidden_layers=exposed, fuse_rotary=bool(fuse_rotary))
+                                           exposed_layers=exposed, fuse_rotary=bool(fuse_rotary))
     return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface)), original,
                     source, source_dir, kind, options)
 
@@ -243,7 +243,7 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
                          passes=applied, ctx_len=ctx.ctx_len, source=prep.source, source_dir=prep.source_dir,
-                         snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers,
+                         snapshots=snapshots, hidden_states=hidden_states, feature_layers=feature_layers,
                          interface=interface, input_kind=prep.kind)
 
 

@@ -23,8 +23,9 @@ class PassContext:
     source_opset  the exported model's opset (``lower`` reads it; None: the graph's own)
     ctx_len       the context length the artifact is compiled for (``rotary_tables``
                   builds tables of exactly this many rows)
-    hidden_layers the decoder layers whose outputs ``expose_hidden_states`` adds as an
-                  output (as given: negative from the end); None: none
+    exposed_layers the decoder layers whose outputs ``expose_hidden_states`` adds as an
+                  output (as given: negative from the end; a TLM's --hidden-states, a feature
+                  draft's own last layer); None: none. The pass resolves them.
     interface     "default" or "qeff" (QEfficient's: ``batch_index``, ``logits_to_keep``)
     fuse_rotary   ort: rotate q/k with ONNX Runtime's ``RotaryEmbedding`` kernel (``fuse_rotary``);
                   off by default: the kernel rounds differently (fused multiply-adds), within
@@ -41,7 +42,7 @@ class PassContext:
     mask_value: float = MASK_VALUE
     source_opset: int | None = None
     ctx_len: int | None = None
-    hidden_layers: tuple[int, ...] | None = None
+    exposed_layers: tuple[int, ...] | None = None
     interface: str = "default"
     fuse_rotary: bool = False
 
