@@ -38,7 +38,8 @@ def session(model) -> ort.InferenceSession:
 
 
 def rewrite(path, role: str, target: str, interface: str = "qeff", k: int | None = K, ctx_len: int = CTX):
-    return pipeline.rewrite(path, Options(role=role, target=target, k=k if role == "tlm" else None, ctx_len=ctx_len, interface=interface))
+    return pipeline.rewrite(path, Options(role=role, target=target, k=k if role == "tlm" else None, ctx_len=ctx_len,
+                                          interface=interface))
 
 
 class Replay:

@@ -87,7 +87,8 @@ def test_every_coverage_matrix_row_lowers_to_ops_with_precedent(row):
 
     source = export_row(row)
     for role in ("tlm", "dlm"):
-        model = rewrite(str(source), Options(role=role, target="qaic", k=K if role == "tlm" else None, ctx_len=CL)).model
+        model = rewrite(str(source),
+                        Options(role=role, target="qaic", k=K if role == "tlm" else None, ctx_len=CL)).model
         missing = without_precedent(model)
         assert missing == [], f"{row.id} {role}: " + "; ".join(u.describe() for u in missing)
         assert _trig_on_positions(model) == []

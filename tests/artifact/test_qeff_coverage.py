@@ -80,7 +80,8 @@ def test_qeff_rows_equal_the_default_interface(row, target):
             ours = rewrite(str(source), Options(role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL))
         except SpecdecError as e:
             pytest.skip(f"refused by the default interface too: {e}")
-        qeff = rewrite(str(source), Options(role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL, interface="qeff"))
+        qeff = rewrite(str(source),
+                       Options(role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL, interface="qeff"))
         prompts, wide, pos = _calls(np.random.default_rng(7), ours.info.vocab_size)
         got, order = _run_qeff(qeff.model, role, prompts, wide, pos)
         assert np.isfinite(got).all()

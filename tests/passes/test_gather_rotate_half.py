@@ -124,7 +124,8 @@ def test_onnx_runtime_runs_it_as_gathers(fixture_path, tmp_path):
 
 def test_with_fuse_rotary_on_nothing_is_left_for_it(fixture_path):
     """fuse_rotary (opt-in) runs first and takes every rotation it fuses."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), Options(role="dlm", target="ort", ctx_len=64), fuse_rotary=True)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")),
+                                   Options(role="dlm", target="ort", ctx_len=64), fuse_rotary=True)
     assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 4
     assert not any("rotate_half" in n.name for n in model.graph.node)
 
