@@ -16,7 +16,7 @@ from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
 
 def compile_one(export: str, out: Path, role: str, k: int | None = None) -> Path:
     opts = Options(role=role, k=k, target="ort", ctx_len=128, prefill_len=16)
-    write_artifact(pipeline.rewrite(export, options=opts), opts, out, force=True)
+    write_artifact(pipeline.rewrite(export, opts), opts, out, force=True)
     return out
 
 

@@ -18,7 +18,7 @@ def main(model_path: str, out: str) -> None:
     model = ir.load(model_path)          # your toolchain's model, weights as external references
     # ... your own onnx_ir passes here ...
     opts = Options(role="tlm", k=3, target="ort", ctx_len=64, prefill_len=8)
-    result = pipeline.rewrite(model, options=opts, source=model_path)
+    result = pipeline.rewrite(model, opts, source=model_path)
     rewritten = result.as_given()        # an onnx_ir.Model again, for the passes after this one
     print("inputs: ", [v.name for v in rewritten.graph.inputs][:4], "...")
     print("outputs:", [v.name for v in rewritten.graph.outputs][:3], "...")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from specdec_compile.options import Options
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "real-gemma3"
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     rows = []
     for target in ("ort", "qaic"):
         t = time.perf_counter()
-        res = rewrite(str(source), role="tlm", target=target, k=args.k, ctx_len=args.ctx_len)
+        res = rewrite(str(source), Options(role="tlm", target=target, k=args.k, ctx_len=args.ctx_len))
         out = WORK / f"tlm-{target}" / "model.onnx"
         # the rewrite references the export's weights: copied beside it; a symbolic
         # link out of the model's directory is refused by the loader (untrusted inputs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import pipeline
 from .diff import diff_snapshots, resolve_model_path
 from .model_io import load_model
+from .options import Options
 
 
 def explain_result(res: pipeline.CompileResult) -> dict:
@@ -25,7 +26,9 @@ def explain_file(path, *, role: str, target: str = "qaic", k: int | None = None)
     """Compile ``path`` (a model or an artifact directory) with recording on and explain its passes."""
     p = resolve_model_path(path)
     load_model(p)  # one-line errors for missing / truncated files before the pipeline runs
-    rep = explain_result(pipeline.rewrite(str(p), role=role, target=target, k=k, record=True))
+    if k is None and role == "tlm":
+        k = 1   # no pass's graph depends on k (--k is optional here)
+    rep = explain_result(pipeline.rewrite(str(p), Options(role=role, target=target, k=k), record=True))
     rep["source"] = str(path)
     rep["role"], rep["target"] = role, target
     return rep

@@ -9,10 +9,11 @@ import onnx
 from .contract import (BATCH, BATCH_INDEX, CTX, DRAFT_HIDDEN_STATES, FULL_BATCH, HIDDEN_STATES,
                        NUM_LOGITS_TO_KEEP, SEQ, interface)
 from .errors import SpecdecError
+from .value_types import dims
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list:
-    return [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+    return dims(vi, unknown=0, no_shape=[])   # an unknown dim as 0: never a contract dim
 
 
 def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_kv_heads: int,

@@ -17,12 +17,8 @@ from .layer_lists import format_layers, resolve_layers
 
 
 def check(det, role: str, hidden_states, feature_layers) -> tuple[int, ...] | None:
-    """Refuse what cannot be compiled (one line); the ``PassContext.hidden_layers``."""
-    if hidden_states is not None and role != "tlm":
-        raise SpecdecError("--hidden-states is for the target model (--role tlm); a feature draft's own "
-                           "features are added by --feature-layers")
-    if feature_layers is not None and role != "dlm":
-        raise SpecdecError("--feature-layers is for a feature draft (--role dlm)")
+    """Refuse what this model cannot give (one line); the ``PassContext.exposed_layers``. The
+    role already agrees with the layers (``Options`` refuses --hidden-states for a DLM)."""
     if det.feature_input is not None and feature_layers is None:
         what = (f"the export has a float input {det.feature_input!r} [batch, seq, {det.feature_width}] "
                 f"besides its cache: a feature draft")
@@ -71,7 +67,7 @@ def record(model: onnx.ModelProto, hidden_states, feature_layers) -> None:
 def manifest_fields(result) -> dict:
     """The manifest's ``hidden_states`` (TLM) / ``feature_draft`` (DLM) entries."""
     det = getattr(result, "detection", None)
-    hidden, feats = getattr(result, "hidden_layers", None), getattr(result, "feature_layers", None)
+    hidden, feats = getattr(result, "hidden_states", None), getattr(result, "feature_layers", None)
     out = {}
     if hidden is not None and det is not None:
         out["hidden_states"] = {

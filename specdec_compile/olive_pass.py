@@ -63,9 +63,7 @@ def options_of(params: dict) -> Options:
     for key in ("k_list", "hidden_states", "feature_layers"):
         if key in kw:
             kw[key] = tuple(int(x) for x in kw[key])
-    opts = Options(**kw)
-    opts.validate()
-    return opts
+    return Options(**kw)
 
 
 def compile_artifact(model_path, params: dict, out_dir) -> tuple[Path, list[Path]]:
@@ -74,7 +72,7 @@ def compile_artifact(model_path, params: dict, out_dir) -> tuple[Path, list[Path
     from .artifact.writer import write_artifact
     from .pipeline import rewrite
     opts = options_of(params)
-    res = rewrite(model_path, options=opts)
+    res = rewrite(model_path, opts)
     out = Path(out_dir)
     written = write_artifact(res, opts, out, force=True)
     model = out / MODEL_FILE

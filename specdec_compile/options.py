@@ -1,10 +1,12 @@
 """The compile options and their one validator.
 
-``check_options`` is the single place a role, target, speculation length k and
-the shape options (prefill length, context length, batch size) are checked;
-the pass context, the pipeline, the artifact writer (``Options.validate``) and
-``verify`` all call it, so a bad value reads the same wherever it comes in.
-Every failure is one ``SpecdecError`` line naming the command-line flag.
+``Options`` is the one way into the compiler: the CLI, ``pipeline.rewrite``/``prepare``/
+``compile_model`` and ``artifact.writer.write_artifact`` all take one, and it is checked once,
+where it is built (``Options.__post_init__``); every later stage trusts it.
+``check_options`` is the single place a role, target, speculation length k and the shape
+options (prefill length, context length, batch size) are checked; ``Options``, a
+``PassContext`` built by hand and ``verify`` call it, so a bad value reads the same wherever
+it comes in. Every failure is one ``SpecdecError`` line naming the command-line flag.
 """
 from __future__ import annotations
 
@@ -97,9 +99,24 @@ class Options:
     #: large model; onnx >= 1.23's loader and checker refuse a data file with several hard links)
     link_weights: bool = False
 
-    def validate(self) -> None:
-        """Raise SpecdecError (one line) for options no artifact can satisfy."""
-        check_options(self.role, self.target, None)
+    def __post_init__(self):
+        """Checked once, here: raise SpecdecError (one line) for options no artifact can
+        satisfy. Layer lists given as lists are kept as tuples (None: none)."""
+        for name in ("k_list", "hidden_states", "feature_layers", "qaic_flags"):
+            value = getattr(self, name)
+            if value is None or isinstance(value, list):
+                object.__setattr__(self, name, tuple(value or ()))
+        self._check()
+
+    def _check(self) -> None:
+        if self.role == "dlm" and not self.feature_layers:
+            if self.k is not None:
+                raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
+                                   "specializations prefill/2/1; give --k to the TLM")
+            if self.k_list:
+                raise SpecdecError("--k-list is for the target model only (--role tlm)")
+        check_options(self.role, self.target, self.k, batch_size=self.batch_size, ctx_len=self.ctx_len,
+                      prefill_len=self.prefill_len, k_list=self.k_list)
         if self.target != "qaic":
             for flag, name, default in QAIC_ONLY:
                 if getattr(self, name) != default:
@@ -125,8 +142,6 @@ class Options:
             raise SpecdecError(f"--logits-dtype {self.logits_dtype!r} is not one of {', '.join(DTYPES)}")
         if self.hw_version is not None and self.hw_version not in HW_VERSIONS:
             raise SpecdecError(f"--hw-version {self.hw_version!r} is not one of {', '.join(HW_VERSIONS)}")
-        check_options(self.role, self.target, None, batch_size=self.batch_size, ctx_len=self.ctx_len,
-                      prefill_len=self.prefill_len)
         if not _is_int(self.num_cores) or not 1 <= self.num_cores <= MAX_CORES:
             raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores!r}")
         _at_least_one("--num-devices", self.num_devices, MAX_DEVICES)
@@ -139,11 +154,6 @@ class Options:
             raise SpecdecError("--feature-target names the target a feature draft reads: it needs "
                                "--role dlm --feature-layers")
         if self.role == "dlm" and not self.feature_layers:
-            if self.k is not None:
-                raise SpecdecError("--k is for the target model only: a DLM (--role dlm) has the fixed "
-                                   "specializations prefill/2/1; give --k to the TLM")
-            if self.k_list:
-                raise SpecdecError("--k-list is for the target model only (--role tlm)")
             if self.ctx_len < 2:
                 raise SpecdecError(f"--ctx-len {self.ctx_len} is too small for a DLM (needs seq_len 2)")
             return
@@ -152,7 +162,6 @@ class Options:
                 raise SpecdecError("--k is required for a feature draft (--feature-layers): it ingests the "
                                    "target's features of up to k+1 accepted tokens in one call (seq_len k+1)")
             raise SpecdecError("--k is required for --role tlm (the number of drafted tokens per round, e.g. --k 7)")
-        check_options(self.role, self.target, self.k, ctx_len=self.ctx_len, k_list=self.k_list)
 
     def seq_lens(self) -> list[int]:
         """seq_len of each specialization, in file order (contract sections 3 and 7)."""

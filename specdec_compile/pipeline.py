@@ -6,11 +6,13 @@ order, derived from it.
 
 Public API (stable; the CLI, artifact writer, diff --explain and runtime use it):
 
-    rewrite(model_or_path, *, role, target="qaic", k=None, record=False, ctx_len=256, source=None,
-            hidden_states=None, feature_layers=None, options=None) -> CompileResult
-    compile_model(model_or_path, *, role, target="qaic", k=None, ctx_len=256) -> the model, as given
-    prepare(model_or_path, options=None, *, role=..., ...) -> Prepared   (pass by pass:
+    rewrite(model_or_path, options, *, record=False, source=None, fuse_rotary=False) -> CompileResult
+    compile_model(model_or_path, options, *, source=None, fuse_rotary=False) -> the model, as given
+    prepare(model_or_path, options, *, source=None, fuse_rotary=False) -> Prepared   (pass by pass:
             .graph, .ctx, .passes, .run(graph), .finish(graph) -> CompileResult)
+    import_and_detect(original, source=None, source_dir=None) -> (graph, Detection)
+
+``options``: an ``Options`` (``specdec_compile.options``), checked once where it is built.
 
 ``model_or_path``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``;
 ``CompileResult.as_given()`` and ``compile_model`` return the rewrite in the kind given
@@ -31,7 +33,7 @@ CompileResult fields:
     source_dir   directory external data locations are relative to (or None)
     snapshots    with record=True: [("original", proto), (pass_name, proto), ...]
     input_kind   what was given: "path" | "proto" | "ir" (``as_given()`` converts back)
-    hidden_layers   TLM --hidden-states: the layers as given (negative from the end); None: none
+    hidden_states   TLM --hidden-states: the layers as given (negative from the end); None: none
     feature_layers  feature draft --feature-layers: the target layers it reads; None: not one
 """
 from __future__ import annotations
@@ -48,7 +50,7 @@ import onnx_graphsurgeon as gs
 from . import __version__
 from . import hidden_features as _features
 from . import passes as _passes
-from .contract import CTX_LEN_KEY, INTERFACE_KEY, INTERFACES, PASSES_KEY, ROLE_KEY, TARGET_KEY, TARGET_OPSET
+from .contract import CTX_LEN_KEY, INTERFACE_KEY, PASSES_KEY, ROLE_KEY, TARGET_KEY, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
@@ -74,7 +76,7 @@ class CompileResult:
     source: Path | None = None
     source_dir: Path | None = None
     snapshots: list[tuple[str, onnx.ModelProto]] | None = field(default=None, repr=False)
-    hidden_layers: tuple[int, ...] | None = None
+    hidden_states: tuple[int, ...] | None = None   # as given (Options.hidden_states); None: none
     feature_layers: tuple[int, ...] | None = None
     interface: str = "default"
     input_kind: str = "proto"        # what rewrite was given: "path" | "proto" | "ir"
@@ -112,10 +114,6 @@ def _export(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def validate_options(role: str, target: str, k: int | None) -> None:
-    _passes.check_options(role, target, k)
-
-
 #: the context length a rewrite is for when none is given (the CLI's --ctx-len default)
 DEFAULT_CTX_LEN = 256
 
@@ -133,9 +131,7 @@ class Prepared:
     source: Path | None
     source_dir: Path | None
     kind: str                                   # what was given: "path" | "proto" | "ir"
-    hidden_states: tuple[int, ...] | None = None
-    feature_layers: tuple[int, ...] | None = None
-    interface: str = "default"
+    options: Options
 
     @property
     def detection(self) -> Detection:
@@ -160,39 +156,36 @@ class Prepared:
         return _finish(self, graph, snapshots)
 
 
-def _from_options(options: Options | None, given: dict) -> dict:
-    """rewrite's keywords from ``options`` (the CLI's Options, validated), else as given."""
-    if options is None:
-        return given
+def _options(options) -> Options:
+    """``options``, an ``Options`` (checked when it was built, so trusted here)."""
     if not isinstance(options, Options):
-        raise SpecdecError(f"options= must be a specdec_compile.options.Options, got {type(options).__name__}")
-    options.validate()
-    return {"role": options.role, "target": options.target, "k": options.k, "ctx_len": options.ctx_len,
-            "hidden_states": options.hidden_states or None, "feature_layers": options.feature_layers or None,
-            "interface": options.interface}
+        raise SpecdecError(f"options= must be a specdec_compile.options.Options (e.g. Options(role=\"tlm\", k=3)), "
+                           f"got {type(options).__name__}")
+    return options
 
 
-def prepare(model_or_path, options: Options | None = None, *, role: str | None = None, target: str = "qaic",
-            k: int | None = None, ctx_len: int = DEFAULT_CTX_LEN, source=None,
-            hidden_states: tuple[int, ...] | None = None,
-            feature_layers: tuple[int, ...] | None = None, interface: str = "default",
-            fuse_rotary: bool = False) -> Prepared:
+def prepare(model_or_path, options: Options, *, source=None, fuse_rotary: bool = False) -> Prepared:
     """Load (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``), import and detect, and
-    build the pass context once: from ``options`` (the same ``Options`` the CLI builds) or
-    from the keywords. ``interface``: "default", or "qeff" for QEfficient's (contract
-    section 7: ``batch_index``, a TLM's ``num_logits_to_keep``). See ``Prepared``."""
-    kw = _from_options(options, {"role": role, "target": target, "k": k, "ctx_len": ctx_len,
-                                 "hidden_states": hidden_states, "feature_layers": feature_layers,
-                                 "interface": interface})
-    validate_options(kw["role"], kw["target"], kw["k"])
-    if kw["interface"] not in INTERFACES:
-        raise SpecdecError(f"--interface {kw['interface']!r} is not one of {', '.join(INTERFACES)}")
+    build the pass context once from ``options`` (the same ``Options`` the CLI builds: role,
+    target, k, ctx_len, hidden_states, feature_layers, interface). See ``Prepared``."""
+    options = _options(options)
     original, source, source_dir, kind = read_any(model_or_path, source)
+    graph, det = import_and_detect(original, source, source_dir)
+    exposed = _features.check(det, options.role, options.hidden_states or None, options.feature_layers or None)
+    ctx = _passes.PassContext.from_options(options, detection=det, source_opset=graph.opset,
+                                           exposed_layers=exposed, fuse_rotary=bool(fuse_rotary))
+    return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface)), original,
+                    source, source_dir, kind, options)
+
+
+def import_and_detect(original: onnx.ModelProto, source=None, source_dir: Path | None = None):
+    """(graph, detection) of ``original``: imported (onnx-graphsurgeon), unnamed nodes named,
+    the decoder's patterns detected (a bad input blamed on ``source``); the one place the
+    pipeline and ``verify`` read a model's structure from."""
     try:
         graph = gs.import_onnx(original)
     except Exception as e:
         raise SpecdecError(f"cannot import the graph: {' '.join(str(e).split())[:300]}") from None
-    source_opset = graph.opset
     name_unnamed_nodes(graph)
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     _log.info("detecting the decoder's patterns (%d nodes)", len(graph.nodes))
@@ -202,44 +195,33 @@ def prepare(model_or_path, options: Options | None = None, *, role: str | None =
     i = det.info
     _log.info("detected %s: %d layers, %d KV heads, head_dim %s, vocab %s", i.family or "a decoder", i.num_layers,
               i.num_kv_heads, i.head_dim, i.vocab_size)
-    hidden_layers = _features.check(det, kw["role"], kw["hidden_states"], kw["feature_layers"])
-    ctx = _passes.PassContext(detection=det, role=kw["role"], target=kw["target"], k=kw["k"],
-                              source_opset=source_opset, ctx_len=kw["ctx_len"], hidden_layers=hidden_layers,
-                              interface=kw["interface"], fuse_rotary=bool(fuse_rotary))
-    return Prepared(graph, ctx, list(_passes.select(kw["role"], kw["target"], kw["interface"])), original, source,
-                    source_dir, kind, kw["hidden_states"], kw["feature_layers"], kw["interface"])
+    return graph, det
 
 
-def rewrite(model_or_path, *, role: str | None = None, target: str = "qaic", k: int | None = None,
-            record: bool = False, ctx_len: int = DEFAULT_CTX_LEN, source=None,
-            hidden_states: tuple[int, ...] | None = None,
-            feature_layers: tuple[int, ...] | None = None, options: Options | None = None,
-            interface: str = "default", fuse_rotary: bool = False) -> CompileResult:
+def rewrite(model_or_path, options: Options, *, record: bool = False, source=None,
+            fuse_rotary: bool = False) -> CompileResult:
     """Rewrite a stock decoder-LM export into the contract's retained-state graph.
 
     ``model_or_path``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``
-    (``result.as_given()`` is the rewrite in the same kind). ``ctx_len``: the
-    context length the graph is compiled for (the qaic rotary tables hold exactly
-    this many rows). ``source``: the file a model in memory was read from (its
-    directory holds the external data and config.json), so a caller that already
-    loaded the model does not parse it again. ``hidden_states`` (TLM): layers whose
-    outputs become the ``hidden_states`` output. ``feature_layers`` (DLM): the model
-    is a feature draft reading these layers of its target. ``options``: the CLI's
-    ``Options`` instead of role/target/k/ctx_len/hidden_states/feature_layers/interface.
-    ``interface``: "default", or "qeff" for QEfficient's (contract section 7). ``fuse_rotary``
-    (ort): q/k rotations as ONNX Runtime's ``RotaryEmbedding`` kernel (fewer kernels per step;
-    its rounding differs from the export's, see ``passes.fuse_rotary``)."""
-    prep = prepare(model_or_path, options, role=role, target=target, k=k, ctx_len=ctx_len, source=source,
-                   hidden_states=hidden_states, feature_layers=feature_layers, interface=interface,
-                   fuse_rotary=fuse_rotary)
+    (``result.as_given()`` is the rewrite in the same kind). ``options``: an ``Options``
+    (the one the CLI builds; checked when built): role, target, k, ``ctx_len`` (the context
+    the graph is compiled for: the qaic rotary tables hold exactly this many rows),
+    ``hidden_states`` (TLM: layers whose outputs become the ``hidden_states`` output),
+    ``feature_layers`` (DLM: the model is a feature draft reading these layers of its
+    target), ``interface`` ("default", or "qeff" for QEfficient's, contract section 7).
+    ``source``: the file a model in memory was read from (its directory holds the external
+    data and config.json), so a caller that already loaded the model does not parse it
+    again. ``fuse_rotary`` (ort): q/k rotations as ONNX Runtime's ``RotaryEmbedding`` kernel
+    (fewer kernels per step; its rounding differs from the export's, see ``passes.fuse_rotary``)."""
+    prep = prepare(model_or_path, options, source=source, fuse_rotary=fuse_rotary)
     graph, snapshots = prep.run(record=record)
     return prep.finish(graph, snapshots)
 
 
 def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     ctx, original, det = prep.ctx, prep.original, prep.ctx.detection
-    role, target, hidden_states, feature_layers = ctx.role, ctx.target, prep.hidden_states, prep.feature_layers
-    interface = prep.interface
+    role, target, interface = ctx.role, ctx.target, ctx.interface
+    hidden_states, feature_layers = prep.options.hidden_states or None, prep.options.feature_layers or None
     applied = [p.name for p in prep.passes]
     model = _export(graph, original)
     model.metadata_props.add(key=ROLE_KEY, value=role)
@@ -261,7 +243,7 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
                          passes=applied, ctx_len=ctx.ctx_len, source=prep.source, source_dir=prep.source_dir,
-                         snapshots=snapshots, hidden_layers=hidden_states, feature_layers=feature_layers,
+                         snapshots=snapshots, hidden_states=hidden_states, feature_layers=feature_layers,
                          interface=interface, input_kind=prep.kind)
 
 
@@ -286,12 +268,11 @@ def _num_heads(inferred: onnx.ModelProto, det: Detection) -> int | None:
     return None
 
 
-def compile_model(model_or_path, *, role: str | None = None, target: str = "qaic", k: int | None = None,
-                  ctx_len: int = DEFAULT_CTX_LEN, **features):
+def compile_model(model_or_path, options: Options, *, source=None, fuse_rotary: bool = False):
     """The rewritten model (weights untouched, still external refs), in the kind given: an
     ``onnx_ir.Model`` for one, else an ``onnx.ModelProto``."""
-    return rewrite(model_or_path, role=role, target=target, k=k, ctx_len=ctx_len, **features).as_given()
+    return rewrite(model_or_path, options, source=source, fuse_rotary=fuse_rotary).as_given()
 
 
-__all__ = ["rewrite", "compile_model", "prepare", "Prepared", "CompileResult", "PASS_ORDER", "DEFAULT_CTX_LEN",
-           "validate_options"]
+__all__ = ["rewrite", "compile_model", "prepare", "import_and_detect", "Prepared", "CompileResult", "PASS_ORDER",
+           "DEFAULT_CTX_LEN"]

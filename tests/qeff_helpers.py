@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_compile import pipeline
+from specdec_compile.options import Options
 
 DATA = Path(__file__).resolve().parent / "qeff_data"
 RECORD = json.loads((DATA / "qeff.json").read_text())
@@ -37,8 +38,8 @@ def session(model) -> ort.InferenceSession:
 
 
 def rewrite(path, role: str, target: str, interface: str = "qeff", k: int | None = K, ctx_len: int = CTX):
-    return pipeline.rewrite(path, role=role, target=target, k=k if role == "tlm" else None, ctx_len=ctx_len,
-                            interface=interface)
+    return pipeline.rewrite(path, Options(role=role, target=target, k=k if role == "tlm" else None, ctx_len=ctx_len,
+                                          interface=interface))
 
 
 class Replay:

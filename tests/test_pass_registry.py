@@ -14,6 +14,7 @@ from specdec_compile import passes, pipeline
 from specdec_compile.detect import detect
 from specdec_compile.errors import SpecdecError
 from specdec_compile.passes import REGISTRY, Pass, PassContext
+from specdec_compile.options import Options
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "specdec_compile"
@@ -100,7 +101,7 @@ def test_a_target_only_entry_runs_and_is_recorded_only_for_its_target(fixture_pa
     at = passes.names().index("lower") + 1
     monkeypatch.setattr(passes, "REGISTRY", REGISTRY[:at] + (extra,) + REGISTRY[at:])
     for target, want in (("qaic", True), ("ort", False)):
-        res = pipeline.rewrite(str(fixture_path("gpt2")), role="tlm", target=target, record=True)
+        res = pipeline.rewrite(str(fixture_path("gpt2")), Options(role="tlm", target=target, k=3), record=True)
         assert ("noop_qaic" in res.passes) is want
         assert [n for n, _ in res.snapshots[1:]] == res.passes
         meta = {p.key: p.value for p in res.model.metadata_props}

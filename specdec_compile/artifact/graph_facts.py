@@ -16,16 +16,15 @@ import onnx
 
 from ..contract import CTX_LEN_KEY, INPUT_IDS, LOGITS, QAIC_DOMAIN, ROLE_KEY, TARGET_KEY, TARGET_OPSET, past_name
 from ..errors import SpecdecError
+from ..value_types import dims
 
 
 def _dim(model: onnx.ModelProto, name: str, axis: int, outputs: bool = False):
     """dim ``axis`` of graph input (or output) ``name``: an int, a symbol (str) or None."""
     for vi in (model.graph.output if outputs else model.graph.input):
-        if vi.name == name and vi.type.tensor_type.HasField("shape"):
-            dims = vi.type.tensor_type.shape.dim
-            if axis < len(dims):
-                d = dims[axis]
-                return d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+        shape = dims(vi, unknown=None, no_shape=[]) if vi.name == name else []
+        if axis < len(shape):
+            return shape[axis]
     return None
 
 

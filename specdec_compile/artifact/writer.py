@@ -38,6 +38,7 @@ from ..contract import (COMPILE_SCRIPT, CUSTOM_IO_FILE, MANIFEST_FILE, MODEL_FIL
 from ..hidden_features import manifest_fields
 from .graph_facts import check_graph_agrees
 from ..model_io import read_json, save_model, sha256_file
+from ..value_types import dims, dtype_name
 from .manifest import Manifest
 from ..options import DTYPES, HW_VERSIONS, MAX_CORES, PRECISIONS, Options  # noqa: F401 (re-exported)
 from .qaic_ops import op_set
@@ -49,8 +50,6 @@ COMPILERS = ("qaic-compile", "qaic-exec")
 SDK_EXEC_DIR = Path("/opt/qti-aic/exec")
 DEFAULT_HW_VERSION = {"qaic-compile": "ai100", "qaic-exec": "2.0"}
 
-_ONNX_DTYPES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
-_ONNX_DTYPES.update({onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"})
 
 
 @dataclass
@@ -93,22 +92,14 @@ def render(template: str, **values) -> str:
 
 # --------------------------------------------------------------------------- the graph's interface
 
-def _dims(vi: onnx.ValueInfoProto) -> list:
-    t = vi.type.tensor_type
-    if not t.HasField("shape"):
-        return []
-    return [d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else "?")
-            for d in t.shape.dim]
-
-
 def io_signature(model: onnx.ModelProto) -> dict:
     """{"inputs": [...], "outputs": [...]}, each {"name", "dtype", "shape"}, graph order."""
     inits = {t.name for t in model.graph.initializer}
 
     def sig(vi):
         return {"name": vi.name,
-                "dtype": _ONNX_DTYPES.get(vi.type.tensor_type.elem_type, "undefined"),
-                "shape": _dims(vi)}
+                "dtype": dtype_name(vi.type.tensor_type.elem_type, "undefined"),
+                "shape": dims(vi, no_shape=[])}
 
     return {"inputs": [sig(v) for v in model.graph.input if v.name not in inits],
             "outputs": [sig(v) for v in model.graph.output]}
@@ -379,7 +370,6 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     ``original`` (the graph before the rewrite, weights not loaded) is only used
     to report which inputs and outputs changed.
     """
-    options.validate()
     check_graph_agrees(result, options)
     shown = Path(out)
     source = getattr(result, "source", None)

@@ -36,7 +36,6 @@ class Parser(argparse.ArgumentParser):
         raise SpecdecError(f"{message}{self.help_hint}")
 
 
-_Parser = Parser  # its older name, kept for callers of the time before cli/ was one package
 
 
 #: the package's logger: every library module logs under it

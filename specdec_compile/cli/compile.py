@@ -192,8 +192,7 @@ def _layer_values(argv: list[str]) -> list[str]:
 def main(argv: list[str], prog: str = "specdec-compile") -> int:
     a = build_parser(prog).parse_args(_layer_values(argv))
     start_progress(prog, a)
-    opts = options_from_args(a)
-    opts.validate()
+    opts = options_from_args(a)   # checked where it is built
     if a.compile and opts.target != "qaic":
         raise SpecdecError("--compile runs the Cloud AI 100 compiler: it needs --target qaic")
     supported = None
@@ -214,10 +213,7 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     from ..model_io import load_model
 
     original = load_model(model_path)   # parsed once: the rewrite starts from it, the summary compares with it
-    features = {key: v for key, v in (("hidden_states", opts.hidden_states), ("feature_layers", opts.feature_layers),
-                                      ("interface", opts.interface if opts.interface != "default" else None)) if v}
-    res = pipeline.rewrite(original, role=opts.role, target=opts.target, k=opts.k, record=a.explain,
-                           ctx_len=opts.ctx_len, source=model_path, **features)
+    res = pipeline.rewrite(original, opts, record=a.explain, source=model_path)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
     art = write_artifact(res, opts, a.output, force=a.force, original=original)

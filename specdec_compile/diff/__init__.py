@@ -21,7 +21,6 @@ Library API:
     diff_models(a, b, *, a_dir=None, b_dir=None, a_label="a", b_label="b") -> dict
     diff_files(path_a, path_b) -> dict
     diff_snapshots(snapshots, *, base_dir=None) -> dict  # [("original", m0), ("pass", m1), ...]
-    explain = diff_snapshots                             # its older name
     render_text(report) -> str                           # stable plain text (golden tests)
     render_json(report) -> str                           # stable key order
     print_report(report, file=None, color=None)          # rich colours on a terminal
@@ -40,8 +39,6 @@ from .index import dtype_name, layer_of_name, node_layer
 from .render import print_report, render_json, render_text, report_lines
 from .sections import SECTIONS
 
-explain = diff_snapshots
-
 __all__ = ["CHUNK_SIZE", "SECTIONS", "TensorHasher", "diff_files", "diff_models", "diff_snapshots",
-           "dtype_name", "explain", "layer_of_name", "node_layer", "print_report", "render_json",
+           "dtype_name", "layer_of_name", "node_layer", "print_report", "render_json",
            "render_text", "report_lines", "resolve_model_path"]

@@ -10,6 +10,7 @@ from collections import defaultdict, deque
 import onnx
 from onnx import AttributeProto, TensorProto
 
+from ..value_types import dims, dtype_name
 from .hashing import TensorHasher, short_digest
 
 _LAYER_PATTERNS = [
@@ -50,33 +51,11 @@ def node_layer(node: onnx.NodeProto) -> int | None:
 # --------------------------------------------------------------------------- value types
 
 
-def dtype_name(elem_type: int) -> str:
-    if elem_type == TensorProto.FLOAT:
-        return "float32"
-    if elem_type == TensorProto.DOUBLE:
-        return "float64"
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return f"dtype{elem_type}"
-
-
 def type_desc(tp: onnx.TypeProto) -> tuple[str, list | None]:
     """(dtype, shape) of a value; shape entries are ints, dim names, or '?'."""
     kind = tp.WhichOneof("value")
     if kind == "tensor_type":
-        tt = tp.tensor_type
-        shape = None
-        if tt.HasField("shape"):
-            shape = []
-            for d in tt.shape.dim:
-                if d.HasField("dim_value"):
-                    shape.append(int(d.dim_value))
-                elif d.HasField("dim_param"):
-                    shape.append(d.dim_param)
-                else:
-                    shape.append("?")
-        return dtype_name(tt.elem_type), shape
+        return dtype_name(tp.tensor_type.elem_type), dims(tp)
     if kind is None:
         return "?", None
     return kind.replace("_type", ""), None

@@ -135,7 +135,6 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
                                f"[{ck.target_vocab}, {ck.hidden_size}]")
     opts = Options(role="dlm", k=k, k_list=tuple(k_list), prefill_len=prefill_len, ctx_len=ctx_len, target=target,
                    feature_layers=layers, feature_target=(t.file, t.sha256), **compile_options)
-    opts.validate()
     out = Path(out)
     check_out(out, force, t.model)
     from .head import export_head
@@ -146,8 +145,7 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
         _log.info("exporting the EAGLE-3 head (%s, %d aux layers, draft vocabulary %d) with torch.onnx",
                   ck.family, ck.n_aux, ck.draft_vocab)
         onnx_path = export_head(ck, emb, target_ids, scratch / "export")
-        res = pipeline.rewrite(onnx_path, role="dlm", target=target, k=k, ctx_len=ctx_len, source=onnx_path,
-                               feature_layers=layers)
+        res = pipeline.rewrite(onnx_path, opts, source=onnx_path)
         write_artifact(res, opts, scratch / "artifact")
         m = _amend(scratch / "artifact" / "manifest.json", ck, eagle3_record(ck, t, ids, layers, target_ids))
         _move_into_place(scratch / "artifact", out)

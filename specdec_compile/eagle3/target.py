@@ -61,9 +61,9 @@ def _from_artifact(p: Path) -> Target:
 
 def _from_export(p: Path) -> Target:
     from .. import pipeline
-    from ..model_io import sha256_file
-    prep = pipeline.prepare(p, role="tlm", target="ort", k=1)
-    det = prep.detection
+    from ..model_io import read_any, sha256_file
+    original, source, source_dir, _ = read_any(p, None)
+    _, det = pipeline.import_and_detect(original, source, source_dir)
     if not det.layer_outputs:
         raise SpecdecError(f"--tlm {p}: the decoder layers' outputs are not found ({det.layer_outputs_problem}); "
                            f"its hidden states cannot feed an EAGLE-3 head")

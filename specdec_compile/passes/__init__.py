@@ -244,6 +244,11 @@ def get(name: str) -> Pass:
 def select(role: str, target: str, interface: str = "default") -> tuple[Pass, ...]:
     """The passes a compile for ``role``, ``target`` and ``interface`` runs, in order."""
     check_options(role, target, None)
+    return applicable(role, target, interface)
+
+
+def applicable(role: str, target: str, interface: str = "default") -> tuple[Pass, ...]:
+    """``select`` for a role, target and interface already checked (an ``Options``'): no check."""
     return tuple(p for p in REGISTRY if p.applies(role, target, interface))
 
 
@@ -265,5 +270,5 @@ def render_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["PassContext", "Pass", "REGISTRY", "names", "get", "select", "render_table", "check_options",
+__all__ = ["PassContext", "Pass", "REGISTRY", "names", "get", "select", "applicable", "render_table", "check_options",
            "need", *names()]

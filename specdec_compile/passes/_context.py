@@ -1,6 +1,7 @@
 """``PassContext``: the one argument every pass takes besides the graph."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..contract import MASK_VALUE
@@ -22,8 +23,9 @@ class PassContext:
     source_opset  the exported model's opset (``lower`` reads it; None: the graph's own)
     ctx_len       the context length the artifact is compiled for (``rotary_tables``
                   builds tables of exactly this many rows)
-    hidden_layers the decoder layers whose outputs ``expose_hidden_states`` adds as an
-                  output (as given: negative from the end); None: none
+    exposed_layers the decoder layers whose outputs ``expose_hidden_states`` adds as an
+                  output (as given: negative from the end; a TLM's --hidden-states, a feature
+                  draft's own last layer); None: none. The pass resolves them.
     interface     "default" or "qeff" (QEfficient's: ``batch_index``, ``logits_to_keep``)
     fuse_rotary   ort: rotate q/k with ONNX Runtime's ``RotaryEmbedding`` kernel (``fuse_rotary``);
                   off by default: the kernel rounds differently (fused multiply-adds), within
@@ -40,9 +42,20 @@ class PassContext:
     mask_value: float = MASK_VALUE
     source_opset: int | None = None
     ctx_len: int | None = None
-    hidden_layers: tuple[int, ...] | None = None
+    exposed_layers: tuple[int, ...] | None = None
     interface: str = "default"
     fuse_rotary: bool = False
+
+    @classmethod
+    def from_options(cls, options, **fields) -> "PassContext":
+        """The context of a compile with ``options`` (an ``Options``, checked when it was built:
+        trusted here, not checked again) and ``fields`` (detection, source_opset, ...)."""
+        ctx = object.__new__(cls)
+        given = {"role": options.role, "target": options.target, "k": options.k, "ctx_len": options.ctx_len,
+                 "interface": options.interface, **fields}
+        for f in dataclasses.fields(cls):
+            object.__setattr__(ctx, f.name, given.get(f.name, f.default))
+        return ctx
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)

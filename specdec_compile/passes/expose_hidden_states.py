@@ -8,7 +8,7 @@ listed order (-1: the last layer, before the final norm). A feature draft
 layer's output, ``[batch_size, seq_len, hidden]``: its prediction of the
 target's feature at each position. The tensors are those the detection found
 (``Detection.layer_outputs``); a model where they were not found is refused
-with the reason. No-op when ``ctx.hidden_layers`` is None.
+with the reason. No-op when ``ctx.exposed_layers`` is None.
 """
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ from ._context import PassContext, need
 
 def expose_hidden_states(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("expose_hidden_states", ctx, "detection", "role")
-    if ctx.hidden_layers is None:
+    if ctx.exposed_layers is None:
         return graph
     det = ctx.detection
     option = "--hidden-states" if ctx.role == "tlm" else "--feature-layers (the draft's own features)"
     if not det.layer_outputs:
         raise UnsupportedPatternError(f"{option}: the decoder layers' outputs are not found: "
                                       f"{det.layer_outputs_problem or 'no layers'}")
-    layers = resolve_layers(tuple(ctx.hidden_layers), len(det.layer_outputs), option)
+    layers = resolve_layers(tuple(ctx.exposed_layers), len(det.layer_outputs), option)
     graph = graph.copy()
     picked = [tensor_by_name(graph, det.layer_outputs[i]) for i in layers]
     b = Builder(graph, "hidden_states")

@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 from ..contract import BATCH, LOGITS, NUM_LOGITS_TO_KEEP
 from ..graph_utils import Builder, tensor_by_name
 from ._context import PassContext, need
-from .role_logits import _lm_head
+from .role_logits import lm_head_matmul
 
 
 def _keep(b: Builder, x: gs.Tensor, pos: gs.Tensor, nlk: gs.Tensor) -> gs.Tensor:
@@ -47,7 +47,7 @@ def logits_to_keep(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     graph.inputs.append(nlk)
     pos = next(t for t in graph.inputs if t.name == "position_ids")
     out = tensor_by_name(graph, LOGITS)
-    head = _lm_head(out)
+    head = lm_head_matmul(out)
     if head is not None:
         head.inputs[0] = _keep(b, head.inputs[0], pos, nlk)
     else:

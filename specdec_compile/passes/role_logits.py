@@ -39,7 +39,7 @@ def _last_valid(b: Builder, x: gs.Tensor, pos: gs.Tensor) -> gs.Tensor:
 _PER_TOKEN = {"Cast", "Identity", "Tanh", "Add", "Mul", "Div", "Sub"}
 
 
-def _lm_head(logits: gs.Tensor):
+def lm_head_matmul(logits: gs.Tensor):
     """The MatMul(hidden, const W) that makes the logits, through per-token ops
     (bias Add, softcap Tanh/Mul, Cast), each with a single consumer; or None."""
     t = logits
@@ -72,7 +72,7 @@ def role_logits(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     vocab = det.info.vocab_size
     if role == "dlm":
         pos = tensor_by_name(graph, det.position_ids)
-        head = _lm_head(out)
+        head = lm_head_matmul(out)
         if head is not None:
             head.inputs[0] = _last_valid(b, head.inputs[0], pos)
         else:

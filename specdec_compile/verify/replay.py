@@ -34,7 +34,6 @@ from ..contract import (BATCH_INDEX, CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGI
 from ..errors import SpecdecError
 from ..model_io import load_model
 from ..options import check_options
-from ..graph_checks import input_blamed
 from .hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
 
 _log = logging.getLogger(__name__)
@@ -138,19 +137,18 @@ def _session(path: Path):
     return create_session(path, providers=[CPU], intra_op_threads=1)
 
 
+def _detection(path: Path):
+    """The ``Detection`` of the export at ``path``, as the compile sees it (``import_and_detect``)."""
+    from ..model_io import read_any
+    from ..pipeline import import_and_detect
+    return import_and_detect(*read_any(Path(path))[:3])[1]
+
+
 class OriginalModel:
     """The stock export, run one row at a time with a concatenating cache."""
 
     def __init__(self, path: Path, req: Request = Request()):
-        import onnx_graphsurgeon as gs
-
-        from ..detect import detect
-        from ..graph_utils import name_unnamed_nodes
-        model = load_model(path)
-        graph = gs.import_onnx(model)
-        name_unnamed_nodes(graph)
-        with input_blamed(model, path):
-            self.det = detect(graph)
+        self.det = _detection(path)
         self.hidden = layer_names(self.det, req)  # the export's internal tensors the rewrite outputs
         self.copy = ExposedCopy(path, self.hidden) if self.hidden else None
         self.sess = _session(self.copy.path if self.copy else path)
@@ -472,14 +470,6 @@ def history_past_windows(original: str | Path, ctx_len: int, prefill_len: int, l
     sliding window that long or longer, so the replay always runs past every
     window (``--ctx-len`` overrides); never past ``limit``, the context a qaic
     graph was compiled for (a window longer than that never takes effect there)."""
-    import onnx_graphsurgeon as gs
-
-    from ..detect import detect
-    from ..graph_utils import name_unnamed_nodes
-    model = load_model(Path(original))
-    graph = gs.import_onnx(model)
-    name_unnamed_nodes(graph)
-    with input_blamed(model, original):
-        windows = [layer.window for layer in detect(graph).layers if layer.window]
+    windows = [layer.window for layer in _detection(Path(original)).layers if layer.window]
     history = max(ctx_len, max(windows) + 2 * prefill_len) if windows else ctx_len
     return min(history, limit) if limit else history

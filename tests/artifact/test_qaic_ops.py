@@ -15,6 +15,7 @@ from specdec_compile.graph_utils import value_dependence
 from specdec_compile.artifact.qaic_ops import (PRECEDENT_FILE, load_precedent, not_supported, op_set, op_uses,
                                       read_supported_ops, without_precedent)
 from specdec_compile.verify import verify
+from specdec_compile.options import Options
 
 #: every family of the fixtures: optimum exports of rotary (plain, partial, interleaved
 #: from a table, llama3 and yarn scaled), learned-position and fused-qkv models, and a dynamo export
@@ -86,7 +87,8 @@ def test_every_coverage_matrix_row_lowers_to_ops_with_precedent(row):
 
     source = export_row(row)
     for role in ("tlm", "dlm"):
-        model = rewrite(str(source), role=role, target="qaic", k=K if role == "tlm" else None, ctx_len=CL).model
+        model = rewrite(str(source),
+                        Options(role=role, target="qaic", k=K if role == "tlm" else None, ctx_len=CL)).model
         missing = without_precedent(model)
         assert missing == [], f"{row.id} {role}: " + "; ".join(u.describe() for u in missing)
         assert _trig_on_positions(model) == []

@@ -16,6 +16,7 @@ from qeff_helpers import Replay
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.pipeline import rewrite
+from specdec_compile.options import Options
 
 QUICK = ("llama", "gpt2", "codegen", "bloom", "mistral", "gemma2", "qwen3_moe", "deepseek_v3", "opt",
          "gpt_neox", "falcon-alibi", "llama-dynamo")
@@ -76,11 +77,11 @@ def test_qeff_rows_equal_the_default_interface(row, target):
         pytest.skip(f"export failed: {' '.join(str(e).split())[:120]}")
     for role in ("tlm", "dlm"):
         try:
-            ours = rewrite(str(source), role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL)
+            ours = rewrite(str(source), Options(role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL))
         except SpecdecError as e:
             pytest.skip(f"refused by the default interface too: {e}")
-        qeff = rewrite(str(source), role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL,
-                       interface="qeff")
+        qeff = rewrite(str(source),
+                       Options(role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL, interface="qeff"))
         prompts, wide, pos = _calls(np.random.default_rng(7), ours.info.vocab_size)
         got, order = _run_qeff(qeff.model, role, prompts, wide, pos)
         assert np.isfinite(got).all()

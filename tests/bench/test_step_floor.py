@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 
 from bench import step_floor
+from specdec_compile.options import Options
 
 
 def test_the_floor_reads_every_weight_matrix_once(fixture_path):
@@ -83,7 +84,7 @@ def test_width_dependence_of_a_float32_tlm_is_nil(fixture_path, tmp_path):
     from bench import int4_spec
     from specdec_compile import pipeline
     out = tmp_path / "tlm.onnx"
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="tlm", target="ort", k=3, ctx_len=256)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), Options(role="tlm", target="ort", k=3, ctx_len=256))
     import onnx as _onnx
     _onnx.save(model, str(out))
     dep = int4_spec.width_dependence(out, tokens=12, width=4)

@@ -27,9 +27,10 @@ def fake(tmp_path, monkeypatch):
     """A stand-in ``pipeline.rewrite`` returning a small contract-shaped result."""
     calls = []
 
-    def rewrite(model, *, role, target="qaic", k=None, record=False, ctx_len=None, source=None):
-        calls.append(dict(path=Path(source or model), role=role, target=target, k=k, record=record, ctx_len=ctx_len))
-        return fake_result(tmp_path, role, target=target)
+    def rewrite(model, options, *, record=False, source=None):
+        calls.append(dict(path=Path(source or model), role=options.role, target=options.target, k=options.k,
+                          record=record, ctx_len=options.ctx_len))
+        return fake_result(tmp_path, options.role, target=options.target)
 
     fake_result(tmp_path)  # creates src/model.onnx
     monkeypatch.setattr(pipeline, "rewrite", rewrite, raising=False)
@@ -151,8 +152,8 @@ def test_help_has_worked_example(capsys):
 def test_explain_prints_what_each_pass_changed(fake, capsys, monkeypatch):
     from test_writer import original_model, rewritten_model
 
-    def rewrite(path, *, role, target="qaic", k=None, record=False, ctx_len=None, source=None):
-        r = fake_result(fake.tmp, role)
+    def rewrite(path, options, *, record=False, source=None):
+        r = fake_result(fake.tmp, options.role)
         r.snapshots = [("original", original_model()), ("retain_kv", rewritten_model())] if record else []
         return r
 
@@ -182,7 +183,7 @@ def test_shared_parser_errors_are_one_line_specdec_errors():
     with pytest.raises(SpecdecError) as e:
         p.parse_args(["--n", "x"])
     assert str(e.value).endswith("(see tool --help)") and "invalid int value" in str(e.value)
-    plain = cli_common._Parser(prog="tool")  # the older name and its default behaviour
+    plain = cli_common.Parser(prog="tool")  # its default behaviour
     with pytest.raises(SpecdecError) as e:
         plain.parse_args(["--bogus"])
     assert str(e.value) == "unrecognized arguments: --bogus"

@@ -11,6 +11,7 @@ import pytest
 from specdec_compile import cli, passes
 from specdec_compile.cli import run as run_cli
 from specdec_compile.pipeline import rewrite
+from specdec_compile.options import Options
 
 
 def _compile(fixture_path, tmp_path, *extra):
@@ -25,7 +26,7 @@ def _progress_lines(err: str) -> list[str]:
 def test_the_library_configures_no_handler_and_logs_each_step(fixture_path, caplog):
     assert logging.getLogger("specdec_compile").handlers == []
     with caplog.at_level(logging.INFO, logger="specdec_compile"):
-        rewrite(fixture_path("llama_gqa"), role="tlm", k=3, target="ort")
+        rewrite(fixture_path("llama_gqa"), Options(role="tlm", k=3, target="ort"))
     msgs = [r.getMessage() for r in caplog.records if r.name.startswith("specdec_compile")]
     n = len(passes.select("tlm", "ort"))
     assert any(m.startswith("loaded ") for m in msgs) and any(m.startswith("detected ") for m in msgs)

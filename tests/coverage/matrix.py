@@ -20,6 +20,7 @@ from models import export_spec
 from specdec_compile.errors import SpecdecError
 from specdec_compile.pipeline import rewrite
 from specdec_compile.verify import verify
+from specdec_compile.options import Options
 
 #: speculation length, prefill chunk, context (> the families' window), rows per call
 K, PL, CL, BATCH = 4, 16, 64, 2
@@ -71,8 +72,8 @@ def run_cell(row: Row, source: Path, role: str, target: str, work: Path) -> Cell
     cell = Cell(row.name, row.family, row.exporter, role, target, "refused")
     hidden = HIDDEN if role == TLM_HIDDEN else None
     try:
-        res = rewrite(str(source), role="tlm" if hidden else role, target=target,
-                      k=K if role != "dlm" else None, hidden_states=hidden)
+        res = rewrite(str(source), Options(role="tlm" if hidden else role, target=target,
+                                           k=K if role != "dlm" else None, hidden_states=hidden))
     except SpecdecError as e:
         cell.reason = _one_line(e)
         cell.seconds = time.perf_counter() - t0

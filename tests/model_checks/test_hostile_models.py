@@ -17,6 +17,7 @@ import pytest
 from mutations import build, save_external
 from specdec_compile import cli
 from specdec_compile.errors import SpecdecError
+from specdec_compile.options import Options
 from test_bad_inputs import _one_line
 
 
@@ -140,9 +141,9 @@ def test_rewrite_of_a_model_proto_checks_its_external_data(fixture_path, tmp_pat
     p = _traversal(fixture_path, tmp_path)
     proto = onnx.load(str(p), load_external_data=False)
     with pytest.raises(SpecdecError, match=r"unsafe external data location '\.\./secret\.bin'"):
-        pipeline.rewrite(proto, role="tlm", k=3, target="ort", source=p)
+        pipeline.rewrite(proto, Options(role="tlm", k=3, target="ort"), source=p)
     with pytest.raises(SpecdecError, match="unsafe external data location"):
-        pipeline.rewrite(proto, role="tlm", k=3, target="ort")   # no source: still refused
+        pipeline.rewrite(proto, Options(role="tlm", k=3, target="ort"))   # no source: still refused
 
 
 def test_save_model_never_writes_outside_its_directory(fixture_path, tmp_path):
@@ -158,11 +159,11 @@ def test_save_model_never_writes_outside_its_directory(fixture_path, tmp_path):
 
 def test_options_of_the_wrong_type_are_refused():
     from specdec_compile.options import Options
-    for bad, needle in ((Options(role="dlm", num_cores="16"), "--num-cores"),
-                        (Options(role="tlm", k=3, k_list=("2",)), "--k-list"),
-                        (Options(role="dlm", qaic_flags=(5,)), "--qaic-flag")):
+    for bad, needle in ((dict(role="dlm", num_cores="16"), "--num-cores"),
+                        (dict(role="tlm", k=3, k_list=("2",)), "--k-list"),
+                        (dict(role="dlm", qaic_flags=(5,)), "--qaic-flag")):
         with pytest.raises(SpecdecError, match=needle):
-            bad.validate()
+            Options(**bad)
 
 
 # --------------------------------------------------------------------------- FIFOs and devices
@@ -213,7 +214,7 @@ def test_fifo_and_device_models_for_verify_diff_and_the_api(fixture_path, tmp_pa
     refused(["diff", "--passes", fifo, "--role", "tlm"], capsys, "not a regular file")
     from specdec_compile import pipeline
     with deadline(), pytest.raises(SpecdecError, match="not a regular file"):
-        pipeline.rewrite(fifo, role="tlm", k=3)
+        pipeline.rewrite(fifo, Options(role="tlm", k=3))
 
 
 def test_an_oversized_json_is_refused_with_its_bound(fixture_path, tmp_path, capsys):
@@ -250,8 +251,8 @@ def test_qaic_only_options_are_refused_with_target_ort(flag, fixture_path, tmp_p
 def test_qaic_only_options_in_options_with_target_ort():
     from specdec_compile.options import Options
     with pytest.raises(SpecdecError, match="--precision mx6 .*needs --target qaic"):
-        Options(role="dlm", target="ort", precision="mx6").validate()
-    Options(role="dlm", target="ort").validate()
+        Options(role="dlm", target="ort", precision="mx6")
+    Options(role="dlm", target="ort")
 
 
 def test_ort_summary_shows_the_graphs_cache_dtype(fixture_path, tmp_path, capsys):

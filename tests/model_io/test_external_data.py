@@ -11,6 +11,7 @@ from specdec_compile import model_io as io
 from specdec_compile.pipeline import rewrite
 from specdec_compile.verify import verify
 from test_bad_inputs import _external
+from specdec_compile.options import Options
 
 
 def test_rewrite_references_the_same_weights(fixture_path, tmp_path, monkeypatch):
@@ -19,7 +20,7 @@ def test_rewrite_references_the_same_weights(fixture_path, tmp_path, monkeypatch
     import onnx.external_data_helper as edh
     monkeypatch.setattr(edh, "load_external_data_for_model",
                         lambda *a, **k: pytest.fail("external data was loaded"))
-    res = rewrite(model, role="tlm", target="ort")
+    res = rewrite(model, Options(role="tlm", target="ort", k=3))
     ext = list(io.external_tensors(res.model))
     assert ext and all(t.data_location == onnx.TensorProto.EXTERNAL for t in ext)
     assert io.external_data_files(res.model) == ["model.onnx.data"]

@@ -8,6 +8,7 @@ from pass_helpers import ctx, load, serialized, session
 
 from specdec_compile import passes, pipeline
 from specdec_compile.errors import UnsupportedPatternError
+from specdec_compile.options import Options
 
 
 def _upto_canonical(path, target):
@@ -60,8 +61,8 @@ def test_rows_are_routed_and_padding_changes_nothing(fixture_path, target):
     order, to the logits the default interface gives that prompt alone; the cache rows the call does
     not name are unchanged, and a left-padded row (QEfficient's decode form) writes only its token."""
     path = fixture_path("llama_gqa")
-    qeff = pipeline.rewrite(path, role="dlm", target=target, ctx_len=16, interface="qeff").model
-    ours = pipeline.rewrite(path, role="dlm", target=target, ctx_len=16).model
+    qeff = pipeline.rewrite(path, Options(role="dlm", target=target, ctx_len=16, prefill_len=8, interface="qeff")).model
+    ours = pipeline.rewrite(path, Options(role="dlm", target=target, ctx_len=16, prefill_len=8)).model
     rng = np.random.default_rng(3)
     prompt = rng.integers(3, 211, (1, 6))
     zeros = {f"past_{kind}.{i}": np.zeros((4, 2, 16, 16), np.float32) for i in range(2) for kind in ("key", "value")}

@@ -29,7 +29,7 @@ def test_outputs_the_listed_layers_in_order(fixture_path):
     path = fixture_path("llama_gqa")
     g, det = load(path)
     before = serialized(g)
-    out = passes.expose_hidden_states(g, ctx(det, role="tlm", hidden_layers=(-1, 0)))
+    out = passes.expose_hidden_states(g, ctx(det, role="tlm", exposed_layers=(-1, 0)))
     assert serialized(g) == before, "the input graph is untouched"
     hs = out.outputs[-1]
     assert hs.name == "hidden_states" and hs.shape == ["batch_size", "seq_len", 128]
@@ -44,7 +44,7 @@ def test_outputs_the_listed_layers_in_order(fixture_path):
 
 def test_dlm_feature_draft_gets_draft_hidden_states(fixture_path):
     g, det = load(fixture_path("llama_gqa"))
-    out = passes.expose_hidden_states(g, ctx(det, role="dlm", hidden_layers=(-1,)))
+    out = passes.expose_hidden_states(g, ctx(det, role="dlm", exposed_layers=(-1,)))
     assert out.outputs[-1].name == "draft_hidden_states" and out.outputs[-1].shape[-1] == 64
 
 
@@ -52,7 +52,7 @@ def test_dlm_feature_draft_gets_draft_hidden_states(fixture_path):
 def test_refuses_bad_layers(fixture_path, layers, msg):
     g, det = load(fixture_path("gpt2"))
     with pytest.raises(SpecdecError, match=msg):
-        passes.expose_hidden_states(g, ctx(det, role="tlm", hidden_layers=layers))
+        passes.expose_hidden_states(g, ctx(det, role="tlm", exposed_layers=layers))
 
 
 def test_refuses_when_the_layers_are_not_found(fixture_path):
@@ -60,7 +60,7 @@ def test_refuses_when_the_layers_are_not_found(fixture_path):
     g, det = load(fixture_path("gpt2"))
     det = dataclasses.replace(det, layer_outputs=(), layer_outputs_problem="no residual stream found: test")
     with pytest.raises(SpecdecError, match="not found: no residual stream found: test"):
-        passes.expose_hidden_states(g, ctx(det, role="tlm", hidden_layers=(0,)))
+        passes.expose_hidden_states(g, ctx(det, role="tlm", exposed_layers=(0,)))
 
 
 def test_needs_detection_and_role():

@@ -16,6 +16,7 @@ from specdec_compile import passes, pipeline
 from specdec_compile.passes import PassContext
 from specdec_compile.passes.fuse_rotary import find_sites, with_tables
 from specdec_compile.verify import verify
+from specdec_compile.options import Options
 
 ROTARY = ["llama_gqa", "llama_dynamo", "qwen2", "mistral", "phi3", "gpt_neox", "llama3_rope", "qwen2_yarn"]
 
@@ -33,15 +34,15 @@ def test_off_by_default_it_changes_nothing(fixture_path):
     g, ctx = pipeline_until(fixture_path("llama_gqa"), "fuse_rotary", target="ort")
     assert not ctx.fuse_rotary and any(n.op == "Cos" for n in g.nodes)
     assert passes.fuse_rotary(g, ctx) is g
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), Options(role="dlm", target="ort", ctx_len=64))
     assert not any(n.op_type in ("RotaryEmbedding", "Gather") and "rotary" in n.name for n in model.graph.node)
     assert "specdec.ctx_len" not in {p.key for p in model.metadata_props}   # any context length
 
 
 def test_on_its_context_is_fixed_and_recorded(fixture_path):
     """The tables hold ctx_len rows: the fused graph records its context, as a qaic graph does."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64,
-                                   fuse_rotary=True)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")),
+                                   Options(role="dlm", target="ort", ctx_len=64), fuse_rotary=True)
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["specdec.ctx_len"] == "64"
     assert not any(n.op_type in ("Cos", "Sin") for n in model.graph.node)
@@ -96,8 +97,8 @@ def test_the_interleaved_layout_fuses_too():
 
 def test_the_compiled_rewrite_verifies_against_the_export(fixture_path, tmp_path):
     """The whole ort pipeline, fused, against the original export (the contract's 1e-4)."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="tlm", target="ort", k=3, ctx_len=64,
-                                   fuse_rotary=True)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")),
+                                   Options(role="tlm", target="ort", k=3, ctx_len=64), fuse_rotary=True)
     assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 4
     onnx.checker.check_model(model, full_check=True)
     report = verify(fixture_path("llama_gqa"), model, k=3, prefill_len=16, ctx_len=64,
@@ -109,8 +110,8 @@ def test_the_compiled_rewrite_verifies_against_the_export(fixture_path, tmp_path
 def test_onnx_runtime_runs_the_fused_op(fixture_path, tmp_path):
     """What the session actually runs (its optimized model dump): one RotaryEmbedding per q/k per
     layer, and no rotate_half (Neg) anywhere."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64,
-                                   fuse_rotary=True)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")),
+                                   Options(role="dlm", target="ort", ctx_len=64), fuse_rotary=True)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = 1

@@ -17,6 +17,7 @@ from specdec_compile import passes, pipeline
 from specdec_compile.passes import PassContext
 from specdec_compile.passes.gather_rotate_half import find_sites, permutation
 from specdec_compile.verify import verify
+from specdec_compile.options import Options
 
 ROTARY = ["llama_gqa", "llama_dynamo", "qwen2", "mistral", "phi3", "gpt_neox", "llama3_rope", "qwen2_yarn"]
 
@@ -102,7 +103,7 @@ def test_permutation_and_sign_are_rotate_half():
 def test_the_compiled_graph_is_the_export_bit_for_bit(fixture_path):
     """The whole default ort pipeline against the original export: max |diff| 0 (the pass changes no
     rounding); one signed sin for every layer's q and k; no Neg in what ONNX Runtime runs."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="tlm", target="ort", k=3, ctx_len=64)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), Options(role="tlm", target="ort", k=3, ctx_len=64))
     nodes = model.graph.node
     assert not any(n.op_type == "Neg" for n in nodes)
     assert sum(n.op_type == "Mul" and "signed" in n.name for n in nodes) == 1
@@ -112,7 +113,7 @@ def test_the_compiled_graph_is_the_export_bit_for_bit(fixture_path):
 
 
 def test_onnx_runtime_runs_it_as_gathers(fixture_path, tmp_path):
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), Options(role="dlm", target="ort", ctx_len=64))
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -123,8 +124,8 @@ def test_onnx_runtime_runs_it_as_gathers(fixture_path, tmp_path):
 
 def test_with_fuse_rotary_on_nothing_is_left_for_it(fixture_path):
     """fuse_rotary (opt-in) runs first and takes every rotation it fuses."""
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64,
-                                   fuse_rotary=True)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")),
+                                   Options(role="dlm", target="ort", ctx_len=64), fuse_rotary=True)
     assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 4
     assert not any("rotate_half" in n.name for n in model.graph.node)
 

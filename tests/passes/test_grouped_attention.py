@@ -13,6 +13,7 @@ from specdec_compile import passes
 from specdec_compile.graph_utils import producer
 from specdec_compile.passes import PassContext
 from specdec_compile.passes.grouped_attention import find_groups
+from specdec_compile.options import Options
 
 
 def _repeats(g: gs.Graph) -> int:
@@ -117,7 +118,7 @@ def test_onnx_runtime_runs_the_products_on_the_cache_itself(fixture_path, tmp_pa
     import onnxruntime as ort
 
     from specdec_compile import pipeline
-    model = pipeline.compile_model(str(fixture_path("llama_gqa")), role="dlm", target="ort", ctx_len=64)
+    model = pipeline.compile_model(str(fixture_path("llama_gqa")), Options(role="dlm", target="ort", ctx_len=64))
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = 1

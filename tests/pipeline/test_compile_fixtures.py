@@ -14,6 +14,7 @@ from specdec_compile.contract import interface
 from specdec_compile.pipeline import compile_model, rewrite
 from specdec_compile.graph_checks import _without_external, interface_problems
 from specdec_compile.verify import verify
+from specdec_compile.options import Options
 
 K, PL, CL = 7, 32, 128
 
@@ -95,8 +96,8 @@ def test_verify_cli_reports_per_shape_and_exit_codes(fixture_path, compiled, cap
 
 
 def test_compile_model_api_is_deterministic_and_keeps_weights(fixture_path):
-    a = compile_model(str(fixture_path("llama_gqa")), role="dlm", target="qaic")
-    b = compile_model(str(fixture_path("llama_gqa")), role="dlm", target="qaic")
+    a = compile_model(str(fixture_path("llama_gqa")), Options(role="dlm", target="qaic"))
+    b = compile_model(str(fixture_path("llama_gqa")), Options(role="dlm", target="qaic"))
     assert a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
     original = onnx.load(str(fixture_path("llama_gqa")), load_external_data=False)
     weights = {t.name: t.raw_data for t in original.graph.initializer if t.raw_data}
@@ -105,6 +106,6 @@ def test_compile_model_api_is_deterministic_and_keeps_weights(fixture_path):
 
 
 def test_record_gives_one_snapshot_per_pass(fixture_path):
-    res = rewrite(str(fixture_path("gpt2")), role="tlm", target="ort", record=True)
+    res = rewrite(str(fixture_path("gpt2")), Options(role="tlm", target="ort", k=3), record=True)
     assert [n for n, _ in res.snapshots] == ["original"] + res.passes
     assert res.info.num_heads == 4 and res.info.num_layers == 2

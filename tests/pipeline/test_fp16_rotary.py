@@ -21,6 +21,7 @@ import pytest
 
 from fp16_emulation import emulate_fp16, round16
 from specdec_compile import passes, pipeline
+from specdec_compile.options import Options
 
 CTX_LEN, SEQ = 4096, 32
 NEAR, FAR = 100, 4000
@@ -29,7 +30,7 @@ NEAR, FAR = 100, 4000
 def _rewrite(path, with_tables: bool, monkeypatch):
     if not with_tables:
         monkeypatch.setattr(passes, "REGISTRY", tuple(p for p in passes.REGISTRY if p.name != "rotary_tables"))
-    model = pipeline.rewrite(str(path), role="tlm", target="qaic", k=7, ctx_len=CTX_LEN).model
+    model = pipeline.rewrite(str(path), Options(role="tlm", target="qaic", k=7, ctx_len=CTX_LEN)).model
     monkeypatch.undo()
     return model
 

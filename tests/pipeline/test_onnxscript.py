@@ -32,7 +32,7 @@ def test_optimizing_before_the_compile_verifies(fixture_path, tmp_path, target):
     before = len(m.graph)
     onnxscript.optimizer.optimize(m)
     assert len(m.graph) < before * 0.75           # constants and shape arithmetic folded
-    res = pipeline.rewrite(m, role="tlm", k=3, target=target, ctx_len=64)
+    res = pipeline.rewrite(m, Options(role="tlm", k=3, target=target, ctx_len=64))
     assert cache_write_problem(res.model, target) is None
     out = tmp_path / "art"
     write_artifact(res, Options(role="tlm", k=3, target=target, ctx_len=64, prefill_len=8), out)
@@ -73,7 +73,7 @@ def test_the_runtime_refuses_it(optimized_after, capsys):
 
 
 def test_a_call_of_an_undefined_function_is_refused(fixture_path):
-    res = pipeline.rewrite(fixture_path("llama_gqa"), role="dlm", target="qaic", ctx_len=64)
+    res = pipeline.rewrite(fixture_path("llama_gqa"), Options(role="dlm", target="qaic", ctx_len=64))
     assert cache_write_problem(res.model, "qaic") is None
     del res.model.functions[:]
     assert "is not defined in the model" in cache_write_problem(res.model, "qaic")

@@ -44,16 +44,16 @@ def test_the_documented_block_runs_for_both_targets(ext_model, tmp_path, target)
     rep = verify(ext_model, tmp_path / "art" / "model.onnx", k=4, prefill_len=16, ctx_len=128)
     assert rep.ok, rep.max_logits_diff
     # pass by pass is rewrite: the same bytes
-    same = pipeline.rewrite(ext_model, options=scope["opts"]).model
+    same = pipeline.rewrite(ext_model, scope["opts"]).model
     assert same.SerializeToString(deterministic=True) == \
         scope["written"].out.joinpath("model.onnx").read_bytes()
 
 
 @pytest.mark.parametrize("target", ["qaic", "ort"])
 def test_onnx_ir_in_onnx_ir_out(ext_model, tmp_path, target):
-    kw = {"role": "tlm", "k": 3, "target": target, "ctx_len": 64}
-    want = pipeline.compile_model(ext_model, **kw)
-    got = pipeline.compile_model(ir.load(str(ext_model)), **kw)
+    opts = Options(role="tlm", k=3, target=target, ctx_len=64)
+    want = pipeline.compile_model(ext_model, opts)
+    got = pipeline.compile_model(ir.load(str(ext_model)), opts)
     assert isinstance(got, ir.Model)
     proto = ir.to_proto(got)   # the same graph (onnx_ir writes the proto in its own field order)
     for part in ("node", "input", "output", "initializer"):
@@ -64,9 +64,9 @@ def test_onnx_ir_in_onnx_ir_out(ext_model, tmp_path, target):
     assert ext[0].numpy().size                                   # readable where the weights are
     # (the artifact copies the data file; with --link-weights onnx.load would refuse it: several links)
     # a proto given: a proto back; in-memory weights (no external data) too
-    assert isinstance(pipeline.rewrite(onnx.load(str(ext_model), load_external_data=True), **kw).as_given(),
+    assert isinstance(pipeline.rewrite(onnx.load(str(ext_model), load_external_data=True), opts).as_given(),
                       onnx.ModelProto)
-    res = pipeline.rewrite(ir.load(str(ext_model)), **kw)
+    res = pipeline.rewrite(ir.load(str(ext_model)), opts)
     assert res.input_kind == "ir" and res.source_dir == ext_model.parent.resolve()
     out = tmp_path / "art"
     write_artifact(res, Options(role="tlm", k=3, target=target, ctx_len=64, prefill_len=8), out)
@@ -95,7 +95,7 @@ def test_prepared_single_pass_leaves_the_graph_untouched(fixture_path):
 ])
 def test_a_model_of_another_kind_is_one_line(bad, needle):
     with pytest.raises(SpecdecError, match=re.escape(needle)):
-        pipeline.rewrite(bad, role="dlm")
+        pipeline.rewrite(bad, Options(role="dlm"))
 
 
 def test_verify_of_a_proto_without_its_source_is_one_line(ext_model):
@@ -111,3 +111,25 @@ def test_options_are_checked_like_the_cli(fixture_path):
         pipeline.prepare(fixture_path("llama_gqa"), Options(role="tlm"))
     with pytest.raises(SpecdecError, match="options= must be"):
         pipeline.rewrite(fixture_path("llama_gqa"), options={"role": "dlm"})
+
+
+def test_one_compile_checks_its_options_once(fixture_path, tmp_path, monkeypatch):
+    """The options are checked where the ``Options`` is built; rewrite, the passes and the
+    writer trust it (before: ``check_options`` ran six times per compile)."""
+    from specdec_compile import options as options_module
+    calls = []
+    real = options_module.check_options
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    for module in (options_module, passes, passes._context):  # every name it is called by
+        monkeypatch.setattr(module, "check_options", counted)
+    opts = Options(role="tlm", k=3, target="ort", ctx_len=64, prefill_len=8)
+    res = pipeline.rewrite(fixture_path("llama_gqa"), opts)
+    write_artifact(res, opts, tmp_path / "art")
+    assert len(calls) == 1
+    # a context built by hand is still checked (it did not come from an Options)
+    with pytest.raises(SpecdecError, match="unknown role"):
+        passes.PassContext(role="draft")
