@@ -39,12 +39,12 @@ SCRIPT_VERSION = "1"
 
 CONFIG = {
     "seed": 20261125,
-    "magpie": {"per_shard": 64, "temperature": 1.0, "top_p": 1.0, "max_tokens": 128, "batch": 96,
+    "magpie": {"per_shard": 32, "temperature": 1.0, "top_p": 1.0, "max_tokens": 128, "batch": 48,
                "max_rounds": 6},
-    "pool_per_shard": 32,
+    "pool_per_shard": 16,
     "filter": {"min_words": 3, "max_words": 120, "min_chars": 16, "max_chars": 700,
                "min_letters": 0.6, "min_unique_words": 0.4, "near_held_out": 0.6},
-    "answers": {"gen_len": 384, "batch": 96, "dtype": "bfloat16",
+    "answers": {"gen_len": 384, "batch": 48, "dtype": "bfloat16",
                 "sampled": {"temperature": 0.7, "top_p": 0.95}},
 }
 
@@ -248,6 +248,7 @@ def make_shard(ctx: dict, shard: int) -> dict:
     n_ans = sum(len(e["answer"]) for e in ex)
     man = {"seed": seed, "script_version": SCRIPT_VERSION, "target": ctx["target"],
            "magpie": {**cfg["magpie"], "filter": cfg["filter"], "stats": stats},
+           "pool": {"taken": taken, "per_shard": cfg["pool_per_shard"], "shuffle_seed": cfg["seed"]},
            "answers": {**mode, "gen_len": cfg["answers"]["gen_len"], "dtype": cfg["answers"]["dtype"],
                        "batch": cfg["answers"]["batch"], "chat_template": "smollm2.chat_ids"},
            "torch": ctx["torch_version"], "threads": ctx["threads"],
