@@ -176,11 +176,14 @@ def magpie(lean, tok, n: int, seed: int, cfg: dict, gate: Gate, eos: int) -> tup
                                temperature=m["temperature"], top_p=m["top_p"], seed=seed * 100 + r, pad_id=eos)
         for row, end in zip(rows, ended):
             stats["sampled"] += 1
+            if len(kept) >= n:                       # not looked at: the gate remembers only kept ones
+                stats["surplus"] = stats.get("surplus", 0) + 1
+                continue
             text = tok.decode(row[:-1] if end else row).strip()
             why = "no end of turn" if not end else (why_not(text, cfg["filter"]) or gate.admit(text))
-            if why is None and len(kept) < n:
+            if why is None:
                 kept.append(text)
-            elif why is not None:
+            else:
                 stats[why] = stats.get(why, 0) + 1
         if len(kept) >= n:
             break

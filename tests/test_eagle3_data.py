@@ -181,3 +181,21 @@ def test_bad_command_lines_exit_2(tmp_path, capsys):
     assert "--until" in capsys.readouterr().err
     assert md.main(["--hf", str(tmp_path)]) == 2
     assert "demo.smollm2" in capsys.readouterr().err
+
+
+def test_magpie_keeps_n_and_the_gate_remembers_only_those(monkeypatch):
+    from demo import magpie_data as md
+    texts = ["Plan a picnic for six people.", "Plan a picnic for six people!", "Hi",
+             "Suggest a name for a grey cat.", "Write a limerick about rain.", "Tell me about owls, please."]
+    rows = [[i, 2] for i in range(len(texts))] + [[9, 9, 9]]          # the last never ended
+
+    class Tok:
+        def decode(self, ids):
+            return texts[ids[0]] if ids[0] < len(texts) else "never ends"
+    monkeypatch.setattr(md, "user_prefix", lambda tok: [1, 5])
+    monkeypatch.setattr(md, "generate", lambda *a, **k: (rows, [True] * len(texts) + [False]))
+    gate = md.Gate([], set(), 0.6)
+    kept, stats = md.magpie(None, Tok(), 3, 0, md.CONFIG, gate, 2)
+    assert kept == [texts[0], texts[3], texts[4]]
+    assert stats == {"sampled": 7, "duplicate": 1, "length": 1, "surplus": 2, "kept": 3}
+    assert gate.seen == {store.key(t) for t in kept}
