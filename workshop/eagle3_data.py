@@ -1,5 +1,5 @@
 """The EAGLE-3 head's training data on disk: shards, their manifests, the index, and the checks
-(deduplication, held-out prompts) that keep it clean. ``demo/magpie_data.py`` writes it.
+(deduplication, held-out prompts) that keep it clean. ``workshop/magpie_data.py`` writes it.
 
 A shard ``shard-NNNNN.npz`` (``numpy.savez_compressed``, no pickled objects) holds, for its n
 examples:
@@ -31,7 +31,7 @@ from pathlib import Path
 from .smollm2 import sha256 as sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = ROOT / "demo" / "data" / "eagle3-smollm2"
+DATA_DIR = ROOT / "workshop" / "data" / "eagle3-smollm2"
 SOURCES = ("magpie", "stdlib", "prose")
 FORMAT = "specdec-eagle3-data/1"
 
@@ -98,8 +98,8 @@ def _literal_strings(path: Path) -> list[str]:
 
 def project_prompts(root: Path = ROOT) -> list[str]:
     """The demo's and the benchmarks' own prompts: every prompt-named literal list in
-    demo/prompts.py and bench/*.py."""
-    out = _literal_strings(root / "demo" / "prompts.py")
+    workshop/prompts.py and bench/*.py."""
+    out = _literal_strings(root / "workshop" / "prompts.py")
     for p in sorted((root / "bench").glob("*.py")):
         out += _literal_strings(p)
     return out

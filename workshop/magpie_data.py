@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Training data for the demo's EAGLE-3 head: SmolLM2's own instructions ("Magpie") and its own
-answers, written as shards under demo/data/eagle3-smollm2 (``demo/eagle3_data.py``). Resumable:
+answers, written as shards under workshop/data/eagle3-smollm2 (``workshop/eagle3_data.py``). Resumable:
 every run adds shards after the last one and never repeats an instruction already stored.
 
-    python -m demo.smollm2                                   # the target (build/demo/hf/tlm)
-    nice -n 19 python -m demo.magpie_data --until 01:00      # add shards until 01:00 UTC
-    python -m demo.magpie_data --shards 1 --out /tmp/x       # one shard elsewhere
+    python -m workshop.smollm2                                   # the target (build/demo/hf/tlm)
+    nice -n 19 python -m workshop.magpie_data --until 01:00      # add shards until 01:00 UTC
+    python -m workshop.magpie_data --shards 1 --out /tmp/x       # one shard elsewhere
 
 1. **Instructions.** The chat template's prefix up to the user's text (system turn, then
    ``<|im_start|>user\\n``) with nothing after it; SmolLM2 samples the user's turn (temperature
@@ -267,9 +267,9 @@ def target_identity(hf: Path) -> dict:
     from . import smollm2
     ck = hf / "model.safetensors"
     if not ck.is_file():
-        raise SystemExit(f"{ck} is missing: run `python -m demo.smollm2` first")
+        raise SystemExit(f"{ck} is missing: run `python -m workshop.smollm2` first")
     return {"name": smollm2.NAME, "source": smollm2.SOURCE, "wheel_sha256": smollm2.WHEEL_SHA256,
-            "checkpoint": "model.safetensors (float32, demo.smollm2's conversion)",
+            "checkpoint": "model.safetensors (float32, workshop.smollm2's conversion)",
             "checkpoint_sha256": store.sha256_file(ck)}
 
 
@@ -344,7 +344,7 @@ def bad_args(a) -> str | None:
     if not m or int(m.group(1)) > 23 or int(m.group(2)) > 59:
         return f"--until {a.until!r}: expected HH:MM (UTC)"
     if not (a.hf / "model.safetensors").is_file():
-        return f"{a.hf / 'model.safetensors'} is missing: run `python -m demo.smollm2` first"
+        return f"{a.hf / 'model.safetensors'} is missing: run `python -m workshop.smollm2` first"
     if (a.shards is not None and a.shards < 1) or a.tokens < 1 or a.threads < 1:
         return "--shards, --tokens and --threads must be positive"
     try:

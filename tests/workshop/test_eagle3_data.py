@@ -1,4 +1,4 @@
-"""The EAGLE-3 head's training data (demo/data/eagle3-smollm2, written by demo/magpie_data.py):
+"""The EAGLE-3 head's training data (workshop/data/eagle3-smollm2, written by workshop/magpie_data.py):
 the committed shards are intact and deduplicated, and hold none of MT-bench's questions nor the
 demo's and the benchmarks' own prompts (exact or normalized); the checker catches a planted
 one; the storage round-trips and resumes; the batched sampler and the instruction filters do
@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from demo import eagle3_data as store
+from workshop import eagle3_data as store
 
 
 def _mtbench_or_skip():
@@ -54,7 +54,7 @@ def test_committed_data_is_free_of_mtbench_questions():
 
 def test_the_project_prompts_are_all_found():
     from bench import ood_prompts
-    from demo import prompts
+    from workshop import prompts
     found = store.project_prompts()
     for s in prompts.DEMO_PROMPTS + [prompts.WARMUP_PROMPT] + ood_prompts.PROMPTS:
         assert s in found
@@ -75,7 +75,7 @@ def _shard(out, i, texts, mode="greedy"):
 
 
 def test_a_planted_held_out_prompt_or_duplicate_fails_the_check(tmp_path):
-    from demo import prompts
+    from workshop import prompts
     banned = store.held_out(with_mtbench=False) + [("mtbench 81 turn 1", "Compose an engaging travel blog post.")]
     _shard(tmp_path, 0, ["Tell me a story about a fox.", "How do tides work?"])
     store.write_index(tmp_path)
@@ -125,7 +125,7 @@ def test_normalized_keys():
 
 
 def test_filters_and_the_gate():
-    from demo import magpie_data as md
+    from workshop import magpie_data as md
     f = md.CONFIG["filter"]
     assert md.why_not("Can you suggest a recipe for dinner tonight?", f) is None
     assert md.why_not("Hi", f) == "length"
@@ -141,7 +141,7 @@ def test_filters_and_the_gate():
 
 def test_nucleus_sampling_keeps_exactly_the_top_p_set():
     torch = pytest.importorskip("torch")
-    from demo import magpie_data as md
+    from workshop import magpie_data as md
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(4000, 1)
     g = torch.Generator().manual_seed(0)
     got = md.pick(logits, 1.0, 0.8, g)                       # 0.5 + 0.3 reaches 0.8: two tokens
@@ -154,13 +154,13 @@ def test_nucleus_sampling_keeps_exactly_the_top_p_set():
 def _tiny():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from test_demo_feature_draft import _target             # the demo tests' tiny stand-in Llama
+    from test_workshop_feature_draft import _target             # the demo tests' tiny stand-in Llama
     return torch, _target()
 
 
 def test_batched_generation_equals_the_teachers_greedy_and_is_seeded():
     torch, model = _tiny()
-    from demo import magpie_data as md, teacher
+    from workshop import magpie_data as md, teacher
     lean = teacher.LeanLlama(model)
     g = torch.Generator().manual_seed(1)
     ps = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (5, 9, 7, 4, 11, 6)]
@@ -176,15 +176,15 @@ def test_batched_generation_equals_the_teachers_greedy_and_is_seeded():
 
 
 def test_bad_command_lines_exit_2(tmp_path, capsys):
-    from demo import magpie_data as md
+    from workshop import magpie_data as md
     assert md.main(["--until", "25:00", "--hf", str(tmp_path)]) == 2
     assert "--until" in capsys.readouterr().err
     assert md.main(["--hf", str(tmp_path)]) == 2
-    assert "demo.smollm2" in capsys.readouterr().err
+    assert "workshop.smollm2" in capsys.readouterr().err
 
 
 def test_magpie_keeps_n_and_the_gate_remembers_only_those(monkeypatch):
-    from demo import magpie_data as md
+    from workshop import magpie_data as md
     texts = ["Plan a picnic for six people.", "Plan a picnic for six people!", "Hi",
              "Suggest a name for a grey cat.", "Write a limerick about rain.", "Tell me about owls, please."]
     rows = [[i, 2] for i in range(len(texts))] + [[9, 9, 9]]          # the last never ended
