@@ -51,7 +51,7 @@ def key(text: str) -> str:
     return hashlib.sha256(normalize(text).encode()).hexdigest()[:20]
 
 
-def _words(text: str) -> set[str]:
+def word_set(text: str) -> set[str]:
     return set(normalize(text).split())
 
 

@@ -149,7 +149,7 @@ class Gate:
 
     def __init__(self, banned: list[tuple[str, str]], seen: set[str], near: float):
         self.banned = {store.key(t) for _, t in banned}
-        self.banned_words = [store._words(t) for _, t in banned]
+        self.banned_words = [store.word_set(t) for _, t in banned]
         self.seen = set(seen)
         self.near = near
 
@@ -159,7 +159,7 @@ class Gate:
             return "held out"
         if k in self.seen:
             return "duplicate"
-        w = store._words(text)
+        w = store.word_set(text)
         if any(store.near(w, b, self.near) for b in self.banned_words):
             return "near a held-out prompt"
         self.seen.add(k)
