@@ -83,8 +83,8 @@ def width_flips(backend, prompts, answers, width: int) -> tuple[int, int, list]:
 
 
 def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: int = 4, log=print) -> dict:
-    from demo import prompts as prompt_sets
-    from demo.smollm2 import chat_ids
+    from workshop import prompts as prompt_sets
+    from workshop.smollm2 import chat_ids
     from specdec_compile.runtime import OpenVinoBackend, OrtBackend
     from specdec_compile.runtime.tokenizer import load_tokenizer
 
