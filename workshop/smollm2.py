@@ -202,7 +202,7 @@ def chat_ids(tok, instruction: str) -> list[int]:
     """An instruction through SmolLM2's chat template (its default system prompt), ready
     for the assistant's answer."""
     ids = tok.apply_chat_template([{"role": "user", "content": instruction}], add_generation_prompt=True)
-    return [int(i) for i in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+    return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]  # transformers 5: BatchEncoding
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,17 +26,18 @@ import math
 class LeanLlama:
     """A Llama forward pass over a preallocated cache (inference only)."""
 
-    def __init__(self, model, dtype=None):
+    def __init__(self, model, dtype=None, device=None):
         import torch
         c = model.config
         self.dtype = dtype or torch.float32
+        self.device = torch.device(device or "cpu")
         self.L = c.num_hidden_layers
         self.H = c.num_attention_heads
         self.KV = c.num_key_value_heads
         self.D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps = c.rms_norm_eps
         self.theta = c.rope_theta
-        sd = {k: v.detach().to(self.dtype) for k, v in model.state_dict().items()}
+        sd = {k: v.detach().to(self.device, self.dtype) for k, v in model.state_dict().items()}
         self.emb = sd["model.embed_tokens.weight"]
         self.head = sd.get("lm_head.weight", self.emb)
         self.norm = sd["model.norm.weight"]
@@ -51,7 +52,8 @@ class LeanLlama:
                 "qkv": qkv, "o": sd[p + "self_attn.o_proj.weight"].t().contiguous(), "gu": gu,
                 "down": sd[p + "mlp.down_proj.weight"].t().contiguous()})
         self.inter = self.layers[0]["down"].shape[0] if self.layers else 0
-        self.inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.D, 2, dtype=torch.float32) / self.D))
+        self.inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.D, 2, dtype=torch.float32, device=self.device)
+                                              / self.D))
 
     def _rms(self, x, w):
         import torch
@@ -64,17 +66,19 @@ class LeanLlama:
 
     def new_cache(self, B: int, T: int):
         import torch
-        return [(torch.zeros(B, self.KV, T, self.D, dtype=self.dtype),
-                 torch.zeros(B, self.KV, T, self.D, dtype=self.dtype)) for _ in range(self.L)]
+        return [(torch.zeros(B, self.KV, T, self.D, dtype=self.dtype, device=self.device),
+                 torch.zeros(B, self.KV, T, self.D, dtype=self.dtype, device=self.device)) for _ in range(self.L)]
 
     def forward(self, ids, pos, cache, start: int, key_ok):
         """ids, pos [B, S] written at slots start..start+S-1; key_ok [B, start+S] bool (False: padding).
         Returns the last position's final hidden state [B, hidden]."""
         return self._rms(self.states(ids, pos, cache, start, key_ok)[:, -1], self.norm)
 
-    def states(self, ids, pos, cache, start: int, key_ok):
+    def states(self, ids, pos, cache, start: int, key_ok, taps: dict | None = None):
         """As ``forward``, but the last layer's output *before* the final norm at every position
-        [B, S, hidden]: the feature a TLM compiled with ``--hidden-states -1`` outputs."""
+        [B, S, hidden]: the feature a TLM compiled with ``--hidden-states -1`` outputs.
+        ``taps``: a dict whose keys are layer indices i; each gets the hidden state *entering*
+        layer i (transformers' ``hidden_states[i]``; i = L: the last layer's output, unnormed)."""
         import torch
         import torch.nn.functional as F
         B, S = ids.shape
@@ -83,10 +87,12 @@ class LeanLlama:
         cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None].to(self.dtype)   # [B, 1, S, D]
         sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None].to(self.dtype)
         T = start + S
-        causal = torch.ones(S, T, dtype=torch.bool).tril(start)          # query i sees slots <= start+i
+        causal = torch.ones(S, T, dtype=torch.bool, device=ids.device).tril(start)          # query i sees slots <= start+i
         mask = (causal[None] & key_ok[:, None, :T])[:, None]             # [B, 1, S, T]
         hq, hk = self.H * self.D, self.KV * self.D
-        for lay, (kc, vc) in zip(self.layers, cache):
+        for i, (lay, (kc, vc)) in enumerate(zip(self.layers, cache)):
+            if taps is not None and i in taps:
+                taps[i] = x
             h = self._rms(x, lay["ln1"]) @ lay["qkv"]
             q = h[..., :hq].view(B, S, self.H, self.D).transpose(1, 2)
             k = h[..., hq:hq + hk].view(B, S, self.KV, self.D).transpose(1, 2)
@@ -98,6 +104,8 @@ class LeanLlama:
             x = x + a.transpose(1, 2).reshape(B, S, hq) @ lay["o"]
             g = self._rms(x, lay["ln2"]) @ lay["gu"]
             x = x + (F.silu(g[..., :self.inter]) * g[..., self.inter:]) @ lay["down"]
+        if taps is not None and self.L in taps:
+            taps[self.L] = x
         return x
 
     def logits(self, hidden):

