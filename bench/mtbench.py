@@ -8,7 +8,7 @@ copy; refused in one line when it is missing or not 80 questions of 2 turns).
 The subset (fixed): by default the first ``--mtbench-per-category`` (2) questions of each category
 by question id (16 questions: 81, 82 writing; 91, 92 roleplay; 101, 102 reasoning; 111, 112 math;
 121, 122 coding; 131, 132 extraction; 141, 142 stem; 151, 152 humanities), both turns,
-``--mtbench-max-new-tokens`` (96) new tokens per turn. ``--mtbench-full``: all 80.
+``--mtbench-max-new-tokens`` (64) new tokens per turn. ``--mtbench-full``: all 80.
 
 The target: SmolLM2-135M-Instruct from ``make demo``'s build (``--real-build``, default build/demo:
 its export, its feature draft's export and its tokenizer; skipped in one line without it), compiled
@@ -365,7 +365,7 @@ def add_args(ap) -> None:
     ap.add_argument("--mtbench-full", action="store_true", help="mtbench: all 80 questions (default: the subset)")
     ap.add_argument("--mtbench-per-category", type=int, default=2,
                     help="mtbench: the subset, the first N questions of each category by id (default 2)")
-    ap.add_argument("--mtbench-max-new-tokens", type=int, default=96, help="mtbench: new tokens per turn (96)")
+    ap.add_argument("--mtbench-max-new-tokens", type=int, default=64, help="mtbench: new tokens per turn (64)")
     ap.add_argument("--mtbench-repeats", type=int, default=1, help="mtbench: repeats (greedy: fastest kept)")
     ap.add_argument("--mtbench-methods", default=METHODS,
                     help=f"mtbench: comma list of {', '.join(KNOWN)}; NAME:K for a fixed k (default {METHODS})")

@@ -54,7 +54,7 @@ mtbench         MT-bench (80 questions, 8 categories, 2 turns; read from the ins
                 when missing), greedy and sampling (T 0.7, top-p 0.95, seeded); per category
                 tokens per target call, speedup and achieved/predicted; every greedy output
                 equal to target-only or the run fails. Default: a fixed subset (the first 2
-                questions of each category, both turns, 96 new tokens); --mtbench-full: all 80
+                questions of each category, both turns, 64 new tokens); --mtbench-full: all 80
                 (bench/mtbench.py; also bench/results/results-mtbench.{json,md,svg}).
 rewrite_scale   specdec-compile on a synthetic Llama-shaped optimum export (24
                 layers, hidden 2048, vocab 32000, float32 weights as external data,
@@ -456,8 +456,12 @@ def _args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     only = set(a.only.split(","))
-    if "mtbench" in only:
-        mtbench.check(a)                                # MT-bench's questions and options: refused before any work
+    if "mtbench" in only:                               # MT-bench's questions and options: refused before any work
+        try:
+            mtbench.check(a)
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            return 2
     a.out.mkdir(parents=True, exist_ok=True)
 
     res = _previous_results(a.results)

