@@ -443,10 +443,14 @@ def run_section(build: Path, subset: list[dict], a, log=print) -> dict:
                "decode_tok_s": round(decode_rate(r["metrics"]) or 0.0, 2)} for r in got["runs"]]
     rec = {"settings": settings, "rows": rows, "greedy_mismatches": got["mismatches"],
            "greedy_equal": not got["mismatches"], "prompt_tokens": got["prompt_tokens"], "generations": gens}
-    where = Path(a.results).parent / RESULTS.name
+    return finish(rec, Path(a.results).parent / RESULTS.name, log)
+
+
+def finish(rec: dict, where: Path, log=print) -> dict:
+    """Write the record (its mismatches too), then fail loudly when a greedy output differed."""
     write(rec, where)
     log(f"[mtbench] wrote {where} and its .md and .svg")
-    check_greedy(got["mismatches"], str(where))
+    check_greedy(rec["greedy_mismatches"], str(where))
     return rec
 
 

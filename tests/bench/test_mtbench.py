@@ -230,6 +230,14 @@ def test_measure_on_fake_backends(tmp_path):
     assert "| category | target tok/s | ngram | eagle3:3 |" in md and md.count("| writing |") == 2
     svg = (tmp_path / "results-mtbench.svg").read_text()
     assert svg.count("<polyline") == 2 * 2 * 2 and ">roleplay</text>" in svg and ">all</text>" in svg
+    # a greedy difference: written into the results first, then the run fails
+    bad = dict(rec, greedy_mismatches=[{"method": "ngram", "question_id": 91, "turn": 1, "first_difference": 4}],
+               greedy_equal=False)
+    with pytest.raises(SystemExit, match="ngram question 91 turn 1 at token 4"):
+        mtbench.finish(bad, tmp_path / "bad" / "results-mtbench.json", log=lambda *_: None)
+    saved = json.loads((tmp_path / "bad" / "results-mtbench.json").read_text())
+    assert saved["greedy_mismatches"][0]["question_id"] == 91 and saved["greedy_equal"] is False
+    assert "GREEDY OUTPUTS DIFFER FROM TARGET-ONLY: 1" in (tmp_path / "bad" / "results-mtbench.md").read_text()
 
 
 def test_a_wrong_method_is_recorded_then_fails():
