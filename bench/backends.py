@@ -93,10 +93,8 @@ def width_flips(backend, prompts, answers, width: int) -> tuple[int, int, list]:
 def default_precision() -> str:
     """The precision OpenVINO's CPU plugin picks here when none is asked for ("f32" or "bf16", ...)."""
     import openvino as ov
-    from specdec_compile.runtime.backends.openvino.loader import _SHORT
     got = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
-    got = got.get_type_name() if hasattr(got, "get_type_name") else str(got)
-    return _SHORT.get(got, got)
+    return got.get_type_name() if hasattr(got, "get_type_name") else str(got)
 
 
 def _backends(dirs: dict, threads: int) -> list:
