@@ -223,7 +223,8 @@ def _genai_lines(g) -> list[str]:
              "|---|---|---|---|"]
     for r in g["rows"]:
         eq = r["greedy_equal_ours_f32"]
-        lines.append(f"| {r['mode']} | {r['runs_at']}{'' if r['precision'] else ' (default)'} | {r['tok_s']:.1f} | "
+        kv = f", KV cache {r['kv_cache_precision']}" if r.get("kv_cache_precision") else ""
+        lines.append(f"| {r['mode']} | {r['runs_at']}{'' if r['precision'] else ' (default)'}{kv} | {r['tok_s']:.1f} | "
                      f"{sum(eq)}/{len(eq)} prompts |")
     return lines
 

@@ -13,7 +13,8 @@ Per run: greedy decoding (``ignore_eos``: every prompt gets exactly N new tokens
 own decoders do) of every prompt fed as ids (``TokenizedInputs``: the same ids as ours, no
 tokenizer of GenAI's involved), after one untimed warm-up generation; tokens/s is all new tokens
 over the wall time of all prompts. ``precision`` null leaves the CPU plugin's default (what a user
-gets); the answer records that default.
+gets); the answer records that default, and per run the KV-cache precision the plugin picks for
+the IR at the run's properties (``KV_CACHE_PRECISION``: not the inference precision).
 """
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def _pipeline(genai, ir: str, threads: int, precision, prompt_lookup: bool):
     if prompt_lookup:
         props["prompt_lookup"] = True
     return genai.LLMPipeline(ir, "CPU", **props)
+
+
+def _kv_precision(ov, ir: str, threads: int, precision) -> str:
+    """The CPU plugin's KV-cache precision for this IR at these properties (its default is not the
+    inference precision: f16 with an f32 hint here)."""
+    props = {"INFERENCE_NUM_THREADS": int(threads)}
+    if precision is not None:
+        props["INFERENCE_PRECISION_HINT"] = precision
+    got = ov.Core().compile_model(f"{ir}/openvino_model.xml", "CPU", props).get_property("KV_CACHE_PRECISION")
+    return got.get_type_name() if hasattr(got, "get_type_name") else str(got)
 
 
 def _config(pipe, new: int, mode: str, req: dict):
@@ -63,9 +74,10 @@ def run(req: dict) -> dict:
         t0 = time.perf_counter()
         outs = [_generate(genai, ov, np, pipe, p, cfg) for p in req["prompts"]]
         wall = time.perf_counter() - t0
-        ans["runs"].append({**r, "runs_at": r["precision"] or default, "tok_s": sum(map(len, outs)) / wall,
-                            "wall_s": wall, "generated": outs})
         del pipe
+        ans["runs"].append({**r, "runs_at": r["precision"] or default, "tok_s": sum(map(len, outs)) / wall,
+                            "wall_s": wall, "generated": outs,
+                            "kv_cache_precision": _kv_precision(ov, req["ir"], req["threads"], r["precision"])})
     return ans
 
 

@@ -122,6 +122,7 @@ def test_genai_greedy_equals_ours_on_the_tiny_llama(fixture_path, tmp_path):
         assert rows["f32", mode]["greedy_equal_ours_f32"] == [True] * len(PROMPTS), mode
         assert rows["f32", mode]["generated_tokens"] == 12 * len(PROMPTS) and rows["f32", mode]["tok_s"] > 0
     assert rows[None, "target"]["runs_at"] == got["cpu_default_precision"]
+    assert all(r["kv_cache_precision"] in ("f32", "f16", "bf16", "u8", "i8", "u4") for r in got["rows"])
     with pytest.raises(RuntimeError, match="the GenAI worker failed: .*"):
         ovgenai.run_worker(python, {"ir": str(tmp_path / "missing"), "prompts": PROMPTS, "max_new_tokens": 2,
                                     "threads": 1, "runs": [{"precision": "f32", "mode": "target"}],
