@@ -77,14 +77,19 @@ def test_goals_and_table():
     res = _res(g)
     gl = backends.goals(res)
     assert gl["f32_target_only"]["ratio"] == pytest.approx(50 / 40)
-    b = gl["best_spec_bf16"]                      # OpenVINO's pick here: its fastest draft, flagged inexact
-    assert (b["draft"], b["ours"], b["genai"], b["greedy_equal_target_only"]) == ("ngram", 99.0, 80.0, False)
-    assert b["ratio"] == pytest.approx(99 / 80) and b["genai_run"] == "prompt_lookup at bf16"
+    b = gl["best_spec_bf16"]          # OpenVINO's pick here: its fastest draft whose output equals target-only
+    assert (b["draft"], b["ours"], b["genai"], b["greedy_equal_target_only"]) == ("suffix", 90.0, 80.0, True)
+    assert b["ratio"] == pytest.approx(90 / 80) and b["genai_run"] == "prompt_lookup at bf16"
     assert gl["best_spec_f32"]["draft"] == "suffix" and gl["best_spec_f32"]["ratio"] == pytest.approx(66 / 80)
     res["goals"] = gl
     md = backends.markdown({"runs": [res]})
     assert "| prompt_lookup | bf16 (default) | 80.0 | 0/1 prompts |" in md
-    assert "= 1.25 (goal >= 0.95)" in md and "greedy == target-only: NO" in md
+    assert "= 1.25 (goal >= 0.95)" in md and "(suffix, greedy == target-only: yes)" in md
+    res["rows"][1]["suffix_greedy_equal"] = [False]      # none equal: the fastest, flagged
+    b = backends.goals(res)["best_spec_bf16"]
+    assert (b["draft"], b["greedy_equal_target_only"]) == ("ngram", False)
+    res["goals"] = backends.goals(res)
+    assert "(ngram, greedy == target-only: NO)" in backends.markdown(res)
     assert backends.goals(_res("not measured: x")) is None
     assert "OpenVINO GenAI: not measured: x" in backends.markdown(_res("not measured: x"))
 
