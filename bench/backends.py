@@ -20,7 +20,8 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
   our OpenVINO f32 target-only ids, per prompt;
 * ``goals`` (issue 34): our OpenVINO f32 target-only over GenAI's f32 target-only (goal >= 0.95), and
   our best speculative decoding on OpenVINO at the precision OpenVINO picks over GenAI's best run
-  (goal >= 1.2, with that draft's greedy output equal to our target-only on that backend).
+  (goal >= 1.2): the faster draft whose greedy output equals our target-only there on every prompt,
+  else the faster one, flagged.
 """
 from __future__ import annotations
 
