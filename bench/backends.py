@@ -13,8 +13,15 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
   each prompt and answer re-scored in calls of k+1 tokens against calls of one; ``width_flips``:
   positions whose top token differs, of ``positions``; ``vs_f32_flips``: positions whose top token
   (width 1) differs from f32's on the same text; ``texts_equal_f32``: target-only text equal to f32's;
-* OpenVINO GenAI's own pipeline beside them when ``openvino_genai`` is installed (not measured
-  otherwise: the row says so).
+* OpenVINO GenAI's own pipeline beside them (bench/ovgenai.py; when ``openvino-genai`` is installed
+  here or ``SPECDEC_OVGENAI_PYTHON`` names a Python that has it, else one line says so): target-only
+  and prompt lookup, at f32 and at the CPU plugin's default precision, on an OpenVINO IR of the same
+  checkpoint, the same prompt ids and new tokens, greedy; ``greedy_equal_ours_f32``: its ids equal
+  our OpenVINO f32 target-only ids, per prompt;
+* ``goals`` (issue 34): our OpenVINO f32 target-only over GenAI's f32 target-only (goal >= 0.95), and
+  our best speculative decoding on OpenVINO at the precision OpenVINO picks over GenAI's best run
+  (goal >= 1.2): the faster draft whose greedy output equals our target-only there on every prompt,
+  else the faster one, flagged.
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from . import ovgenai
 
 K, K_LIST, PL, CTX, NEW = 4, "0,1,2,4", 64, 256, 128
 
@@ -43,11 +52,11 @@ def compile_both(export: Path, out: Path, log=print) -> dict[str, Path]:
     return dirs
 
 
-def _decode(backend, prompts, draft: str | None):
+def _decode(backend, prompts, draft: str | None, new: int = NEW):
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     dec = TargetOnlyDecoder(backend) if draft is None else SpecDecoder(backend, None, draft=draft)
     t0 = time.perf_counter()
-    outs = [dec.generate(p, max_new_tokens=NEW).generated_ids for p in prompts]
+    outs = [dec.generate(p, max_new_tokens=new).generated_ids for p in prompts]
     wall = time.perf_counter() - t0
     return outs, sum(map(len, outs)) / wall
 
@@ -82,70 +91,150 @@ def width_flips(backend, prompts, answers, width: int) -> tuple[int, int, list]:
     return flips, total, ones
 
 
-def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: int = 4, log=print) -> dict:
+def default_precision() -> str:
+    """The precision OpenVINO's CPU plugin picks here when none is asked for ("f32" or "bf16", ...)."""
+    import openvino as ov
+    got = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+    return got.get_type_name() if hasattr(got, "get_type_name") else str(got)
+
+
+def _backends(dirs: dict, threads: int) -> list:
+    """(backend kind, precision, maker): ORT f32, OpenVINO f32, and OpenVINO at the precision it
+    picks here when that is not f32 (bf16 on a CPU with avx512_bf16 or AMX)."""
+    from specdec_compile.runtime import OpenVinoBackend, OrtBackend
+    rows = [("ort", "f32", lambda: OrtBackend(dirs["ort"], intra_op_threads=threads))]
+    for prec in dict.fromkeys(("f32", default_precision())):
+        rows.append(("openvino", prec, lambda prec=prec: OpenVinoBackend(dirs["openvino"], precision=prec,
+                                                                          threads=threads)))
+    return rows
+
+
+def _measure_row(b, kind, prec, prompts, new):
+    """One backend's row: target-only, n-gram and suffix; (the row, target-only's ids)."""
+    b.warmup()
+    base, base_rate = _decode(b, prompts, None, new)
+    row = {"backend": kind, "precision": prec, "target_only_tok_s": base_rate}
+    for draft in ("ngram", "suffix"):
+        got, rate = _decode(b, prompts, draft, new)
+        row[f"{draft}_tok_s"] = rate
+        row[f"{draft}_speedup"] = rate / base_rate
+        row[f"{draft}_greedy_equal"] = [g == t for g, t in zip(got, base)]
+    return row, base
+
+
+def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: int = 4, log=print,
+        new: int = NEW, hf: Path | None = None, width_check: bool = True) -> dict:
+    """The rows at ``threads`` threads; GenAI's beside them when ``hf`` (the checkpoint ``export``
+    was made from) is given; the width check when ``width_check``."""
     from workshop import prompts as prompt_sets
     from workshop.smollm2 import chat_ids
-    from specdec_compile.runtime import OpenVinoBackend, OrtBackend
     from specdec_compile.runtime.tokenizer import load_tokenizer
 
     dirs = compile_both(export, out, log)
     tok = load_tokenizer(str(tokenizer))
     prompts = [chat_ids(tok, t) for t in prompt_sets.DEMO_PROMPTS[:n_prompts]]
-    res = {"model": str(export), "threads": threads, "k": K, "ctx_len": CTX, "max_new_tokens": NEW,
+    res = {"model": str(export), "threads": threads, "k": K, "ctx_len": CTX, "max_new_tokens": new,
            "prompts": len(prompts), "rows": []}
-    backends = [("ort", "f32", lambda: OrtBackend(dirs["ort"], intra_op_threads=threads))]
-    for prec in ("f32", "bf16"):
-        backends.append(("openvino", prec, lambda prec=prec: OpenVinoBackend(dirs["openvino"], precision=prec,
-                                                                              threads=threads)))
     ref = None            # OpenVINO f32's target-only texts and their width-1 top tokens: what bf16 re-scores
-    for kind, prec, make in backends:
+    for kind, prec, make in _backends(dirs, threads):
         b = make()
-        b.warmup()
-        base, base_rate = _decode(b, prompts, None)
-        row = {"backend": kind, "precision": prec, "target_only_tok_s": base_rate}
-        for draft in ("ngram", "suffix"):
-            got, rate = _decode(b, prompts, draft)
-            row[f"{draft}_tok_s"] = rate
-            row[f"{draft}_speedup"] = rate / base_rate
-            row[f"{draft}_greedy_equal"] = [g == t for g, t in zip(got, base)]
-        if kind == "openvino":
-            texts = base if ref is None else ref[0]
-            flips, total, ones = width_flips(b, prompts, texts, K + 1)
+        row, base = _measure_row(b, kind, prec, prompts, new)
+        if kind == "openvino" and ref is None:
+            ref = (base, None)
+        if kind == "openvino" and width_check:
+            flips, total, ones = width_flips(b, prompts, ref[0], K + 1)
             row.update(width_flips=flips, positions=total)
-            if ref is None:
+            if ref[1] is None:
                 ref = (base, ones)
             else:
                 row["vs_f32_flips"] = int(sum(np.sum(np.array(a) != np.array(o)) for a, o in zip(ones, ref[1])))
                 row["vs_f32_positions"] = int(sum(len(o) for o in ones))
-                row["texts_equal_f32"] = [g == t for g, t in zip(base, ref[0])]
+        if kind == "openvino" and prec != "f32":
+            row["texts_equal_f32"] = [g == t for g, t in zip(base, ref[0])]
         log(json.dumps(row))
         res["rows"].append(row)
         b.close()
-    res["genai"] = _genai(export, prompts, threads)
+    res["genai"] = "not measured: no Hugging Face checkpoint given (--hf)" if hf is None else \
+        ovgenai.measure(hf, out / "genai-ir", prompts, new, threads, K, ref[0], log)
+    res["goals"] = goals(res)
     return res
 
 
-def run_section(real_out: Path, out: Path, threads: int, n_prompts: int, log=print):
-    """``make bench``'s section: the results, or a line saying why it was skipped."""
+def goals(res: dict) -> dict | None:
+    """Issue 34's two ratios from one run's rows (None without GenAI's rows)."""
+    g = res.get("genai")
+    if not isinstance(g, dict):
+        return None
+    ov = {r["precision"]: r for r in res["rows"] if r["backend"] == "openvino"}
+    genai = {(r["precision"], r["mode"]): r for r in g["rows"]}
+    pick = g["cpu_default_precision"] if g["cpu_default_precision"] in ov else "f32"
+    best_genai = max(g["rows"], key=lambda r: r["tok_s"])
+    out = {"f32_target_only": {"ours": ov["f32"]["target_only_tok_s"],
+                               "genai": genai["f32", "target"]["tok_s"], "goal": 0.95}}
+    for prec in dict.fromkeys((pick, "f32")):
+        row = ov[prec]
+        # the fastest draft whose greedy output equals target-only on every prompt (the goal's
+        # condition), else the fastest, flagged
+        draft = max(("ngram", "suffix"), key=lambda d: (all(row[f"{d}_greedy_equal"]), row[f"{d}_tok_s"]))
+        out[f"best_spec_{prec}"] = {"ours": row[f"{draft}_tok_s"], "draft": draft, "precision": prec,
+                                    "greedy_equal_target_only": all(row[f"{draft}_greedy_equal"]),
+                                    "genai": best_genai["tok_s"], "genai_run": f"{best_genai['mode']} at "
+                                    f"{best_genai['runs_at']}", "goal": 1.2}
+    for v in out.values():
+        v["ratio"] = v["ours"] / v["genai"]
+    out["picked_precision"] = pick
+    return out
+
+
+def run_section(real_out: Path, out: Path, threads: list[int] | int, n_prompts: int, log=print,
+                new: int = NEW) -> dict | str:
+    """``make bench``'s section: one run per thread count (the width check in the first only), or a
+    line saying why it was skipped."""
     try:
         import openvino  # noqa: F401
     except ImportError:
         return "skipped: openvino is not installed (pip install 'specdec-compile[openvino]')"
-    export, tokenizer = real_out / "export" / "tlm" / "model.onnx", real_out / "tokenizer"
+    export, tokenizer, hf = real_out / "export" / "tlm" / "model.onnx", real_out / "tokenizer", real_out / "hf" / "tlm"
     if not export.is_file() or not tokenizer.is_dir():
         return f"skipped: no SmolLM2 export in {real_out} (make demo builds it)"
-    return run(export, tokenizer, out, threads, n_prompts, log)
+    runs = [run(export, tokenizer, out, t, n_prompts, log, new, hf if hf.is_dir() else None, width_check=i == 0)
+            for i, t in enumerate([threads] if isinstance(threads, int) else threads)]
+    return {"runs": runs}
 
 
-def _genai(export, prompts, threads):
-    try:
-        import openvino_genai  # noqa: F401
-    except ImportError:
-        return "not measured: openvino-genai is not installed"
-    return "not measured: the GenAI pipeline needs an OpenVINO IR of the model (optimum-intel export), not built here"
+def _goal_lines(res: dict) -> list[str]:
+    gl = res.get("goals")
+    if not gl:
+        return []
+    f = gl["f32_target_only"]
+    lines = [f"goal: OpenVINO f32 target-only / GenAI f32 target-only = {f['ours']:.1f} / {f['genai']:.1f} = "
+             f"{f['ratio']:.2f} (goal >= {f['goal']})"]
+    for key in (k for k in gl if k.startswith("best_spec_")):
+        b = gl[key]
+        lines.append(f"goal: our best speculative on OpenVINO at {b['precision']} ({b['draft']}, greedy == target-only: "
+                     f"{'yes' if b['greedy_equal_target_only'] else 'NO'}) / GenAI's best ({b['genai_run']}) = "
+                     f"{b['ours']:.1f} / {b['genai']:.1f} = {b['ratio']:.2f} (goal >= {b['goal']})")
+    return [""] + lines
+
+
+def _genai_lines(g) -> list[str]:
+    if not isinstance(g, dict):
+        return ["", f"OpenVINO GenAI: {g}"]
+    lines = ["", f"OpenVINO GenAI {g['openvino_genai']} ({g['python']}; its CPU default precision "
+             f"{g['cpu_default_precision']}; prompt lookup: {g['num_assistant_tokens']} candidates, n-grams up to "
+             f"{g['max_ngram_size']}):", "", "| run | precision | tok/s | ids == our OpenVINO f32 target-only |",
+             "|---|---|---|---|"]
+    for r in g["rows"]:
+        eq = r["greedy_equal_ours_f32"]
+        kv = f", KV cache {r['kv_cache_precision']}" if r.get("kv_cache_precision") else ""
+        lines.append(f"| {r['mode']} | {r['runs_at']}{'' if r['precision'] else ' (default)'}{kv} | {r['tok_s']:.1f} | "
+                     f"{sum(eq)}/{len(eq)} prompts |")
+    return lines
 
 
 def markdown(res: dict) -> str:
+    if "runs" in res:
+        return "\n".join(markdown(r) for r in res["runs"])
     lines = [f"backends: {res['model']}, {res['prompts']} prompts x {res['max_new_tokens']} new tokens, greedy, "
              f"{res['threads']} thread(s), k {res['k']}, ctx {res['ctx_len']}", "",
              "| backend | precision | target-only tok/s | n-gram tok/s (x) | suffix tok/s (x) | spec == target-only "
@@ -157,7 +246,7 @@ def markdown(res: dict) -> str:
         lines.append(f"| {r['backend']} | {r['precision']} | {r['target_only_tok_s']:.1f} | {r['ngram_tok_s']:.1f} "
                      f"({r['ngram_speedup']:.2f}) | {r['suffix_tok_s']:.1f} ({r['suffix_speedup']:.2f}) | "
                      f"{'yes' if eq else 'NO'} | {wf} | {vf} |")
-    lines += ["", f"OpenVINO GenAI: {res['genai']}"]
+    lines += _genai_lines(res["genai"]) + _goal_lines(res)
     return "\n".join(lines) + "\n"
 
 
@@ -165,12 +254,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--export", type=Path, default=Path("build/demo/export/tlm/model.onnx"))
     ap.add_argument("--tokenizer", type=Path, default=Path("build/demo/tokenizer"))
+    ap.add_argument("--hf", type=Path, default=Path("build/demo/hf/tlm"),
+                    help="the checkpoint the export was made from (OpenVINO GenAI's IR is exported from it)")
     ap.add_argument("--out", type=Path, default=Path("build/bench/backends"))
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1],
+                    help="comma list of thread counts, one run each")
     ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=NEW)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     a = ap.parse_args(argv)
-    res = run(a.export, a.tokenizer, a.out, a.threads, a.prompts)
+    hf = a.hf if a.hf.is_dir() else None
+    res = {"runs": [run(a.export, a.tokenizer, a.out, t, a.prompts, new=a.max_new_tokens, hf=hf, width_check=i == 0)
+                    for i, t in enumerate(a.threads)]}
     print(markdown(res))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))

@@ -32,9 +32,13 @@ kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
                 runtime's own host work per step (loop_host_ms: the step's wall time
                 minus the time inside the session, on the same calls) and its share
                 of the session time (loop_host_share).
-backends        SmolLM2 (make demo's export) on ONNX Runtime f32, OpenVINO f32 and OpenVINO bf16 side
-                by side: target-only, n-gram and suffix drafts, greedy equality, the width check's top-token
-                flips (bench/backends.py; skipped in one line without openvino or the demo's build).
+backends        SmolLM2 (make demo's export) on ONNX Runtime f32, OpenVINO f32 and OpenVINO at the precision
+                it picks (bf16 where the CPU has it) side by side, at each --backends-threads (1 and 2):
+                target-only, n-gram and suffix drafts, greedy equality, the width check's top-token flips;
+                OpenVINO GenAI's own pipeline beside them (target-only, prompt lookup; f32 and its default
+                precision) when openvino-genai is there (SPECDEC_OVGENAI_PYTHON), and issue 34's goal ratios
+                (bench/backends.py, bench/ovgenai.py; skipped in one line without openvino or the demo's
+                build). --real-prompts and --real-max-new-tokens set its prompts and new tokens.
 batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts (the toy pair) and
                 suffix_drafts_real (SmolLM2, when make demo's build exists; also written to
                 bench/results/results-suffix-real.{json,md}): bench/suffix.py.
@@ -430,6 +434,8 @@ def _args(argv: list[str] | None):
     ap.add_argument("--real-prompts", type=int, default=4)
     ap.add_argument("--real-max-new-tokens", type=int, default=128)
     ap.add_argument("--real-repeats", type=int, default=2)
+    ap.add_argument("--backends-threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
+                    help="backends: comma list of thread counts, one side-by-side run each (default 1,2)")
     ap.add_argument("--real-threads", type=int, default=2,
                     help="real, real-ood: torch threads for building the demo's models (the demo's --threads: "
                          "a build made with other threads is retrained, as its cache key says)")
@@ -498,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"[bench] picture {real_model.picture(res['real_model'], HERE / 'results' / 'real_model.svg')}")
     if "backends" in only:      # SmolLM2 on ORT f32, OpenVINO f32 and bf16 (bench/backends.py)
         from . import backends
-        res["backends"] = backends.run_section(a.real_out, a.out / "backends", a.ort_threads, a.real_prompts, log)
+        res["backends"] = backends.run_section(a.real_out, a.out / "backends", a.backends_threads, a.real_prompts, log,
+                                               a.real_max_new_tokens)
     if "real-ood" in only:
         from . import real_ood
         res["real_ood"], res["real_ood_settings"] = real_ood.run(a.real_out, a, log=log)

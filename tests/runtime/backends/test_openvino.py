@@ -135,6 +135,44 @@ def test_the_cache_never_crosses_to_the_host(art):
     assert sorted(p.get_any_name() for p in head.compiled.inputs) == ["hidden_states", "input_ids", "position_ids"]
 
 
+class _RequestSpy:
+    """An infer request that records what each call hands it; anything that would set a tensor
+    by hand fails the test."""
+
+    def __init__(self, req):
+        self.req, self.feeds = req, []
+
+    def infer(self, feed, **kw):
+        self.feeds.append(sorted(feed))
+        return self.req.infer(feed, **kw)
+
+    def set_tensor(self, *a, **k):
+        raise AssertionError("a tensor set by hand")
+
+    set_input_tensor = set_tensors = set_input_tensors = set_tensor
+
+    def __getattr__(self, name):
+        return getattr(self.req, name)
+
+
+def test_a_decode_passes_only_ids_and_positions_per_call(art):
+    """Decoding (n-gram speculative: widths 1 and 5, rollback of rejected slots) hands the engine
+    only input_ids and position_ids per call; the cache is written inside (the state read back
+    after the calls holds the answer's slots) and what the engine copies is its own: one Assign
+    per cache pair, each of the whole cache (the CPU plugin's double-buffered variables,
+    docs/runtime.md)."""
+    b = f32(art("llama_gqa", "tlm", "--k", 4))
+    spy = b._request = _RequestSpy(b._request)
+    out = SpecDecoder(b, None, draft="ngram").generate(PROMPTS[3], max_new_tokens=20).generated_ids
+    assert len(spy.feeds) >= 5 and all(f == ["input_ids", "position_ids"] for f in spy.feeds)
+    n = len(PROMPTS[3]) + len(out) - 1                  # slots written: the prompt and all but the last token
+    kv = b.cache("past_key.0")
+    assert (np.abs(kv[0, :, :n]).sum(axis=-1) > 0).all() and np.all(kv[0, :, n + 4 + 1:] == 0)
+    rt = b.compiled.get_runtime_model()
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in rt.get_ordered_ops()]
+    assert kinds.count("MemoryInput") == kinds.count("MemoryOutput") == len(b.kv_names)
+
+
 def test_batch_2_continuous_batching(art, tmp_path):
     tlm = f32(art("llama_gqa", "tlm", "--k", 4, "--batch-size", "2"))
     dlm = f32(art("llama_gqa", "dlm", "--batch-size", "2"))

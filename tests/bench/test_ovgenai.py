@@ -1,0 +1,140 @@
+"""bench/ovgenai.py and bench/backends.py's GenAI side: finding GenAI (one line when it is not
+there), the IR cache (a stand-in exporter), the goal ratios and the table; then, when OpenVINO
+GenAI is there (this Python, or ``SPECDEC_OVGENAI_PYTHON``), the real thing on the tiny llama:
+GenAI's greedy ids, target-only and prompt lookup, equal ours on the OpenVINO backend."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from bench import backends, ovgenai
+
+PROMPTS = [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20], [7] * 17]
+
+
+def test_without_genai_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv(ovgenai.PYTHON_ENV, str(tmp_path / "nope" / "python"))
+    python, why = ovgenai.genai_python()
+    assert python is None and ovgenai.PYTHON_ENV in why and "not an executable" in why
+    got = ovgenai.measure(tmp_path, tmp_path / "cache", PROMPTS, 4, 1, 4, [[]] * 3)
+    assert isinstance(got, str) and got.startswith("not measured:") and "\n" not in got
+    monkeypatch.delenv(ovgenai.PYTHON_ENV)
+    monkeypatch.setattr(ovgenai.importlib.util, "find_spec", lambda name: None)
+    python, why = ovgenai.genai_python()
+    assert python is None and "pip install openvino-genai" in why and ovgenai.PYTHON_ENV in why
+
+
+def _fake_exporter(tmp_path, fail=False):
+    """A stand-in 'python' that answers ``-m optimum.commands.optimum_cli export openvino ... DIR``
+    by writing DIR/openvino_model.xml (or failing), counting its calls."""
+    script = tmp_path / "fakepy"
+    body = 'echo "no optimum here" >&2; exit 1' if fail else \
+        'for last; do :; done; mkdir -p "$last"; echo "<net/>" > "$last/openvino_model.xml"'
+    script.write_text(f'#!/bin/sh\necho x >> "{tmp_path}/calls"\n{body}\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_ir_cached_and_rebuilt_when_the_checkpoint_changes(tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"w" * 10)
+    (hf / "config.json").write_text("{}")
+    py, cache = _fake_exporter(tmp_path), tmp_path / "cache"
+    ir = ovgenai.ensure_ir(py, hf, cache, log=lambda m: None)
+    assert (ir / "openvino_model.xml").is_file() and json.loads((ir / "specdec-ovgenai-stamp.json").read_text())
+    assert ovgenai.ensure_ir(py, hf, cache, log=lambda m: None) == ir
+    assert (tmp_path / "calls").read_text().count("x") == 1            # reused
+    (hf / "model.safetensors").write_bytes(b"v" * 11)                     # other weights: exported again
+    ovgenai.ensure_ir(py, hf, cache, log=lambda m: None)
+    assert (tmp_path / "calls").read_text().count("x") == 2
+    with pytest.raises(RuntimeError, match="optimum-intel could not export .*no optimum here"):
+        ovgenai.ensure_ir(_fake_exporter(tmp_path, fail=True), hf, tmp_path / "cache2", log=lambda m: None)
+    assert not any((tmp_path / "cache2").iterdir())                      # nothing half-written left
+
+
+def _res(genai):
+    row = {"backend": "openvino", "target_only_tok_s": 50.0, "ngram_tok_s": 60.0, "suffix_tok_s": 66.0,
+           "ngram_speedup": 1.2, "suffix_speedup": 1.32, "ngram_greedy_equal": [True], "suffix_greedy_equal": [True]}
+    return {"model": "m", "prompts": 1, "max_new_tokens": 8, "threads": 1, "k": 4, "ctx_len": 256, "genai": genai,
+            "rows": [{**row, "precision": "f32"},
+                     {**row, "precision": "bf16", "target_only_tok_s": 70.0, "ngram_tok_s": 99.0,
+                      "ngram_greedy_equal": [False], "suffix_tok_s": 90.0}]}
+
+
+def test_goals_and_table():
+    g = {"python": "p", "ir": "i", "openvino_genai": "v", "cpu_default_precision": "bf16", "num_assistant_tokens": 4,
+         "max_ngram_size": 3, "rows": [
+             {"precision": "f32", "mode": "target", "runs_at": "f32", "tok_s": 40.0, "greedy_equal_ours_f32": [True]},
+             {"precision": "f32", "mode": "prompt_lookup", "runs_at": "f32", "tok_s": 45.0,
+              "greedy_equal_ours_f32": [True]},
+             {"precision": None, "mode": "target", "runs_at": "bf16", "tok_s": 75.0, "greedy_equal_ours_f32": [False]},
+             {"precision": None, "mode": "prompt_lookup", "runs_at": "bf16", "tok_s": 80.0,
+              "greedy_equal_ours_f32": [False]}]}
+    res = _res(g)
+    gl = backends.goals(res)
+    assert gl["f32_target_only"]["ratio"] == pytest.approx(50 / 40)
+    b = gl["best_spec_bf16"]          # OpenVINO's pick here: its fastest draft whose output equals target-only
+    assert (b["draft"], b["ours"], b["genai"], b["greedy_equal_target_only"]) == ("suffix", 90.0, 80.0, True)
+    assert b["ratio"] == pytest.approx(90 / 80) and b["genai_run"] == "prompt_lookup at bf16"
+    assert gl["best_spec_f32"]["draft"] == "suffix" and gl["best_spec_f32"]["ratio"] == pytest.approx(66 / 80)
+    res["goals"] = gl
+    md = backends.markdown({"runs": [res]})
+    assert "| prompt_lookup | bf16 (default) | 80.0 | 0/1 prompts |" in md
+    assert "= 1.25 (goal >= 0.95)" in md and "(suffix, greedy == target-only: yes)" in md
+    res["rows"][1]["suffix_greedy_equal"] = [False]      # none equal: the fastest, flagged
+    b = backends.goals(res)["best_spec_bf16"]
+    assert (b["draft"], b["greedy_equal_target_only"]) == ("ngram", False)
+    res["goals"] = backends.goals(res)
+    assert "(ngram, greedy == target-only: NO)" in backends.markdown(res)
+    assert backends.goals(_res("not measured: x")) is None
+    assert "OpenVINO GenAI: not measured: x" in backends.markdown(_res("not measured: x"))
+
+
+# --------------------------------------------------------------------------- with OpenVINO GenAI
+
+def _genai_or_skip():
+    pytest.importorskip("openvino")
+    if not os.environ.get(ovgenai.PYTHON_ENV) and ovgenai.importlib.util.find_spec("openvino_genai") is None:
+        pytest.skip(f"openvino-genai is not installed (nor named by {ovgenai.PYTHON_ENV})")
+    python, why = ovgenai.genai_python()
+    assert python, why
+    return python
+
+
+def test_genai_greedy_equals_ours_on_the_tiny_llama(fixture_path, tmp_path):
+    """The tiny llama's checkpoint exported for GenAI, its export compiled --target openvino: GenAI's
+    target-only and prompt-lookup ids at f32 equal our OpenVINO f32 target-only ids."""
+    python = _genai_or_skip()
+    from models import build_hf_model
+    from specdec_compile import cli as compile_cli
+    from specdec_compile.runtime import OpenVinoBackend, TargetOnlyDecoder
+
+    hf = tmp_path / "tiny"
+    build_hf_model("llama_gqa").save_pretrained(hf)
+    art = tmp_path / "art"
+    assert compile_cli.main([str(fixture_path("llama_gqa")), "--role", "tlm", "--target", "openvino", "--k", "4",
+                             "--prefill-len", "8", "--ctx-len", "64", "-o", str(art)]) == 0
+    ours = [TargetOnlyDecoder(OpenVinoBackend(art, precision="f32", threads=1)).generate(p, max_new_tokens=12)
+            .generated_ids for p in PROMPTS]
+    got = ovgenai.measure(hf, tmp_path / "cache", PROMPTS, 12, 1, 4, ours, log=lambda m: None)
+    assert isinstance(got, dict), got
+    rows = {(r["precision"], r["mode"]): r for r in got["rows"]}
+    for mode in ("target", "prompt_lookup"):
+        assert rows["f32", mode]["greedy_equal_ours_f32"] == [True] * len(PROMPTS), mode
+        assert rows["f32", mode]["generated_tokens"] == 12 * len(PROMPTS) and rows["f32", mode]["tok_s"] > 0
+    assert rows[None, "target"]["runs_at"] == got["cpu_default_precision"]
+    assert all(r["kv_cache_precision"] in ("f32", "f16", "bf16", "u8", "i8", "u4") for r in got["rows"])
+    with pytest.raises(RuntimeError, match="the GenAI worker failed: .*"):
+        ovgenai.run_worker(python, {"ir": str(tmp_path / "missing"), "prompts": PROMPTS, "max_new_tokens": 2,
+                                    "threads": 1, "runs": [{"precision": "f32", "mode": "target"}],
+                                    "num_assistant_tokens": 4, "max_ngram_size": 3})
+
+
+def test_worker_imports_nothing_of_the_project():
+    """It runs under GenAI's own Python (a scratch venv without the project)."""
+    src = (backends.Path(ovgenai.WORKER)).read_text()
+    assert "specdec_compile" not in src and "from bench" not in src and "from ." not in src
