@@ -78,16 +78,16 @@ def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, boo
         inputs_["dlm"] = resolve(req.dlm, "--dlm", known.get("dlm"))
     elif req.draft == "head":
         inputs_["head"] = resolve_head(req.dlm)
-    from .export import check_optimum
-    for inp in inputs_.values():
-        if inp.needs_export:
-            check_optimum(inp.flag, inp.path)
     records = {name: digest(inp, known.get(name)) for name, inp in inputs_.items()}
     settings = _settings(req, tlm_opts, dlm_opts)
     key = cache_key(settings, records)
     if old is not None and old.get("key") == key and not force and _complete(out, old):
         return old, True
     _check_out(out, force, old, key, inputs_.values())
+    from .export import check_optimum
+    for inp in inputs_.values():
+        if inp.needs_export:     # not needed for a cache hit (importing optimum takes seconds)
+            check_optimum(inp.flag, inp.path)
     if "dlm" in inputs_:
         from .vocab import check_same_tokenizer
         check_same_tokenizer(inputs_["tlm"], inputs_["dlm"])
