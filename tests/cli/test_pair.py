@@ -134,3 +134,35 @@ def test_optimum_folder_and_onnx_file_inputs(tmp_path, capsys):
         assert m["inputs"]["tlm"]["kind"] == kind and m["draft"] == "suffix"
         code, text, err = run(["--pair", out, "--prompt-ids", "5,6,7,5,6", "--max-new-tokens", 5, "--json"], capsys)
         assert code == 0, err and json.loads(text)["metrics"]["new_tokens"] == 5
+
+
+def test_cache_key_is_the_content_not_the_mtime(tmp_path, capsys, monkeypatch):
+    """A cache hit reads no file whose size and mtime are as recorded; a touched file is hashed
+    again (same content: still cached); changed content is another key (refused without --force)."""
+    import os
+    import shutil
+
+    src = tmp_path / "export"
+    shutil.copytree(target_export("eagle3_llama").parent, src)
+    out = tmp_path / "pair"
+    argv = ["--tlm", src, "--draft", "suffix", *SHAPES, "--target", "ort", "-o", out]
+    assert pair(argv, capsys)[0] == 0
+    import specdec_compile.model_io as model_io
+    real = model_io.sha256_file
+
+    def no_reads(path, *a, **k):
+        raise AssertionError(f"read {path} although its size and mtime are as recorded")
+
+    monkeypatch.setattr(model_io, "sha256_file", no_reads)
+    code, text, err = pair(argv, capsys)
+    assert code == 0 and text.startswith("cached: "), err
+    read = []
+    monkeypatch.setattr(model_io, "sha256_file", lambda p, *a, **k: read.append(os.path.basename(p)) or real(p, *a, **k))
+    st = (src / "config.json").stat()
+    os.utime(src / "config.json", ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+    code, text, err = pair(argv, capsys)
+    assert code == 0 and text.startswith("cached: ") and read == ["config.json"], (err, read)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "note": "changed"}))
+    code, _, err = pair(argv, capsys)
+    assert code == 2 and "other settings or inputs" in err
