@@ -5,6 +5,7 @@ import argparse
 import json
 import time
 
+from ..pair.build import TARGETS, PairRequest, build_pair
 from .common import Parser, add_progress_flags, start_progress
 
 EPILOG = """\
@@ -38,7 +39,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--draft", choices=("ngram", "suffix"), help="no draft model: n-gram prompt lookup or suffix "
                                                                 "tries at run time (the TLM alone is compiled)")
     p.add_argument("--k", type=int, default=4, help="drafted tokens per round (default 4)")
-    p.add_argument("--target", choices=("ort", "qaic"), default="qaic",
+    p.add_argument("--target", choices=TARGETS, default="qaic",
                    help="qaic: Cloud AI 100 (default; compile.sh for each model); ort: ONNX Runtime")
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
@@ -55,7 +56,6 @@ def main(argv: list[str], prog: str = "specdec-compile pair") -> int:
     a = build_parser(prog).parse_args(argv)
     start_progress(prog, a)
     t0 = time.perf_counter()
-    from ..pair.build import PairRequest, build_pair
     draft = "model" if a.dlm else "head" if a.head else a.draft
     req = PairRequest(tlm=a.tlm, draft=draft, dlm=a.dlm or a.head, k=a.k, target=a.target,
                       prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size)

@@ -21,9 +21,11 @@ from ..contract import MANIFEST_FILE, MODEL_FILE
 from ..errors import SpecdecError
 from ..options import Options
 from .inputs import SIDE_FILES, ModelInput, digest, resolve, resolve_head
-from .manifest import FORMAT, FORMAT_VERSION, PAIR_FILE, cache_key, dumps, read_pair
+from .manifest import DRAFT_KINDS, FORMAT, FORMAT_VERSION, PAIR_FILE, cache_key, dumps, read_pair
 
 _log = logging.getLogger(__name__)
+#: the targets a pair is built for (verify runs both on ONNX Runtime)
+TARGETS = ("ort", "qaic")
 
 
 class VerifyFailed(SpecdecError):
@@ -45,6 +47,10 @@ class PairRequest:
 
 
 def _options(req: PairRequest) -> tuple[Options, Options | None]:
+    if req.draft not in DRAFT_KINDS:
+        raise SpecdecError(f"draft {req.draft!r} is not one of {', '.join(DRAFT_KINDS)}")
+    if req.target not in TARGETS:
+        raise SpecdecError(f"target {req.target!r}: a pair is for {' or '.join(TARGETS)}")
     if req.draft in ("model", "head") and not req.dlm:
         raise SpecdecError(f"draft {req.draft!r} needs its model (--dlm or --head)")
     shapes = dict(prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size, target=req.target)

@@ -130,3 +130,22 @@ def digest(inp: ModelInput, known: dict | None = None) -> dict:
                       "role": "external data" if str(f) in ext else ""})
         total.update(f"{name}\0{sha}\n".encode())
     return {"kind": inp.kind, "path": str(inp.path.resolve()), "sha256": total.hexdigest(), "files": files}
+
+
+def compile_input(path: str | os.PathLike) -> Path:
+    """The .onnx file ``specdec-compile MODEL`` compiles: MODEL itself, or an optimum export
+    folder's model.onnx; a Hugging Face folder or a folder with no model gets one line saying
+    what to run."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.exists():
+        raise SpecdecError(f"{p}: no such file")
+    if (p / "model.onnx").is_file():
+        return p / "model.onnx"
+    if _is_hf_folder(p):
+        raise SpecdecError(f"{p}: a Hugging Face folder, not an ONNX export: export it first (optimum-cli export onnx "
+                           f"--model {p} --task text-generation-with-past OUT, then give OUT), or build a pair from "
+                           f"it in one command (specdec-compile pair --tlm {p} ..., docs/pair.md)")
+    raise SpecdecError(f"{p}: not a file, and a folder with no model in it (expected an .onnx model, or an optimum "
+                       f"export folder holding model.onnx)")

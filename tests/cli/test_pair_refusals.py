@@ -112,3 +112,28 @@ def test_export_failure_leaves_nothing(tmp_path, capsys):
     err = refused(["--tlm", broken, "--draft", "ngram", *SHAPES, "-o", tmp_path / "work" / "deep" / "out"],
                   capsys, tmp_path)
     assert "optimum could not export it" in err
+
+
+def test_python_api_refuses_bad_requests(tmp_path):
+    from specdec_compile.errors import SpecdecError
+    from specdec_compile.pair.build import PairRequest, build_pair
+    for req, words in ((PairRequest(tlm="x", draft="eagle"), "not one of"),
+                       (PairRequest(tlm="x", draft="ngram", target="openvino"), "a pair is for"),
+                       (PairRequest(tlm="x", draft="model"), "needs its model"),
+                       (PairRequest(tlm="x", draft="ngram", k=0), "k must be")):
+        with pytest.raises(SpecdecError, match=words):
+            build_pair(req, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_compile_takes_an_optimum_folder_and_says_what_to_run_for_an_hf_folder(tmp_path, capsys):
+    """specdec-compile MODEL: an optimum export folder is its model.onnx; a Hugging Face folder is refused
+    with the export command and the pair command to run."""
+    export = target_export("eagle3_llama")
+    capsys.readouterr()
+    assert cli.main([str(export.parent), "--role", "tlm", "--k", "3", "--target", "ort", "-o", str(tmp_path / "t"),
+                     "--quiet"]) == 0
+    assert json.loads((tmp_path / "t" / "manifest.json").read_text())["source"]["file"] == "model.onnx"
+    argv = [tlm_folder(), "--role", "tlm", "--k", "3", "-o", tmp_path / "work" / "t"]
+    err = refused(argv, capsys, tmp_path, main=cli.main)
+    assert "a Hugging Face folder" in err and "optimum-cli export onnx" in err and "specdec-compile pair" in err
