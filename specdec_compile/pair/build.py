@@ -138,23 +138,23 @@ def _in_scratch(out: Path, fill) -> None:
     """``fill(work)`` builds ``work``/pair; then it becomes ``out``. Nothing is left on failure."""
     from ..eagle3.importer import move_into_place
     parent = Path(os.path.abspath(out)).parent
-    created = []
-    p = parent
-    while not p.exists():
-        created.append(p)
-        p = p.parent
+    made = None          # the outermost folder this call makes (removed again on failure)
+    if not parent.exists():
+        made = parent
+        while not made.parent.exists():
+            made = made.parent
     work = None
     try:
-        for d in reversed(created):
-            d.mkdir()
+        parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.pair-", dir=parent))
         fill(work)
         move_into_place(work / "pair", out)
     except BaseException as e:
-        if created:   # the folders this call made (the scratch directory is inside them)
-            shutil.rmtree(created[-1], ignore_errors=True)
+        if made is not None:   # the scratch directory is inside it
+            shutil.rmtree(made, ignore_errors=True)
         if isinstance(e, OSError):
-            raise SpecdecError(f"cannot write the output {out}: {e.strerror or e}") from None
+            raise SpecdecError(f"cannot build the pair {out}: {e.strerror or e}"
+                               + (f" ({e.filename})" if e.filename else "")) from None
         raise
     finally:
         if work is not None:
