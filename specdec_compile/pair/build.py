@@ -20,7 +20,7 @@ from pathlib import Path
 from ..contract import MANIFEST_FILE, MODEL_FILE
 from ..errors import SpecdecError
 from ..options import Options
-from .inputs import SIDE_FILES, ModelInput, digest, resolve, resolve_head
+from .inputs import SIDE_FILES, ModelInput, digest, known_inputs, resolve, resolve_head
 from .manifest import DRAFT_KINDS, FORMAT, FORMAT_VERSION, PAIR_FILE, cache_key, dumps, read_pair
 
 _log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, boo
     out = Path(out)
     tlm_opts, dlm_opts = _options(req)
     old = _previous(out)
-    known = (old or {}).get("inputs") or {}
+    known = known_inputs(old)
     inputs_ = {"tlm": resolve(req.tlm, "--tlm", known.get("tlm"))}
     if req.draft == "model":
         inputs_["dlm"] = resolve(req.dlm, "--dlm", known.get("dlm"))

@@ -109,6 +109,23 @@ def _external_files(onnx_path: Path, known: dict | None) -> list[Path]:
     return [onnx_path.parent / n for n in external_data_files(proto)]
 
 
+def known_inputs(m: dict | None) -> dict:
+    """``pair.json``'s ``inputs`` where every file record is well formed, else {} (then every file
+    is hashed again: a damaged record is never trusted)."""
+    rec = (m or {}).get("inputs")
+    fields = (("name", str), ("path", str), ("size", int), ("mtime_ns", int), ("sha256", str), ("role", str))
+    if not isinstance(rec, dict):
+        return {}
+    for entry in rec.values():
+        files = entry.get("files") if isinstance(entry, dict) else None
+        if not isinstance(files, list) or not all(
+                isinstance(f, dict) and all(isinstance(f.get(k), t) for k, t in fields) for f in files):
+            return {}
+        if any(os.path.isabs(f["name"]) or ".." in Path(f["name"]).parts for f in files):
+            return {}
+    return rec
+
+
 def digest(inp: ModelInput, known: dict | None = None) -> dict:
     """The record of ``inp`` for pair.json: its kind, path, and each file's name, size, mtime and
     sha256 (a file whose size and mtime ``known`` recorded keeps the recorded sha256), and one
@@ -120,11 +137,14 @@ def digest(inp: ModelInput, known: dict | None = None) -> dict:
     ext = {str(p) for p in inp.external}
     files, total = [], hashlib.sha256()
     for f in inp.files:
-        st = f.stat()
-        ap = str(f.resolve())
-        prev = old.get(ap)
-        same = prev and (prev.get("size"), prev.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
-        sha = prev["sha256"] if same else sha256_file(f)
+        try:
+            st = f.stat()
+            ap = str(f.resolve())
+            prev = old.get(ap)
+            same = prev and (prev.get("size"), prev.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+            sha = prev["sha256"] if same else sha256_file(f)
+        except OSError as e:   # e.g. an external data file the model names is missing
+            raise SpecdecError(f"{inp.flag} {inp.path}: cannot read {f}: {e.strerror or e}") from None
         name = os.path.relpath(f, inp.folder)
         files.append({"name": name, "path": ap, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha,
                       "role": "external data" if str(f) in ext else ""})

@@ -137,3 +137,31 @@ def test_compile_takes_an_optimum_folder_and_says_what_to_run_for_an_hf_folder(t
     argv = [tlm_folder(), "--role", "tlm", "--k", "3", "-o", tmp_path / "work" / "t"]
     err = refused(argv, capsys, tmp_path, main=cli.main)
     assert "a Hugging Face folder" in err and "optimum-cli export onnx" in err and "specdec-compile pair" in err
+
+
+def test_missing_external_data_and_a_damaged_pair_json(tmp_path, capsys):
+    """An export whose external data file is gone is refused naming it; a pair.json whose file records
+    are damaged is not trusted (every file hashed again), never a traceback."""
+    import shutil
+
+    import onnx
+    src = tmp_path / "export"
+    shutil.copytree(target_export("eagle3_llama").parent, src)
+    m = onnx.load(str(src / "model.onnx"))
+    onnx.save_model(m, str(src / "model.onnx"), save_as_external_data=True, location="weights.bin",
+                    size_threshold=0)
+    out = tmp_path / "work" / "out"
+    argv = ["--tlm", src, "--draft", "ngram", *SHAPES, "-o", out]
+    capsys.readouterr()
+    assert cli.main(["pair", *(str(a) for a in argv)]) == 0
+    pj = json.loads((out / "pair.json").read_text())
+    assert [f["name"] for f in pj["inputs"]["tlm"]["files"] if f["role"]] == ["weights.bin"]
+    for f in pj["inputs"]["tlm"]["files"]:
+        f["size"] = "big"          # damaged: not trusted, rehashed; the key is the same
+    (out / "pair.json").write_text(json.dumps(pj))
+    capsys.readouterr()
+    assert cli.main(["pair", *(str(a) for a in argv)]) == 0
+    assert capsys.readouterr().out.startswith("cached: ")
+    (src / "weights.bin").unlink()
+    err = refused(argv, capsys, tmp_path)
+    assert "weights.bin" in err and "cannot read" in err
