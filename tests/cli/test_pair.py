@@ -166,3 +166,32 @@ def test_cache_key_is_the_content_not_the_mtime(tmp_path, capsys, monkeypatch):
     (src / "config.json").write_text(json.dumps({**cfg, "note": "changed"}))
     code, _, err = pair(argv, capsys)
     assert code == 2 and "other settings or inputs" in err
+
+
+def test_batch_pair_of_optimum_folders_runs_every_row(tmp_path, capsys):
+    """A default DLM with a batch-2 TLM: pair compiles both at batch 2, and the pair decodes two prompts at
+    once with greedy output equal to target-only (supported, not refused at run time)."""
+    from models import export_fixture
+    out = tmp_path / "b2"
+    argv = ["--tlm", target_export("eagle3_llama").parent, "--dlm", export_fixture("llama_gqa").parent, *SHAPES,
+            "--batch-size", "2", "--target", "ort", "-o", out]
+    code, _, err = pair(argv, capsys)
+    assert code == 0, err
+    assert {json.loads((out / d / "manifest.json").read_text())["batch_size"] for d in ("tlm", "dlm")} == {2}
+    code, text, err = run(["--pair", out, "--prompt-ids", "5,6,7,5,6", "--prompt-ids", "9,10,11", "--max-new-tokens",
+                           12, "--compare", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(text)
+    assert report["identical"] is True and report["speculative"]["new_tokens"] == 24
+
+
+def test_a_failed_verification_writes_nothing(tmp_path, capsys, monkeypatch):
+    """When verify finds the compiled TLM differs from its export, pair exits 1 in one line and OUT is
+    not written (the report is forced to fail here: the compiler's output is right)."""
+    from specdec_compile.verify.replay import VerifyReport
+    monkeypatch.setattr(VerifyReport, "ok", property(lambda self: False))
+    out = tmp_path / "work" / "out"
+    code, _, err = pair(["--tlm", target_export("eagle3_llama").parent, "--draft", "ngram", *SHAPES, "--target", "ort",
+                         "-o", out], capsys)
+    assert code == 1 and "differs from its export" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "work").exists()
