@@ -120,13 +120,14 @@ def test_documented_command_lines_use_only_real_flags(capsys):
              "specdec-compile diff": _help(cli.main, ["diff", "--help"], capsys),
              "specdec-compile verify": _help(cli.main, ["verify", "--help"], capsys),
              "specdec-compile import-head": _help(cli.main, ["import-head", "--help"], capsys),
+             "specdec-compile pair": _help(cli.main, ["pair", "--help"], capsys),
              "specdec-run": _help(run_cli.main, ["--help"], capsys)}
     known = {tool: set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", h)) for tool, h in helps.items()}
     unknown, seen = [], set()
     for page in _pages():
         for cmd in _commands(page.read_text(encoding="utf-8")):
             words = cmd.split()
-            tool = " ".join(words[:2]) if len(words) > 1 and words[1] in ("diff", "verify", "import-head") else words[0]
+            tool = " ".join(words[:2]) if len(words) > 1 and words[1] in ("diff", "verify", "import-head", "pair") else words[0]
             seen.add(tool)
             for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", cmd):
                 if flag not in known[tool]:

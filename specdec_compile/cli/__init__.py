@@ -4,6 +4,7 @@
     specdec-compile verify ORIGINAL REWRITTEN         numerical equivalence           cli/verify.py
     specdec-compile diff A.onnx B.onnx                graph-aware diff                cli/diff.py
     specdec-compile import-head CKPT --tlm TLM -o OUT an EAGLE-3 head as a draft  cli/import_head.py
+    specdec-compile pair --tlm T --dlm D -o OUT       export, compile, verify a pair cli/pair.py
     specdec-run --tlm OUT --dlm OUT ...               speculative decoding            cli/run.py
 
 ``cli/common.py`` holds what they share (the parser, the error wrapper).
@@ -17,7 +18,7 @@ import sys
 from .common import run_cli  # re-exported: specdec_compile.cli.run_cli
 
 PROG = "specdec-compile"
-SUBTOOLS = ("verify", "diff", "import-head")
+SUBTOOLS = ("verify", "diff", "import-head", "pair")
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -30,6 +31,9 @@ def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "import-head":
         from .import_head import main as import_main
         return import_main(argv[1:], prog=f"{PROG} import-head")
+    if argv and argv[0] == "pair":
+        from .pair import main as pair_main
+        return pair_main(argv[1:], prog=f"{PROG} pair")
     from .compile import main as compile_main
     return compile_main(argv, prog=PROG)
 

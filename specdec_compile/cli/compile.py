@@ -44,7 +44,8 @@ example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
       MXINT8 KV cache, and a compiler flag passed through to compile.sh
 
 other subtools: specdec-compile verify ORIGINAL REWRITTEN, specdec-compile diff A B,
-specdec-compile import-head CKPT --tlm TLM -o OUT (a speculators EAGLE-3 head as a feature draft)
+specdec-compile import-head CKPT --tlm TLM -o OUT (a speculators EAGLE-3 head as a feature draft),
+specdec-compile pair --tlm T --dlm D -o OUT (export, compile and verify a pair in one command)
 """
 
 
@@ -64,7 +65,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                description="Rewrite a stock ONNX export of a decoder LM into a retained-state graph for "
                            "speculative decoding on Qualcomm Cloud AI 100, and write the artifact "
                            "directory (model, specializations, custom IO, compile script, manifest).")
-    p.add_argument("model", metavar="MODEL", help="ONNX export with a KV cache (optimum or torch dynamo)")
+    p.add_argument("model", metavar="MODEL", help="ONNX export with a KV cache (optimum or torch dynamo), or "
+                                                  "an optimum export folder (its model.onnx)")
     p.add_argument("--role", required=True, choices=ROLES, help="dlm: draft model; tlm: target model")
     p.add_argument("--k", type=int, default=None,
                    help="TLM only, required: drafted tokens per round; adds seq_len k and k+1")
@@ -202,10 +204,8 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
         from ..artifact.qaic_ops import read_supported_ops
 
         supported = read_supported_ops(a.supported_ops)
-    model_path = Path(a.model)
-    if not model_path.is_file():
-        raise SpecdecError(f"{model_path}: no such file" if not model_path.exists()
-                           else f"{model_path}: not a file, expected an .onnx model")
+    from ..pair.inputs import compile_input
+    model_path = compile_input(a.model)   # an .onnx file, or an optimum export folder's model.onnx
     check_out(Path(a.output), a.force, model_path)
 
     from .. import pipeline

@@ -5,6 +5,7 @@
     specdec-run --tlm OUT_TLM --draft suffix --tokenizer DIR --prompt "Hello" --prompt "Hello again"
     specdec-run --tlm OUT_TLM --dlm OUT_DLM --draft hybrid --tokenizer DIR --prompt "Hello"
     specdec-run --tlm OUT_TLM --target-only --prompt-ids 1,2,3 --json
+    specdec-run --pair OUT --prompt "Hello"          (a pair directory: specdec-compile pair)
 
 Text streams as it is accepted (accepted drafts and target tokens in two
 colours on a terminal, plain otherwise); the metrics follow on stderr.
@@ -17,6 +18,7 @@ import json
 import sys
 
 from .common import Parser, add_progress_flags, run_cli, start_progress
+from .pair_run import add_pair_flags, compile_pair, resolve_pair
 from .qeff_words import (add_qeff_run_flags, check_full_batch_size, read_prompt_lines, read_text,
                          resolve_qeff_run_flags, split_prompts)
 from ..errors import SpecdecError
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..runtime.drafts import NAMES as DRAFT_NAMES
     p = Parser(prog=PROG, description="Speculative decoding with specdec-compile artifacts "
                                        "(ONNX Runtime or Cloud AI 100).")
-    p.add_argument("--tlm", required=True, metavar="DIR", help="target model artifact directory")
+    p.add_argument("--tlm", metavar="DIR", help="target model artifact directory (required unless --pair)")
     p.add_argument("--dlm", metavar="DIR", help="draft model artifact directory (not needed with "
                    "--target-only, --draft ngram or --draft suffix)")
     p.add_argument("--draft", choices=DRAFT_NAMES, default=None,
@@ -77,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (transformers); "
                    "optional with --prompt-ids")
     p.add_argument("--dlm-tokenizer", metavar="DIR", help="the DLM's tokenizer, checked to equal the TLM's")
-    g = p.add_mutually_exclusive_group(required=True)
+    g = p.add_mutually_exclusive_group()      # one is required (pair_run.resolve_pair), except --compile alone
     g.add_argument("--prompt", metavar="TEXT", action="append",
                    help="a text prompt; \"a|b\" is two prompts, as QEfficient splits them (a literal | "
                         "is written \\|); repeat for more prompts")
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and metrics")
     p.add_argument("--no-color", action="store_true")
     add_qeff_run_flags(p, g)
+    add_pair_flags(p)
     add_progress_flags(p, steps="models loaded")
     return p
 
@@ -403,11 +406,14 @@ def run(argv: list[str]) -> int:
 
     args = build_parser().parse_args(argv)
     start_progress(PROG, args)
+    resolve_pair(args)
     resolve_qeff_run_flags(args)
     if args.max_new_tokens < 0:
         raise SpecdecError("--max-new-tokens must be >= 0")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     _check_args(args)
+    if compile_pair(args):
+        return 0
     tlm, dlm, (tok, dlm_tok), prompts = _open(args)
     eos = _eos(args, tok, tlm)
     note = tlm.exactness(speculative=not args.target_only)["note"] if args.backend == "openvino" else None

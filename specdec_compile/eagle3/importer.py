@@ -99,7 +99,8 @@ def _amend(manifest_path: Path, ck: Eagle3Checkpoint, record: dict) -> dict:
     return m
 
 
-def _move_into_place(staged: Path, out: Path) -> None:
+def move_into_place(staged: Path, out: Path) -> None:
+    """Rename the finished directory ``staged`` to ``out`` (a previous ``out`` set aside, then removed)."""
     out = Path(os.path.abspath(out))
     if out.exists() and any(out.iterdir()):
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
@@ -117,9 +118,10 @@ def _move_into_place(staged: Path, out: Path) -> None:
 
 
 def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), prefill_len: int = 32,
-                ctx_len: int = 256, force: bool = False, **compile_options) -> dict:
+                ctx_len: int = 256, force: bool = False, export_dir=None, **compile_options) -> dict:
     """Compile the checkpoint ``ckpt`` into the feature-draft artifact ``out`` for the target ``tlm``;
-    returns the artifact's manifest (as JSON)."""
+    returns the artifact's manifest (as JSON). ``export_dir``: keep the head's ONNX export there
+    (``export_dir``/model.onnx, what ``verify`` compares the artifact with); default: discarded."""
     from .. import pipeline
     from ..artifact.writer import check_out, write_artifact
     from ..options import Options
@@ -144,11 +146,11 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
     try:
         _log.info("exporting the EAGLE-3 head (%s, %d aux layers, draft vocabulary %d) with torch.onnx",
                   ck.family, ck.n_aux, ck.draft_vocab)
-        onnx_path = export_head(ck, emb, target_ids, scratch / "export")
+        onnx_path = export_head(ck, emb, target_ids, Path(export_dir) if export_dir else scratch / "export")
         res = pipeline.rewrite(onnx_path, opts, source=onnx_path)
         write_artifact(res, opts, scratch / "artifact")
         m = _amend(scratch / "artifact" / "manifest.json", ck, eagle3_record(ck, t, ids, layers, target_ids))
-        _move_into_place(scratch / "artifact", out)
+        move_into_place(scratch / "artifact", out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return m

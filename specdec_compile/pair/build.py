@@ -1,0 +1,242 @@
+"""``build_pair``: the six steps of the quick start as one, all or nothing.
+
+Order of work: the options (checked where they are built), the inputs (what each argument
+is, optimum there when a Hugging Face folder needs it), their hashes and the cache key; a
+pair already built under that key is reported cached and nothing else is done. Then OUT is
+checked, the draft's tokenizer compared with the target's, and everything is built in a
+scratch directory beside OUT: the exports, the TLM (with the hidden-state layers a head
+reads), the draft, ``verify`` of each against its export, the tokenizer's files, pair.json;
+the finished directory is renamed into place. Any refusal leaves OUT as it was.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..contract import MANIFEST_FILE, MODEL_FILE
+from ..errors import SpecdecError
+from ..options import Options
+from .inputs import SIDE_FILES, ModelInput, digest, known_inputs, resolve, resolve_head
+from .manifest import DRAFT_KINDS, FORMAT, FORMAT_VERSION, PAIR_FILE, cache_key, dumps, read_pair
+
+_log = logging.getLogger(__name__)
+#: the targets a pair is built for (verify runs both on ONNX Runtime)
+TARGETS = ("ort", "qaic")
+
+
+class VerifyFailed(SpecdecError):
+    """A compiled model is not numerically its export (exit 1, as ``specdec-compile verify``)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    tlm: str
+    draft: str = "model"            # model (dlm) | head | ngram | suffix
+    dlm: str | None = None          # the draft model (draft "model") or the head's checkpoint ("head")
+    k: int = 4
+    target: str = "qaic"
+    prefill_len: int = 32
+    ctx_len: int = 256
+    batch_size: int = 1
+
+
+def _options(req: PairRequest) -> tuple[Options, Options | None]:
+    if req.draft not in DRAFT_KINDS:
+        raise SpecdecError(f"draft {req.draft!r} is not one of {', '.join(DRAFT_KINDS)}")
+    if req.target not in TARGETS:
+        raise SpecdecError(f"target {req.target!r}: a pair is for {' or '.join(TARGETS)}")
+    if req.draft in ("model", "head") and not req.dlm:
+        raise SpecdecError(f"draft {req.draft!r} needs its model (--dlm or --head)")
+    shapes = dict(prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size, target=req.target)
+    tlm = Options(role="tlm", k=req.k, **shapes)
+    return tlm, Options(role="dlm", **shapes) if req.draft == "model" else None
+
+
+def _settings(req: PairRequest, tlm: Options, dlm: Options | None) -> dict:
+    from ..artifact.writer import options_dict
+    return {"draft": req.draft, "k": req.k, "target": req.target, "prefill_len": req.prefill_len,
+            "ctx_len": req.ctx_len, "batch_size": req.batch_size, "interface": tlm.interface,
+            "tlm_options": options_dict(tlm), "dlm_options": options_dict(dlm) if dlm else None}
+
+
+def _previous(out: Path) -> dict | None:
+    """OUT's pair.json when it is a readable one (a damaged one is simply not a cache hit)."""
+    try:
+        return read_pair(out, missing_ok=True) if out.is_dir() else None
+    except SpecdecError:
+        return None
+
+
+def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, bool]:
+    """Build (or find) the pair directory ``out``; returns (its pair.json, whether it was cached)."""
+    out = Path(out)
+    tlm_opts, dlm_opts = _options(req)
+    old = _previous(out)
+    known = known_inputs(old)
+    inputs_ = {"tlm": resolve(req.tlm, "--tlm", known.get("tlm"))}
+    if req.draft == "model":
+        inputs_["dlm"] = resolve(req.dlm, "--dlm", known.get("dlm"))
+    elif req.draft == "head":
+        inputs_["head"] = resolve_head(req.dlm)
+    records = {name: digest(inp, known.get(name)) for name, inp in inputs_.items()}
+    settings = _settings(req, tlm_opts, dlm_opts)
+    key = cache_key(settings, records)
+    if old is not None and old.get("key") == key and not force and _complete(out, old):
+        return old, True
+    _check_out(out, force, old, key, inputs_.values())
+    from .export import check_optimum
+    for inp in inputs_.values():
+        if inp.needs_export:     # not needed for a cache hit (importing optimum takes seconds)
+            check_optimum(inp.flag, inp.path)
+    if "dlm" in inputs_:
+        from .vocab import check_same_tokenizer
+        check_same_tokenizer(inputs_["tlm"], inputs_["dlm"])
+    if "head" in inputs_:
+        from ..eagle3.checkpoint import read_checkpoint
+        read_checkpoint(inputs_["head"].path)     # a bad checkpoint: refused before any export
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "key": key, "draft": req.draft, "k": req.k,
+                "target": req.target, "settings": settings, "inputs": records}
+    _in_scratch(out, lambda work: _build(work, req, inputs_, tlm_opts, dlm_opts, manifest))
+    return read_pair(out), False
+
+
+def _complete(out: Path, m: dict) -> bool:
+    return all((Path(m[k]) / MANIFEST_FILE).is_file() for k in ("tlm", "dlm") if m.get(k))
+
+
+def _check_out(out: Path, force: bool, old: dict | None, key: str, inputs) -> None:
+    if out.exists() or out.is_symlink():
+        if out.is_symlink() or not out.is_dir():
+            raise SpecdecError(f"output {out} exists and is not a directory")
+        if any(out.iterdir()) and not force:
+            if old is not None:
+                raise SpecdecError(f"output directory {out} holds a pair built with other settings or inputs "
+                                   f"(key {old.get('key')}, now {key}): --force rebuilds it, or choose another -o")
+            raise SpecdecError(f"output directory {out} is not empty (use --force to replace a pair built there)")
+        if any(out.iterdir()) and not (out / PAIR_FILE).is_file():
+            raise SpecdecError(f"output directory {out} is not empty and holds no {PAIR_FILE}: --force only "
+                               f"replaces a pair that specdec-compile pair built")
+    o = out.resolve()
+    for inp in inputs:
+        src = inp.path.resolve()
+        if o == src or o in src.parents:
+            raise SpecdecError(f"output directory {out} holds the input {inp.path} ({inp.flag}); choose another -o")
+    p = Path(os.path.abspath(out)).parent
+    while not p.exists():
+        p = p.parent
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise SpecdecError(f"cannot write the output {out}: {p} is not writable")
+
+
+def _in_scratch(out: Path, fill) -> None:
+    """``fill(work)`` builds ``work``/pair; then it becomes ``out``. Nothing is left on failure."""
+    from ..eagle3.importer import move_into_place
+    parent = Path(os.path.abspath(out)).parent
+    made = None          # the outermost folder this call makes (removed again on failure)
+    if not parent.exists():
+        made = parent
+        while not made.parent.exists():
+            made = made.parent
+    work = None
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.pair-", dir=parent))
+        fill(work)
+        move_into_place(work / "pair", out)
+    except BaseException as e:
+        if made is not None:   # the scratch directory is inside it
+            shutil.rmtree(made, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise SpecdecError(f"cannot build the pair {out}: {e.strerror or e}"
+                               + (f" ({e.filename})" if e.filename else "")) from None
+        raise
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _export(inp: ModelInput, work: Path, name: str) -> Path:
+    if not inp.needs_export:
+        return inp.onnx
+    from .export import export_hf
+    return export_hf(inp.flag, inp.path, work / "export" / name)
+
+
+def _build(work: Path, req: PairRequest, inputs_: dict, tlm_opts: Options, dlm_opts, manifest: dict) -> None:
+    from ..artifact.writer import write_artifact
+    from .. import pipeline
+    pair = work / "pair"
+    pair.mkdir()
+    tlm_onnx = _export(inputs_["tlm"], work, "tlm")
+    if req.draft == "head":
+        tlm_opts = _with_head_layers(tlm_opts, inputs_["head"], tlm_onnx)
+    _log.info("compiling the TLM (k %d, %s)", req.k, req.target)
+    write_artifact(pipeline.rewrite(tlm_onnx, tlm_opts, source=tlm_onnx), tlm_opts, pair / "tlm")
+    checks = {"tlm": _verify(tlm_onnx, pair / "tlm", "TLM")}
+    if req.draft == "model":
+        dlm_onnx = _export(inputs_["dlm"], work, "dlm")
+        _log.info("compiling the DLM (%s)", req.target)
+        write_artifact(pipeline.rewrite(dlm_onnx, dlm_opts, source=dlm_onnx), dlm_opts, pair / "dlm")
+        checks["dlm"] = _verify(dlm_onnx, pair / "dlm", "DLM")
+    elif req.draft == "head":
+        from ..eagle3.importer import import_head
+        _log.info("importing the EAGLE-3 head %s", inputs_["head"].path)
+        import_head(inputs_["head"].path, pair / "tlm", pair / "dlm", target=req.target, k=req.k,
+                    prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size,
+                    export_dir=work / "export" / "head")
+        checks["dlm"] = _verify(work / "export" / "head" / MODEL_FILE, pair / "dlm", "draft head")
+    tok = _copy_tokenizer(inputs_["tlm"], tlm_onnx.parent, pair / "tokenizer")
+    manifest.update(tlm="tlm", dlm="dlm" if req.draft in ("model", "head") else None,
+                    tokenizer="tokenizer" if tok else None, verify=checks)
+    if req.target == "qaic":
+        manifest["compile_scripts"] = [f"{d}/compile.sh" for d in ("tlm", "dlm") if manifest.get(d)]
+    (pair / PAIR_FILE).write_text(dumps(manifest), encoding="utf-8", newline="\n")
+
+
+def _with_head_layers(opts: Options, head: ModelInput, tlm_onnx: Path) -> Options:
+    """The TLM's options with --hidden-states of the layers the head reads (aux id i: layer i-1)."""
+    import dataclasses
+
+    from ..eagle3.checkpoint import read_checkpoint
+    from ..eagle3.importer import check_pair
+    from ..eagle3.target import read_target
+    _, layers = check_pair(read_checkpoint(head.path), read_target(tlm_onnx))
+    return dataclasses.replace(opts, hidden_states=tuple(layers))
+
+
+def _verify(original: Path, art: Path, what: str) -> dict:
+    """``verify`` of the artifact ``art`` against its export, at the artifact's own shapes."""
+    from ..artifact.manifest import Manifest
+    from ..verify import verify
+    m = Manifest.read(art)
+    _log.info("verifying the %s against its export", what)
+    rep = verify(original, art / MODEL_FILE, k=m.k or 7, prefill_len=m.prefill_len, ctx_len=m.ctx_len,
+                 batch_size=m.batch_size, widths=m.specializations or ())
+    if not rep.ok:
+        raise VerifyFailed(f"verify: the compiled {what} differs from its export (max |Δ logits| "
+                           f"{rep.max_logits_diff:.3e}, max |Δ cache| {rep.max_cache_diff:.3e}, tolerance "
+                           f"{rep.tol:g}); nothing written")
+    return {"ok": True, "max_logits_diff": rep.max_logits_diff, "max_cache_diff": rep.max_cache_diff,
+            "max_hidden_diff": rep.max_hidden_diff, "tol": rep.tol}
+
+
+def _copy_tokenizer(tlm: ModelInput, export_dir: Path, dest: Path) -> bool:
+    """The target's tokenizer files (and generation_config.json) into ``dest``; False when it has none
+    (optimum copies them into its export, so they are looked for there too)."""
+    files = tlm.tokenizer_files()
+    src = tlm.folder
+    if not files and export_dir != tlm.folder:
+        probe = ModelInput(tlm.flag, export_dir, "optimum", export_dir)
+        files, src = probe.tokenizer_files(), export_dir
+    if not files:
+        return False
+    dest.mkdir()
+    for f in [*files, *(src / n for n in SIDE_FILES[1:] if (src / n).is_file())]:
+        shutil.copyfile(f, dest / f.name)
+    return True
