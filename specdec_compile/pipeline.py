@@ -174,7 +174,8 @@ def prepare(model_or_path, options: Options, *, source=None, fuse_rotary: bool =
     exposed = _features.check(det, options.role, options.hidden_states or None, options.feature_layers or None)
     ctx = _passes.PassContext.from_options(options, detection=det, source_opset=graph.opset,
                                            exposed_layers=exposed, fuse_rotary=bool(fuse_rotary))
-    return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface)), original,
+    return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface,
+                                                           options.continuous_batching)), original,
                     source, source_dir, kind, options)
 
 
@@ -237,7 +238,8 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     info = dataclasses.replace(det.info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
                                   info.vocab_size, value_head_dim=info.value_head_dim,
-                                  **_features.widths(det, hidden_states, feature_layers), qeff=interface == "qeff")
+                                  **_features.widths(det, hidden_states, feature_layers), qeff=interface == "qeff",
+                                  batch_index=prep.options.continuous_batching)
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]

@@ -37,9 +37,11 @@ def session(model) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def rewrite(path, role: str, target: str, interface: str = "qeff", k: int | None = K, ctx_len: int = CTX):
+def rewrite(path, role: str, target: str, interface: str = "qeff", k: int | None = K, ctx_len: int = CTX,
+            cb: bool = True):
+    """``cb``: QEfficient's continuous batching (--full-batch-size), else its plain interface."""
     return pipeline.rewrite(path, Options(role=role, target=target, k=k if role == "tlm" else None, ctx_len=ctx_len,
-                                          interface=interface))
+                                          interface=interface, continuous_batching=cb and interface == "qeff"))
 
 
 class Replay:

@@ -63,7 +63,7 @@ def test_specializations_are_qeffs(fixture_path, tmp_path, role):
     cases = {"k3": (), "k_list_0_3": (0,)} if role == "tlm" else {"default": ()}
     for name, k_list in cases.items():
         opts = Options(role=role, k=K if role == "tlm" else None, k_list=k_list, prefill_len=PL,
-                       ctx_len=RECORD["ctx_len"], batch_size=FBS, interface="qeff")
+                       ctx_len=RECORD["ctx_len"], batch_size=FBS, interface="qeff", continuous_batching=True)
         out = tmp_path / f"{role}-{name}"
         art = write_artifact(res, opts, out)
         got = json.loads((out / "specializations.json").read_text())["specializations"]

@@ -15,7 +15,7 @@ from test_writer import _fake_compiler
 
 from specdec_compile.artifact.manifest import Manifest
 
-QEFF = ["--interface", "qeff", "--batch-size", "4", "--prefill-len", "8", "--ctx-len", "32"]
+QEFF = ["--full-batch-size", "4", "--prefill-len", "8", "--ctx-len", "32"]
 
 
 def _cli(*args):
