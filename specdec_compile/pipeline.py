@@ -174,8 +174,7 @@ def prepare(model_or_path, options: Options, *, source=None, fuse_rotary: bool =
     exposed = _features.check(det, options.role, options.hidden_states or None, options.feature_layers or None)
     ctx = _passes.PassContext.from_options(options, detection=det, source_opset=graph.opset,
                                            exposed_layers=exposed, fuse_rotary=bool(fuse_rotary))
-    return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface,
-                                                           options.continuous_batching)), original,
+    return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface)), original,
                     source, source_dir, kind, options)
 
 

@@ -15,14 +15,19 @@ from specdec_compile.options import Options
 DATA = Path(__file__).resolve().parent / "qeff_data"
 RECORD = json.loads((DATA / "qeff.json").read_text())
 FBS, PL, CTX, K = RECORD["full_batch_size"], RECORD["prefill_len"], RECORD["ctx_len"], RECORD["k"]
+#: QEfficient's plain SpD interface (continuous_batching=False): its batch_size
+PLAIN = RECORD["plain"]
+BS = PLAIN["batch_size"]
 
 
-def recorded_calls(role: str) -> list[dict]:
-    """QEfficient's calls of ``role``, in order: the inputs and its logits."""
-    data = np.load(DATA / f"{role}.npz")
+def recorded_calls(role: str, plain: bool = False) -> list[dict]:
+    """QEfficient's calls of ``role``, in order: the inputs and its logits (``plain``: its plain
+    interface's, without batch_index)."""
+    data = np.load(DATA / f"{role}{'_plain' if plain else ''}.npz")
     calls, n = [], 0
     while f"call{n}_logits" in data:
-        c = {key: data[f"call{n}_{key}"] for key in ("input_ids", "position_ids", "batch_index", "logits")}
+        keys = ("input_ids", "position_ids", "logits") + (() if plain else ("batch_index",))
+        c = {key: data[f"call{n}_{key}"] for key in keys}
         if f"call{n}_num_logits_to_keep" in data:
             c["num_logits_to_keep"] = int(data[f"call{n}_num_logits_to_keep"])
         calls.append(c)

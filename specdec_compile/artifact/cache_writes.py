@@ -3,7 +3,7 @@
 The contract (section 2, lowering targets) writes the retained state with
 ``com.qualcomm.cloud::CtxScatter`` (a model-local ONNX function, the pattern the
 Cloud AI 100 compiler knows) on ``qaic`` and with opset-24 ``TensorScatter`` on
-``ort`` (QEfficient's continuous batching, section 7: ``CtxScatterCB`` on qaic, ``ScatterND``
+``ort`` (QEfficient's interface, section 7: ``CtxScatterCB`` on qaic, ``ScatterND``
 routed by ``batch_index`` on ort; read from the graph's ``specdec.interface``). A tool run on the artifact after the compile can lose that form:
 onnxscript's optimizer inlines every model-local function, so the qaic graph's
 CtxScatter becomes a plain ScatterND that still runs on ONNX Runtime (and still
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import onnx
 
-from ..contract import BATCH_INDEX, INTERFACE_KEY, QAIC_DOMAIN, TARGET_KEY
+from ..contract import INTERFACE_KEY, QAIC_DOMAIN, TARGET_KEY
 from ..errors import SpecdecError
 
 #: target -> (domain, op) of the node that writes each retained-state output
@@ -37,8 +37,7 @@ def cache_write_problem(model: onnx.ModelProto, target: str | None) -> str | Non
     CtxScatter function must be defined in the model."""
     if target not in CACHE_WRITE_OPS:
         return None
-    qeff = (any(p.key == INTERFACE_KEY and p.value == "qeff" for p in model.metadata_props)
-            and any(i.name == BATCH_INDEX for i in model.graph.input))   # continuous batching's row-routed write
+    qeff = any(p.key == INTERFACE_KEY and p.value == "qeff" for p in model.metadata_props)
     domain, op = (QEFF_CACHE_WRITE_OPS if qeff else CACHE_WRITE_OPS)[target]
     retained = [o.name for o in model.graph.output if o.name.endswith(RETAINED_SUFFIX)]
     writes = [n for n in model.graph.node if n.op_type == op and n.domain == domain]

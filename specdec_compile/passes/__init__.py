@@ -13,7 +13,7 @@ docs/compiler.md (``render_table``). ``pipeline.PASS_ORDER`` is derived from it.
 
 Which passes run (the rule): an entry names the roles, targets and interfaces it
 is for (default: all of them; ``batch_index`` and ``logits_to_keep`` are for
-``--interface qeff`` only, ``batch_index`` with continuous batching alone). ``select(role, target, interface)`` keeps the entries that match,
+``--interface qeff`` only). ``select(role, target, interface)`` keeps the entries that match,
 in registry order; the pipeline runs exactly those and records exactly those.
 So the list of passes a compile applies depends on the options alone, never on
 the model. Whether a selected pass changes a given model is the pass's own
@@ -103,13 +103,9 @@ class Pass:
     roles: tuple[str, ...] = ROLES
     targets: tuple[str, ...] = TARGETS
     interfaces: tuple[str, ...] = INTERFACES
-    #: True: for QEfficient's continuous batching only (``--full-batch-size``); None: either way
-    batching: bool | None = None
 
-    def applies(self, role: str, target: str, interface: str = "default", batching: bool | None = None) -> bool:
-        """``batching`` None: not asked (an entry for continuous batching matches)."""
-        return (role in self.roles and target in self.targets and interface in self.interfaces
-                and (self.batching is None or batching is None or self.batching == batching))
+    def applies(self, role: str, target: str, interface: str = "default") -> bool:
+        return role in self.roles and target in self.targets and interface in self.interfaces
 
 
 REGISTRY: tuple[Pass, ...] = (
@@ -142,11 +138,13 @@ REGISTRY: tuple[Pass, ...] = (
          "the contract's interface, names and order. Only `batch_size`, `seq_len` and `ctx_len` stay "
          "symbolic"),
     Pass("batch_index", batch_index,
-         "`--interface qeff` with `--full-batch-size` (continuous batching): the cache holds `full_batch_size` rows and the new input `batch_index` "
+         "`--interface qeff`, with `--full-batch-size` (continuous batching): the cache holds `full_batch_size` rows and the new input `batch_index` "
          "`[batch_size, 1]` names the cache row of each row of the call (QEfficient's continuous batching): "
          "qaic writes with `com.qualcomm.cloud::CtxScatterCB` and reads the rows with `CtxGatherCB`, ort with "
-         "ScatterND / GatherND / Gather. Padding at either end of a row changes no slot",
-         interfaces=("qeff",), batching=True),
+         "ScatterND / GatherND / Gather. Padding at either end of a row changes no slot. Without "
+         "`--full-batch-size` (QEfficient's plain interface) there is no `batch_index`: the same write with "
+         "the call's rows 0..B-1, and attention reads the written cache",
+         interfaces=("qeff",)),
     Pass("logits_to_keep", logits_to_keep,
          "`--interface qeff`, TLM: the new shape-only input `num_logits_to_keep` `[n, 1]`; the logits are "
          "those of the n positions ending at each row's last valid token (the first n when it is closer to "
@@ -245,16 +243,15 @@ def get(name: str) -> Pass:
     raise KeyError(f"no pass named {name!r} (passes: {', '.join(names())})")
 
 
-def select(role: str, target: str, interface: str = "default", batching: bool | None = None) -> tuple[Pass, ...]:
-    """The passes a compile for ``role``, ``target`` and ``interface`` runs, in order; ``batching``:
-    QEfficient's continuous batching or not (None: every entry of the interface)."""
+def select(role: str, target: str, interface: str = "default") -> tuple[Pass, ...]:
+    """The passes a compile for ``role``, ``target`` and ``interface`` runs, in order."""
     check_options(role, target, None)
-    return applicable(role, target, interface, batching)
+    return applicable(role, target, interface)
 
 
-def applicable(role: str, target: str, interface: str = "default", batching: bool | None = None) -> tuple[Pass, ...]:
+def applicable(role: str, target: str, interface: str = "default") -> tuple[Pass, ...]:
     """``select`` for a role, target and interface already checked (an ``Options``'): no check."""
-    return tuple(p for p in REGISTRY if p.applies(role, target, interface, batching))
+    return tuple(p for p in REGISTRY if p.applies(role, target, interface))
 
 
 def _scope(p: Pass) -> str:
@@ -264,7 +261,7 @@ def _scope(p: Pass) -> str:
     if p.targets != TARGETS:
         parts.append("target " + "/".join(p.targets))
     if p.interfaces != INTERFACES:
-        parts.append("interface " + "/".join(p.interfaces) + (", continuous batching" if p.batching else ""))
+        parts.append("interface " + "/".join(p.interfaces))
     return f"*({', '.join(parts)} only)* " if parts else ""
 
 
