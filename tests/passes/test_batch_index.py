@@ -13,7 +13,7 @@ from specdec_compile.options import Options
 
 def _upto_canonical(path, target):
     g, det = load(path)
-    c = ctx(det, role="tlm", target=target, ctx_len=16)
+    c = ctx(det, role="tlm", target=target, ctx_len=16, interface="qeff", continuous_batching=True)
     for p in passes.select("tlm", target, "qeff"):
         if p.name == "batch_index":
             return g, c
