@@ -53,33 +53,23 @@ FBS, PL, CTX, K = 4, 8, 32, 3
 BS = 2
 
 
-def _export(hf: str, out: Path, tlm: bool) -> Path:
+def _export(hf: str, out: Path, tlm: bool, plain: bool = False):
+    """QEfficient's export (continuous batching at FBS rows; ``plain``: without, at batch BS) and its
+    specializations. QEfficient drops a decode equal to the plain prefill (returns None): left out."""
     from QEfficient import QEFFAutoModelForCausalLM
     cfg = {"speculative_model_type": "target"} if tlm else None
-    model = QEFFAutoModelForCausalLM.from_pretrained(hf, continuous_batching=True, qaic_config=cfg)
-    path = Path(model.export(export_dir=str(out / ("tlm" if tlm else "dlm"))))
-    dims = dict(prefill_seq_len=PL, ctx_len=CTX, full_batch_size=FBS, kv_cache_batch_size=FBS)
+    model = QEFFAutoModelForCausalLM.from_pretrained(hf, continuous_batching=not plain, qaic_config=cfg)
+    name = ("tlm" if tlm else "dlm") + ("_plain" if plain else "")
+    path = Path(model.export(export_dir=str(out / name)))
+    dims = dict(prefill_seq_len=PL, ctx_len=CTX, kv_cache_batch_size=BS if plain else FBS,
+                **({"batch_size": BS} if plain else {"full_batch_size": FBS}))
     prefill = model.build_prefill_specialization(**dims)
     if not tlm:
         return path, {"default": [prefill, model.build_decode_specialization(**dims)]}
-    return path, {name: [prefill] + [model.build_decode_specialization(num_speculative_tokens=k, **dims)
-                                     for k in ks]
-                  for name, ks in (("k3", [K]), ("k_list_0_3", [0, K]))}
-
-
-def _export_plain(hf: str, out: Path, tlm: bool):
-    """QEfficient's plain SpD export (no continuous batching) and its specializations for batch BS."""
-    from QEfficient import QEFFAutoModelForCausalLM
-    cfg = {"speculative_model_type": "target"} if tlm else None
-    model = QEFFAutoModelForCausalLM.from_pretrained(hf, continuous_batching=False, qaic_config=cfg)
-    path = Path(model.export(export_dir=str(out / ("tlm_plain" if tlm else "dlm_plain"))))
-    dims = dict(prefill_seq_len=PL, ctx_len=CTX, batch_size=BS, kv_cache_batch_size=BS)
-    prefill = model.build_prefill_specialization(**dims)
-    if not tlm:
-        return path, {"default": [prefill, model.build_decode_specialization(**dims)]}
+    cases = (("k3", [K]), ("k_list_0_3", [0, K])) + ((("k7_dropped", [PL - 1]),) if plain else ())
     return path, {name: [prefill] + [s for s in (model.build_decode_specialization(num_speculative_tokens=k, **dims)
                                                  for k in ks) if s is not None]
-                  for name, ks in (("k3", [K]), ("k_list_0_3", [0, K]), ("k7_dropped", [PL - 1]))}
+                  for name, ks in cases}
 
 
 def _plain_calls(tlm: bool, rng) -> list[dict]:
@@ -225,7 +215,7 @@ def main_plain(argv: list[str]) -> int:
     plain = {"source": "quic/efficient-transformers ebf55e8 (QEFFAutoModelForCausalLM, continuous_batching=False)",
              "batch_size": BS}
     for role, tlm in (("tlm", True), ("dlm", False)):
-        onnx_path, specs = _export_plain(hf, Path(tempfile.mkdtemp()), tlm)
+        onnx_path, specs = _export(hf, Path(tempfile.mkdtemp()), tlm, plain=True)
         plain[role] = {"interface": _run(onnx_path, tlm, out, f"{role}_plain", plain=True), "specializations": specs}
     record["plain"] = plain
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

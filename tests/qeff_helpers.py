@@ -75,3 +75,37 @@ class Replay:
 def ctx_of(inp) -> int:
     """The cache length of a past_* input: fixed, or the recorded calls' ctx_len."""
     return inp.shape[2] if isinstance(inp.shape[2], int) else CTX
+
+
+def io_of(model, kind: str) -> list[tuple[str, str, list]]:
+    """(name, numpy dtype name, dims) of each graph input or output."""
+    import onnx
+    vis = model.graph.input if kind == "inputs" else model.graph.output
+    return [(v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+             [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]) for v in vis]
+
+
+def assert_interface_is(model, want: dict, role: str) -> None:
+    """Same input and output names, order and dtypes as QEfficient's recorded export; the same dims,
+    except that ours name the logits' dims (QEfficient's exporter leaves them anonymous)."""
+    for kind in ("inputs", "outputs"):
+        got = io_of(model, kind)
+        assert [(n, t) for n, t, _ in got] == [(w["name"], w["dtype"]) for w in want[kind]]
+        for (name, _, dims), w in zip(got, want[kind]):
+            if name == "logits":
+                assert dims == ["batch_size", "num_logits_to_keep" if role == "tlm" else 1, w["dims"][2]]
+            else:
+                assert dims == w["dims"], name
+
+
+def assert_logits_are(replay: Replay, calls: list[dict]) -> None:
+    """Each recorded call replayed: QEfficient's logits within 1e-5 wherever it computes them (its
+    padded columns are NaN, ours finite)."""
+    for n, c in enumerate(calls):
+        got = replay(c["input_ids"], c["position_ids"], c.get("batch_index"), c.get("num_logits_to_keep"))
+        want = c["logits"]
+        assert got.shape == want.shape, n
+        assert np.isfinite(got).all(), n
+        ok = ~np.isnan(want)
+        assert ok.sum() >= want.size // 4, n
+        np.testing.assert_allclose(got[ok], want[ok], atol=1e-5, err_msg=f"call {n}")

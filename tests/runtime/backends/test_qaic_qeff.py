@@ -122,14 +122,7 @@ def test_bad_rows_and_a_qpc_of_the_other_interface(arts, tmp_path):
     write_fake_qeff_qpc(d, drop=("num_logits_to_keep",))
     with pytest.raises(SpecdecError, match="no num_logits_to_keep binding"):
         backend(d, [])
-    d2 = tmp_path / "dlm"               # a default-interface DLM whose QPC has a batch_index binding
-    shutil.copytree(arts["dlm"], d2)
-    f = d2 / "qpc" / "programqpc.bin"
-    q = json.loads(f.read_text())
-    q["bindings"].append({"name": "batch_index", "dir": INP, "type": INT64_I_TYPE, "dims": [FBS, 1]})
-    for a in q["allowed_shapes"]:
-        a.append([FBS, 1])
-    f.write_text(json.dumps(q))
+    d2 = _with_batch_index_binding(arts["dlm"], tmp_path / "dlm")   # a default-interface DLM's QPC
     with pytest.raises(SpecdecError, match="batch_index binding but the artifact was compiled without"):
         backend(d2, [])
 
@@ -180,14 +173,19 @@ def test_plain_qeff_calls_are_qefficients(arts):
 
 
 def test_plain_qpc_with_a_batch_index_binding_is_refused(arts, tmp_path):
+    d = _with_batch_index_binding(arts["tlmq"], tmp_path / "t")
+    with pytest.raises(SpecdecError, match="batch_index binding but the artifact was compiled without --full-batch-size"):
+        backend(d, [])
+
+
+def _with_batch_index_binding(art, d):
+    """A copy of the artifact ``art`` at ``d`` whose FAKE QPC has a batch_index binding too."""
     import shutil
-    d = tmp_path / "t"
-    shutil.copytree(arts["tlmq"], d)
+    shutil.copytree(art, d)
     f = d / "qpc" / "programqpc.bin"
     q = json.loads(f.read_text())
     q["bindings"].append({"name": "batch_index", "dir": INP, "type": INT64_I_TYPE, "dims": [FBS, 1]})
     for a in q["allowed_shapes"]:
         a.append([FBS, 1])
     f.write_text(json.dumps(q))
-    with pytest.raises(SpecdecError, match="batch_index binding but the artifact was compiled without --full-batch-size"):
-        backend(d, [])
+    return d
