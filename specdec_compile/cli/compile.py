@@ -113,8 +113,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--mxint8-kv-cache", action="store_true",
                    help="qaic: the KV cache's custom IO precision is mxint8 (MXINT8-compressed on the device)")
     p.add_argument("--qaic-flag", action="append", default=[], metavar="FLAG",
-                   help="qaic, repeatable: one more compiler flag, passed as given (e.g. -aic-enable-depth-first, "
-                        "-mos=1); a flag one of our options sets is refused")
+                   help="qaic, repeatable: one more compiler flag, passed as given (e.g. -allow-mxint8-mdp-io); a "
+                        "flag one of our options sets is refused")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
     p.add_argument("--link-weights", action="store_true",
