@@ -5,7 +5,8 @@ batch_throughput  B = 1, 2, 4, 8 rows; 16 held-out prompts through continuous
                   batching; target-only (the TLM's width-1 specialization) and
                   speculative (DLM, adaptive widths with the K=0 fallback); total
                   new tokens / wall time; each B with the default TLM and with the
-                  --interface qeff TLM (a prompt prefilled at batch 1 into its row).
+                  --full-batch-size TLM (QEfficient's continuous batching: a prompt
+                  prefilled at batch 1 into its row).
                   Greedy outputs are checked equal.
 ngram             n-gram (prompt lookup) drafts, no DLM: "grounded" prompts (a
                   held-out function, then the instruction to write it again with
@@ -67,7 +68,7 @@ def grounded(fn_text: str) -> str:
 def _art(pair, out, name, role, B, a, k_list=None, k=4, interface="default"):
     onnx = Path(pair["paths"]["tlm_onnx" if role == "tlm" else "dlm_onnx"])
     args = ["--role", role, "--target", "ort", "--prefill-len", "32", "--ctx-len", str(a.ctx_len),
-            "--batch-size", str(B)] + (["--interface", interface] if interface != "default" else [])
+            "--batch-size", str(B)] + (["--full-batch-size", str(B)] if interface == "qeff" else [])
     if role == "tlm":
         args += ["--k", str(k)] + (["--k-list", k_list] if k_list else [])
     compile_artifact(onnx, out / name, args, log=a.log)
@@ -75,7 +76,8 @@ def _art(pair, out, name, role, B, a, k_list=None, k=4, interface="default"):
 
 
 def backends(pair, out, a, B, dlm=True, k_list="0,1,2,4", interface="default"):
-    """The TLM (``interface``: "qeff" for QEfficient's, prefill at batch 1 into its row) and the DLM."""
+    """The TLM (``interface``: "qeff" for QEfficient's continuous batching, --full-batch-size: prefill at
+    batch 1 into its row) and the DLM."""
     from specdec_compile.runtime import OrtBackend
     kw = {"intra_op_threads": a.ort_threads}
     tag = "" if interface == "default" else f"-{interface}"

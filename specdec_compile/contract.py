@@ -58,12 +58,13 @@ def retained_name(kind: str, layer: int) -> str:
 
 
 def interface(num_layers: int, *, hidden_states: bool = False, features: bool = False,
-              qeff_role: str | None = None) -> tuple[list[str], list[str]]:
+              qeff_role: str | None = None, batch_index: bool = True) -> tuple[list[str], list[str]]:
     """The contract's input and output names, in order. ``hidden_states``: a TLM
     that exposes its hidden states (one more output, last); ``features``: a
     feature draft (its feature input last, its own predicted features last).
     ``qeff_role`` ("tlm"/"dlm"): QEfficient's interface, ``batch_index`` after the
-    cache inputs, then the TLM's ``num_logits_to_keep`` (section 7)."""
+    cache inputs (continuous batching; ``batch_index=False``: its plain interface, none),
+    then the TLM's ``num_logits_to_keep`` (section 7)."""
     ins = [INPUT_IDS, POSITION_IDS]
     outs = [LOGITS]
     for i in range(num_layers):
@@ -76,7 +77,8 @@ def interface(num_layers: int, *, hidden_states: bool = False, features: bool = 
         ins.append(HIDDEN_STATES)
         outs.append(DRAFT_HIDDEN_STATES)
     if qeff_role is not None:
-        ins.append(BATCH_INDEX)
+        if batch_index:
+            ins.append(BATCH_INDEX)
         if qeff_role == "tlm":
             ins.append(NUM_LOGITS_TO_KEEP)
     return ins, outs

@@ -19,22 +19,26 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_kv_heads: int,
                        head_dim: int, vocab: int, value_head_dim: int | None = None,
                        hidden_width: int | None = None, feature_width: int | None = None,
-                       draft_width: int | None = None, qeff: bool = False) -> list[str]:
+                       draft_width: int | None = None, qeff: bool = False,
+                       batch_index: bool = True) -> list[str]:
     """Every way ``model``'s interface differs from the contract (empty: none).
     ``value_head_dim``: the values' head dim when it differs from the keys' (latent attention).
     ``hidden_width``: a TLM's ``hidden_states`` output width; ``feature_width`` and
     ``draft_width``: a feature draft's input and own-feature output widths (None: absent).
-    ``qeff``: QEfficient's interface (contract section 7)."""
+    ``qeff``: QEfficient's interface (contract section 7); ``batch_index``: with it its continuous
+    batching (a cache of ``full_batch_size`` rows and the input ``batch_index``)."""
     problems = []
     ins, outs = interface(num_layers, hidden_states=hidden_width is not None,
-                          features=feature_width is not None, qeff_role=role if qeff else None)
+                          features=feature_width is not None, qeff_role=role if qeff else None,
+                          batch_index=batch_index)
     got_in = [i.name for i in model.graph.input]
     got_out = [o.name for o in model.graph.output]
     if got_in != ins:
         problems.append(f"inputs {got_in} != {ins}")
     if got_out != outs:
         problems.append(f"outputs {got_out} != {outs}")
-    rows = FULL_BATCH if qeff else BATCH
+    cb = qeff and batch_index
+    rows = FULL_BATCH if cb else BATCH
     kv = [rows, num_kv_heads, CTX, head_dim]
     kv_value = [rows, num_kv_heads, CTX, value_head_dim or head_dim]
     width = 1 if role == "dlm" else NUM_LOGITS_TO_KEEP if qeff else SEQ
@@ -59,7 +63,7 @@ def interface_problems(model: onnx.ModelProto, role: str, num_layers: int, num_k
             problems.append(f"{vi.name}: dims {_dims(vi)} != {dims}")
     symbolic = {d for vi in list(model.graph.input) + list(model.graph.output) for d in _dims(vi)
                 if isinstance(d, str)}
-    allowed = {BATCH, SEQ, CTX} | ({FULL_BATCH, NUM_LOGITS_TO_KEEP} if qeff else set())
+    allowed = {BATCH, SEQ, CTX} | ({NUM_LOGITS_TO_KEEP} if qeff else set()) | ({FULL_BATCH} if cb else set())
     if not symbolic <= allowed:
         problems.append(f"extra symbolic dims {sorted(symbolic - allowed)}")
     return problems

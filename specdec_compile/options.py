@@ -17,7 +17,8 @@ from .errors import SpecdecError
 
 DTYPES = ("float16", "float32")
 PRECISIONS = ("fp16", "mx6")
-HW_VERSIONS = ("ai100", "2.0")
+#: -aic-hw-version values: ai100 / ai200 (qaic-compile, QEfficient's two), 2.0 (older SDKs' qaic-exec)
+HW_VERSIONS = ("ai100", "ai200", "2.0")
 MAX_CORES = 16
 #: upper bounds on sizes that come from the command line (each error says its bound): the context a
 #: graph is compiled for (qaic rotary tables hold ctx_len rows), the batch, devices to partition over
@@ -92,7 +93,14 @@ class Options:
     #: "default" (ours) or "qeff" (QEfficient's: batch_index, num_logits_to_keep; batch_size is
     #: then the cache's full_batch_size; contract section 7)
     interface: str = "default"
+    #: --interface qeff only: QEfficient's continuous batching (--full-batch-size N): the cache holds
+    #: batch_size = full_batch_size rows, routed by the input batch_index; False: its plain SpD
+    #: interface (no batch_index, every call at batch_size rows)
+    continuous_batching: bool = False
     mxint8_kv_cache: bool = False
+    #: qaic compiler options under QEfficient's names: -mos=N (None: not passed), -aic-enable-depth-first
+    mos: int | None = None
+    aic_enable_depth_first: bool = False
     #: extra compiler flags, passed through to compile.sh as given (qaic_flags.check_flags)
     qaic_flags: tuple[str, ...] = ()
     #: hard-link the export's weight files into the artifact instead of copying them (no copy of a
@@ -128,10 +136,13 @@ class Options:
         if self.interface == "qeff" and self.target == "openvino":
             raise SpecdecError("--interface qeff is for --target qaic or ort; the openvino target has the "
                                "default interface only")
+        if self.continuous_batching and self.interface != "qeff":
+            raise SpecdecError("continuous batching (--full-batch-size) is QEfficient's interface: it needs "
+                               "--interface qeff (or no --interface)")
         if self.interface == "qeff":
             from .artifact.qeff import check_qeff_options
             check_qeff_options(self)
-        if self.qaic_flags or self.mxint8_kv_cache:
+        if self.qaic_flags or self.mxint8_kv_cache or self.mos is not None or self.aic_enable_depth_first:
             from .artifact.qaic_flags import check_flags
             check_flags(self)
         for name, value, allowed in (("--kv-dtype", self.kv_dtype, DTYPES),

@@ -237,7 +237,8 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     info = dataclasses.replace(det.info, num_heads=_num_heads(inferred, det))
     problems = interface_problems(model, role, info.num_layers, info.num_kv_heads, info.head_dim,
                                   info.vocab_size, value_head_dim=info.value_head_dim,
-                                  **_features.widths(det, hidden_states, feature_layers), qeff=interface == "qeff")
+                                  **_features.widths(det, hidden_states, feature_layers), qeff=interface == "qeff",
+                                  batch_index=prep.options.continuous_batching)
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
     assert model.opset_import[0].version == TARGET_OPSET[target]

@@ -86,7 +86,7 @@ class Manifest:
     files: tuple[str, ...]               # every file of the directory, sorted
     hidden_states: dict | None = None    # TLM --hidden-states: layers, layer_indices, hidden_size, width, output
     feature_draft: dict | None = None    # feature draft: target_layers, width, input, draft_output, draft_width, pairing
-    qeff: dict | None = None             # --interface qeff: full_batch_size, batch_index, specializations, ...
+    qeff: dict | None = None             # --interface qeff: (full_batch_size, batch_index) or batch_size, ...
     compile_options: dict | None = None  # mxint8_kv_cache, qaic_flags (passed to the compiler as given)
 
     def to_json(self) -> dict:
@@ -149,9 +149,10 @@ class Manifest:
             raise SpecdecError(f"{where}: hidden_states belongs to a TLM manifest")
         if self.feature_draft is not None and self.role != "dlm":
             raise SpecdecError(f"{where}: feature_draft belongs to a DLM manifest")
-        if self.qeff is not None and self.qeff.get("full_batch_size") != self.batch_size:
-            raise SpecdecError(f"{where}: qeff.full_batch_size {self.qeff.get('full_batch_size')!r} is not "
-                               f"batch_size {self.batch_size}")
+        if self.qeff is not None:   # continuous batching records full_batch_size, the plain interface batch_size
+            key = "full_batch_size" if "batch_index" in self.qeff else "batch_size"
+            if self.qeff.get(key) != self.batch_size:
+                raise SpecdecError(f"{where}: qeff.{key} {self.qeff.get(key)!r} is not batch_size {self.batch_size}")
         if self.role == "tlm" or self.feature_draft is not None:
             if self.k is None or self.k < 1:
                 raise SpecdecError(f"{where}: k={self.k}, expected k >= 1")

@@ -10,6 +10,11 @@ with characters a shell would read (compile.sh lists flags unquoted).
 
 ``--mxint8-kv-cache`` (QEfficient's option of the same name) gives the KV cache
 the custom IO precision ``mxint8``: the device keeps it MXINT8-compressed.
+
+``--mos N`` and ``--aic-enable-depth-first`` (QEfficient's ``--mos``,
+``--aic-enable-depth-first``) add ``-mos=N`` and ``-aic-enable-depth-first``, the
+flags QEfficient's ``_compile`` writes for them; the same flag given again by
+``--qaic-flag`` is refused (given twice).
 """
 from __future__ import annotations
 
@@ -35,15 +40,31 @@ def flag_name(flag: str) -> str:
     return flag.lstrip("-").split("=", 1)[0]
 
 
+#: QEfficient's compiler options we have as options: (flag name, option) (``option_flags``)
+NAMED = (("mos", "--mos"), ("aic-enable-depth-first", "--aic-enable-depth-first"))
+
+
+def option_flags(options) -> list[str]:
+    """The compiler flags of ``--mos`` and ``--aic-enable-depth-first``, as QEfficient writes them."""
+    flags = [f"-mos={options.mos}"] if options.mos is not None else []
+    return flags + (["-aic-enable-depth-first"] if options.aic_enable_depth_first else [])
+
+
 def check_flags(options) -> None:
     """One-line SpecdecError for a flag we cannot pass, or options that contradict the flags."""
     if options.target != "qaic":
-        what = "--qaic-flag" if options.qaic_flags else "--mxint8-kv-cache"
+        what = ("--qaic-flag" if options.qaic_flags else "--mxint8-kv-cache" if options.mxint8_kv_cache
+                else f"--mos {options.mos}" if options.mos is not None else "--aic-enable-depth-first")
         raise SpecdecError(f"{what} is an option of the Cloud AI 100 compiler: it needs --target qaic")
+    if options.mos is not None and (not isinstance(options.mos, int) or isinstance(options.mos, bool)
+                                    or options.mos < 0):
+        raise SpecdecError(f"--mos must be an integer >= 0 (the compiler's effort to reduce on-chip memory, "
+                           f"passed as -mos=N), got {options.mos!r}")
     if options.mxint8_kv_cache and options.kv_dtype != "float16":
         raise SpecdecError(f"--mxint8-kv-cache sets the KV cache's custom IO precision (mxint8); "
                            f"drop --kv-dtype {options.kv_dtype}")
-    seen = set()
+    named = {flag_name(f) for f in option_flags(options)}   # set by --mos / --aic-enable-depth-first
+    seen: set[str] = set()
     for flag in options.qaic_flags:
         if not isinstance(flag, str) or not _SAFE.fullmatch(flag):
             raise SpecdecError(f"--qaic-flag {flag!r}: expected one compiler flag like -mos=1 (a dash, then "
@@ -52,13 +73,22 @@ def check_flags(options) -> None:
         if name in OURS:
             raise SpecdecError(f"--qaic-flag {flag}: {flag.split('=', 1)[0]} is set by {OURS[name]}; "
                                f"use that instead")
+        if name in named:
+            raise SpecdecError(f"--qaic-flag {flag}: {name} is set by {dict(NAMED)[name]} too; give it once")
         if name in seen:
             raise SpecdecError(f"--qaic-flag {flag}: {name} given twice")
         seen.add(name)
 
 
 def manifest_record(options) -> dict | None:
-    """The manifest's ``compile_options`` object (None when neither option is used)."""
-    if not options.qaic_flags and not options.mxint8_kv_cache:
+    """The manifest's ``compile_options`` object (None when no such option is used); ``mos`` and
+    ``aic_enable_depth_first`` only when given."""
+    if not (options.qaic_flags or options.mxint8_kv_cache or options.mos is not None
+            or options.aic_enable_depth_first):
         return None
-    return {"mxint8_kv_cache": options.mxint8_kv_cache, "qaic_flags": list(options.qaic_flags)}
+    record = {"mxint8_kv_cache": options.mxint8_kv_cache, "qaic_flags": list(options.qaic_flags)}
+    if options.mos is not None:
+        record["mos"] = options.mos
+    if options.aic_enable_depth_first:
+        record["aic_enable_depth_first"] = True
+    return record

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
+from ..contract import BATCH_INDEX, DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
 from .manifest import Manifest, read_json
 from .records import check_records, check_sizes
@@ -56,10 +56,12 @@ class Artifact:
     head_dim: int | None = None
     eos_token_id: int | None = None
     embedding_rows: int | None = None  # ids the model reads, when known apart from the logits width
-    #: --interface qeff (contract section 7): calls take batch_index (the cache rows), a TLM
-    #: num_logits_to_keep; seq_lens are then the decode widths (at batch_size = full_batch_size)
-    #: and ``call_shapes`` every compiled (batch, seq_len), the prefill's at batch 1
+    #: --interface qeff (contract section 7): a TLM's calls take num_logits_to_keep; seq_lens are
+    #: then the decode widths and ``call_shapes`` every compiled (batch, seq_len).
+    #: ``cache_rows``: its continuous batching (--full-batch-size): calls take batch_index (the
+    #: cache rows), the prefill runs at batch 1
     qeff: bool = False
+    cache_rows: bool = False
     call_shapes: tuple[tuple[int, int], ...] = ()
     manifest: dict = field(default_factory=dict, compare=False, repr=False)   # the manifest's JSON
     record: Manifest | None = field(default=None, compare=False, repr=False)  # None: built by hand (tests)
@@ -212,26 +214,33 @@ def _shapes(p: Path, m: Manifest, specs: list[dict]) -> tuple[int, int, int, tup
 
 
 def _load_qeff(p: Path, m: Manifest, specs: list[dict], need_model: bool) -> Artifact:
-    """An --interface qeff artifact (contract section 7): a TLM only, its prefill at batch 1."""
+    """An --interface qeff artifact (contract section 7): its prefill, then its decodes at batch B;
+    with continuous batching (``batch_index``) the prefill at batch 1. A DLM decodes at seq_len 1
+    only (the loop ingests two tokens in two calls)."""
     where = p / SPECIALIZATIONS_FILE
-    if m.role == "dlm":
-        raise SpecdecError(f"{p}: a --interface qeff DLM has no seq_len 2 (QEfficient's DLM decodes one token a "
-                           f"call), which this loop needs: compile the draft without --interface qeff")
+    cb = BATCH_INDEX in m.qeff
     B, CL, PL = m.batch_size, m.ctx_len, m.prefill_len
     shapes = tuple((s["batch_size"], s["seq_len"]) for s in specs)
     if {s["ctx_len"] for s in specs} != {CL}:
         raise SpecdecError(f"{where}: ctx_len is not {CL} ({MANIFEST_FILE}) in every specialization")
-    if not shapes or shapes[0] != (B if PL == 1 else 1, PL) or any(b != B for b, _ in shapes[1:]):
-        raise SpecdecError(f"{where}: expected QEfficient's prefill [1, {PL}] then decodes at batch {B}, "
+    first = (1 if cb and PL != 1 else B, PL)
+    if not shapes or shapes[0] != first or any(b != B for b, _ in shapes[1:]):
+        raise SpecdecError(f"{where}: expected QEfficient's prefill {list(first)} then decodes at batch {B}, "
                            f"got {[list(x) for x in shapes]}")
-    seq_lens = tuple(sorted({s for _, s in shapes[1:]}))
-    k, k_list = _tlm_widths(p, m, seq_lens, CL, need_k=False)
+    decodes = tuple(sorted({s for _, s in shapes[1:]}))
+    seq_lens = tuple(sorted({s for b, s in shapes if b == B}))    # the plain interface's prefill too
+    if m.role == "dlm":
+        if decodes != (1,):
+            raise SpecdecError(f"{where}: a --interface qeff DLM decodes at seq_len 1, got {list(decodes)}")
+        k, k_list = None, ()
+    else:
+        k, k_list = _tlm_widths(p, m, decodes, CL, need_k=False)
     if need_model and not (p / MODEL_FILE).is_file():
         raise SpecdecError(f"{p / MODEL_FILE}: missing (the rewritten graph)")
     return Artifact(path=p, role=m.role, target=m.target, batch_size=B, ctx_len=CL, prefill_len=PL,
                     seq_lens=seq_lens, k=k, k_list=k_list, vocab_size=m.vocab_size, num_layers=m.num_layers,
                     num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, eos_token_id=m.eos_token_id,
-                    manifest=m.to_json(), record=m, qeff=True, call_shapes=shapes)
+                    manifest=m.to_json(), record=m, qeff=True, cache_rows=cb, call_shapes=shapes)
 
 
 def _tlm_widths(p: Path, m: Manifest, seq_lens: tuple[int, ...], CL: int,

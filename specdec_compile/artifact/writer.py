@@ -242,7 +242,7 @@ def template_values(result, options: Options) -> dict:
         precision=options.precision,
         hw_version=options.hw_version,
         tool_version=__version__,
-        extra_flags=list(options.qaic_flags),
+        extra_flags=qaic_flags.option_flags(options) + list(options.qaic_flags),
         qeff_specializations=qeff.specializations(options) if options.interface == "qeff" else None,
     )
 

@@ -21,6 +21,7 @@ from ..options import MAX_BATCH_SIZE, MAX_CORES, MAX_CTX_LEN, MAX_DEVICES
 from ..contract import INTERFACES
 from ..errors import SpecdecError
 from .common import Parser, add_progress_flags, start_progress
+from .qeff_words import add_qeff_compile_flags, resolve_qeff_compile_flags
 
 EPILOG = """\
 example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
@@ -37,11 +38,14 @@ example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
       MXFP6 matmuls, partitioned over 4 devices (adds mdp_partition.json)
   specdec-compile target.onnx --role tlm --k 7 --target ort -o out/tlm-ort
       for the ONNX Runtime backend (opset 24 TensorScatter; no compile.sh)
-  specdec-compile target.onnx --role tlm --k 3 --k-list 0 --interface qeff --batch-size 4 -o out/tlm-qeff
-      QEfficient's interface (batch_index, num_logits_to_keep; full_batch_size 4), for its
-      runtime and vLLM's qaic backend (docs/serving.md)
-  specdec-compile target.onnx --role tlm --k 7 --mxint8-kv-cache --qaic-flag -aic-enable-depth-first -o out/t
-      MXINT8 KV cache, and a compiler flag passed through to compile.sh
+  specdec-compile target.onnx --role tlm --k 3 --k-list 0 --interface qeff -o out/tlm-qeff
+      QEfficient's SpD interface (num_logits_to_keep), for its runtime (docs/serving.md)
+  specdec-compile target.onnx --role tlm --k 3 --k-list 0 --full-batch-size 4 -o out/tlm-cb
+      its continuous-batching one (batch_index; full_batch_size 4), as vLLM's qaic backend uses
+  specdec-compile target.onnx --role tlm --k 7 --mxfp6-matmul --mxint8-kv-cache --mos 1 --aic-enable-depth-first -o out/t
+      QEfficient's compile options under its names (docs/qefficient.md)
+  specdec-compile target.onnx --role tlm --k 7 --qaic-flag -allow-mxint8-mdp-io -o out/t
+      a compiler flag passed through to compile.sh
 
 other subtools: specdec-compile verify ORIGINAL REWRITTEN, specdec-compile diff A B,
 specdec-compile import-head CKPT --tlm TLM -o OUT (a speculators EAGLE-3 head as a feature draft),
@@ -85,7 +89,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256,
                    help=f"context length / KV slots (default 256, at most {MAX_CTX_LEN})")
-    p.add_argument("--batch-size", type=int, default=1, help=f"default 1, at most {MAX_BATCH_SIZE}")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"default 1, at most {MAX_BATCH_SIZE} (with --interface qeff: QEfficient's batch_size, "
+                        f"every call at this many rows)")
     p.add_argument("--target", choices=TARGETS, default="qaic",
                    help="qaic: Cloud AI 100 (CtxScatter, opset 17); ort: ONNX Runtime (TensorScatter, opset 24); "
                         "openvino: OpenVINO (ScatterElements, opset 17; run with specdec-run --backend openvino)")
@@ -101,14 +107,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         f"{MAX_DEVICES}; default 1)")
     p.add_argument("--hw-version", choices=HW_VERSIONS, default=None,
                    help="qaic: -aic-hw-version; default: ai100 with qaic-compile, 2.0 with qaic-exec")
-    p.add_argument("--interface", choices=INTERFACES, default="default",
-                   help="qeff: QEfficient's interface (inputs batch_index and, TLM, num_logits_to_keep; "
-                        "--batch-size is then full_batch_size), for QEfficient's runtime and vLLM's qaic backend")
+    p.add_argument("--interface", choices=INTERFACES, default=None,
+                   help="qeff: QEfficient's SpD interface (TLM: the input num_logits_to_keep), for QEfficient's "
+                        "runtime and vLLM's qaic backend; with --full-batch-size N its continuous-batching one "
+                        "(the input batch_index, a cache of N rows). Default: default")
+    add_qeff_compile_flags(p)
     p.add_argument("--mxint8-kv-cache", action="store_true",
                    help="qaic: the KV cache's custom IO precision is mxint8 (MXINT8-compressed on the device)")
     p.add_argument("--qaic-flag", action="append", default=[], metavar="FLAG",
-                   help="qaic, repeatable: one more compiler flag, passed as given (e.g. -aic-enable-depth-first, "
-                        "-mos=1); a flag one of our options sets is refused")
+                   help="qaic, repeatable: one more compiler flag, passed as given (e.g. -allow-mxint8-mdp-io); a "
+                        "flag one of our options sets is refused")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
     p.add_argument("--link-weights", action="store_true",
@@ -142,13 +150,16 @@ def _qaic_only(a: argparse.Namespace) -> dict:
 
 
 def options_from_args(a: argparse.Namespace) -> Options:
+    resolve_qeff_compile_flags(a)
     return Options(role=a.role, k=a.k, k_list=_positive_list(a.k_list) if a.k_list is not None else (),
                    prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size, target=a.target,
                    **_qaic_only(a),
                    hidden_states=_layers(a.hidden_states, "--hidden-states"),
                    feature_layers=_layers(a.feature_layers, "--feature-layers"),
                    feature_target=_feature_target(a.feature_target) if a.feature_target is not None else None,
-                   interface=a.interface, mxint8_kv_cache=a.mxint8_kv_cache, qaic_flags=tuple(a.qaic_flag),
+                   interface=a.interface, continuous_batching=a.continuous_batching,
+                   mxint8_kv_cache=a.mxint8_kv_cache, qaic_flags=tuple(a.qaic_flag), mos=a.mos,
+                   aic_enable_depth_first=a.aic_enable_depth_first,
                    link_weights=a.link_weights)
 
 
@@ -307,7 +318,9 @@ def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str,
     kv = "mxint8" if (m.get("compile_options") or {}).get("mxint8_kv_cache") else m["kv_dtype"]
     if m["target"] != "qaic":  # no custom IO: the cache is what the graph says
         kv = next((s["dtype"] for s in m["interface"]["inputs"] if s["name"].startswith("past_")), kv)
-    batch = f"full_batch_size {m['batch_size']} (--interface qeff)" if m.get("qeff") else f"batch {m['batch_size']}"
+    batch = (f"full_batch_size {m['batch_size']} (--interface qeff, continuous batching)"
+             if (m.get("qeff") or {}).get("full_batch_size") else
+             f"batch {m['batch_size']}" + (" (--interface qeff)" if m.get("qeff") else ""))
     shapes = (f"{batch}, ctx_len {m['ctx_len']}, seq_len "
               f"{'/'.join(str(s) for s in m['specializations'])}; KV {kv}")
     if m["logits_dtype"]:

@@ -90,3 +90,44 @@ def read_prompt_lines(path: str) -> list[str]:
     if not texts:
         raise SpecdecError(f"{path}: no prompts in it (one prompt a line)")
     return texts
+
+
+# --------------------------------------------------------------------------- compile side
+
+def add_qeff_compile_flags(p) -> None:
+    """QEfficient's compile options as options of ``specdec-compile`` (docs/qefficient.md)."""
+    p.add_argument("--mxfp6-matmul", action="store_true",
+                   help="qaic: QEfficient's name for --precision mx6 (adds -mxfp6-matmul)")
+    p.add_argument("--mos", type=int, default=None, metavar="N",
+                   help="qaic: the compiler's -mos=N (effort to reduce on-chip memory), as QEfficient's --mos "
+                        "(not passed unless given; QEfficient's infer passes 1)")
+    p.add_argument("--aic-enable-depth-first", action="store_true",
+                   help="qaic: the compiler's -aic-enable-depth-first (depth-first scheduling), as QEfficient's")
+    p.add_argument("--full-batch-size", type=int, default=None, metavar="N",
+                   help="QEfficient's continuous batching: --interface qeff with a cache of N rows and the "
+                        "input batch_index (prefill at batch 1 into one row, decode of all N rows)")
+
+
+def resolve_qeff_compile_flags(a) -> None:
+    """Fold QEfficient's compile spellings into ours; a contradiction is an error (one line)."""
+    if a.mxfp6_matmul:
+        if a.precision == "fp16":
+            raise SpecdecError("--mxfp6-matmul is --precision mx6: drop --precision fp16")
+        if a.target != "qaic":
+            raise SpecdecError(f"--mxfp6-matmul is an option of the Cloud AI 100 compiler: it needs --target qaic "
+                               f"(the {a.target} graph would not be what the manifest says)")
+        a.precision = "mx6"
+    fbs = a.full_batch_size
+    a.continuous_batching = fbs is not None
+    if fbs is not None:
+        if a.interface == "default":
+            raise SpecdecError(f"--full-batch-size {fbs} is QEfficient's continuous batching (--interface qeff): "
+                               f"drop --interface default")
+        if a.batch_size is not None and a.batch_size != fbs:
+            raise SpecdecError(f"--full-batch-size {fbs} sets the batch (the cache's rows); --batch-size "
+                               f"{a.batch_size} contradicts it: give one of them")
+        a.interface, a.batch_size = "qeff", fbs
+    if a.interface is None:
+        a.interface = "default"
+    if a.batch_size is None:
+        a.batch_size = 1

@@ -138,10 +138,12 @@ REGISTRY: tuple[Pass, ...] = (
          "the contract's interface, names and order. Only `batch_size`, `seq_len` and `ctx_len` stay "
          "symbolic"),
     Pass("batch_index", batch_index,
-         "`--interface qeff`: the cache holds `full_batch_size` rows and the new input `batch_index` "
+         "`--interface qeff`, with `--full-batch-size` (continuous batching): the cache holds `full_batch_size` rows and the new input `batch_index` "
          "`[batch_size, 1]` names the cache row of each row of the call (QEfficient's continuous batching): "
          "qaic writes with `com.qualcomm.cloud::CtxScatterCB` and reads the rows with `CtxGatherCB`, ort with "
-         "ScatterND / GatherND / Gather. Padding at either end of a row changes no slot",
+         "ScatterND / GatherND / Gather. Padding at either end of a row changes no slot. Without "
+         "`--full-batch-size` (QEfficient's plain interface) there is no `batch_index`: the same write with "
+         "the call's rows 0..B-1, and attention reads the written cache",
          interfaces=("qeff",)),
     Pass("logits_to_keep", logits_to_keep,
          "`--interface qeff`, TLM: the new shape-only input `num_logits_to_keep` `[n, 1]`; the logits are "

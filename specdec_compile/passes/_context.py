@@ -27,6 +27,7 @@ class PassContext:
                   output (as given: negative from the end; a TLM's --hidden-states, a feature
                   draft's own last layer); None: none. The pass resolves them.
     interface     "default" or "qeff" (QEfficient's: ``batch_index``, ``logits_to_keep``)
+    continuous_batching  with "qeff": QEfficient's continuous batching (the input ``batch_index``)
     fuse_rotary   ort: rotate q/k with ONNX Runtime's ``RotaryEmbedding`` kernel (``fuse_rotary``);
                   off by default: the kernel rounds differently (fused multiply-adds), within
                   1e-4 on the fixtures but not on every model (SmolLM2-135M: 4.8e-4)
@@ -44,6 +45,7 @@ class PassContext:
     ctx_len: int | None = None
     exposed_layers: tuple[int, ...] | None = None
     interface: str = "default"
+    continuous_batching: bool = False
     fuse_rotary: bool = False
 
     @classmethod
@@ -52,7 +54,7 @@ class PassContext:
         trusted here, not checked again) and ``fields`` (detection, source_opset, ...)."""
         ctx = object.__new__(cls)
         given = {"role": options.role, "target": options.target, "k": options.k, "ctx_len": options.ctx_len,
-                 "interface": options.interface, **fields}
+                 "interface": options.interface, "continuous_batching": options.continuous_batching, **fields}
         for f in dataclasses.fields(cls):
             object.__setattr__(ctx, f.name, given.get(f.name, f.default))
         return ctx

@@ -23,6 +23,12 @@ writes back the value its slot holds. QEfficient's own runtime pads on the left
 (a decode at the TLM's width with one valid token) and our loop on the right.
 Two rows of one call must not name the same cache row (the runtime refuses it).
 Shape computations that read a ``past_*`` input see the call's rows.
+
+QEfficient's plain interface (``--interface qeff`` without ``--full-batch-size``,
+``ctx.continuous_batching`` False) has no ``batch_index`` and a cache of
+``batch_size`` rows, but its runtime pads on the left too: the write is the same,
+with the rows 0..B-1 of the call (computed in the graph, not an input), and
+attention reads the written cache as it is.
 """
 from __future__ import annotations
 
@@ -75,6 +81,8 @@ def _rewire(node_out: gs.Tensor, new: gs.Tensor, skip: gs.Node | None = None) ->
 
 
 def _write(b: Builder, target: str, w: gs.Node, bi, rows, slots, valid, ctx_all) -> None:
+    """The write of ``w`` at ``slots`` of the cache rows ``bi`` (padding keeps the old value); attention
+    then reads those rows (``ctx_all`` None, the plain interface: the written cache itself)."""
     cache, _, update = w.inputs
     out = w.outputs[0]
     w.inputs.clear()
@@ -85,12 +93,16 @@ def _write(b: Builder, target: str, w: gs.Node, bi, rows, slots, valid, ctx_all)
         old = b.op("CtxGatherCB", [cache, bi, slots3], domain=QAIC_DOMAIN, hint="old_slots")
         kept = b.op("Where", [valid4, update, old], hint="pad_keeps_old")
         b.op("CtxScatterCB", [cache, bi, slots, kept], domain=QAIC_DOMAIN, outputs=[out], hint="write")
+        if ctx_all is None:
+            return
         read = b.op("CtxGatherCB", [out, bi, ctx_all], domain=QAIC_DOMAIN, hint="read_rows")
     else:
         idx = _ort_indices(b, cache, bi, slots, update)
         old = b.op("GatherND", [cache, idx], hint="old_slots")
         kept = b.op("Where", [valid4, update, old], hint="pad_keeps_old")
         b.op("ScatterND", [cache, idx, kept], outputs=[out], hint="write")
+        if rows is None:
+            return
         read = b.op("Gather", [out, rows], attrs={"axis": 0}, hint="read_rows")
     _rewire(out, read)
 
@@ -102,13 +114,20 @@ def batch_index(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     if not writes:
         raise UnsupportedPatternError("batch_index: no cache writes (run retained_kv first)")
     b = Builder(graph, "batch_index")
-    bi = gs.Variable(BATCH_INDEX, dtype=np.int64, shape=[BATCH, 1])
-    graph.inputs.append(bi)
-    rows = b.op("Reshape", [bi, b.const([-1], "int64")], hint="rows")                          # [B]
     pos = writes[0].inputs[1]
+    cb = ctx.continuous_batching
+    if cb:
+        bi = gs.Variable(BATCH_INDEX, dtype=np.int64, shape=[BATCH, 1])
+        graph.inputs.append(bi)
+        rows = b.op("Reshape", [bi, b.const([-1], "int64")], hint="rows")                      # [B]
+    else:   # the plain interface: the call's rows are the cache's, in order
+        n = b.op("Gather", [b.op("Shape", [pos], hint="pos_shape"), b.const(0, "int64")], attrs={"axis": 0},
+                 hint="batch")
+        order = b.op("Range", [b.const(0, "int64"), n, b.const(1, "int64")], hint="rows_in_order")  # [B]
+        bi = b.op("Unsqueeze", [order, b.const([1], "int64")], hint="rows_in_order2")              # [B,1]
     slots, valid = _slots(b, pos, writes[0].inputs[0])
     ctx_all = None
-    if ctx.target == "qaic":
+    if ctx.target == "qaic" and cb:
         ctx_len = b.op("Gather", [b.op("Shape", [writes[0].inputs[0]], hint="cache_shape"), b.const([2], "int64")],
                        attrs={"axis": 0}, hint="ctx_len")
         ctx_all = b.op("Reshape", [b.op("Range", [b.const(0, "int64"), b.op("Squeeze", [ctx_len]),
@@ -116,6 +135,10 @@ def batch_index(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
                                    b.const([1, 1, -1], "int64")], hint="all_slots3")               # [1,1,C]
     for w in writes:
         cache = w.inputs[0]
+        if not cb:
+            _write(Builder(graph, f"batch_index/{w.name}"), ctx.target, w, bi, None, slots, valid, None)
+            graph.nodes.remove(w)
+            continue
         cache.shape = [FULL_BATCH, *cache.shape[1:]] if cache.shape else cache.shape
         w.outputs[0].shape = list(cache.shape) if cache.shape else None
         others = [n for n in cache.outputs if n is not w]

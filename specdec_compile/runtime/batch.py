@@ -19,9 +19,12 @@ decoding together. Nothing is reset between prompts:
 a new prompt's prefill rewrites positions 0..n-1 of its row and every later
 position is written before it is attended to. No batch_index input is needed.
 
-An --interface qeff TLM (contract section 7) has no full-width prefill: a new
-prompt's chunk runs alone at batch 1 into its cache row (``batch_index``), and
-the decoding rows wait for the next call, which runs every row.
+An --interface qeff model with continuous batching (contract section 7) has no
+full-width prefill: a new prompt's chunk runs alone at batch 1 into its cache
+row (``batch_index``), and the decoding rows wait for the next call, which runs
+every row. A plain --interface qeff TLM runs as above, but a call holding a
+verifying row never runs at the prefill width (that specialization keeps one
+logits column).
 """
 from __future__ import annotations
 
@@ -116,7 +119,12 @@ class BatchEngine:
         backend = group[0][1].runner.b
         dec = [c.width for _, c in group if not c.prefill]
         pre = [len(c.tokens) for _, c in group if c.prefill]
-        width = choose_width(backend.seq_lens, dec, pre, group[0][1].runner.costs)
+        widths = backend.seq_lens
+        if dec and backend.artifact.qeff and backend.role == "tlm":
+            # an --interface qeff TLM's prefill specialization keeps one logits column (Cloud AI 100):
+            # a call that verifies runs at a decode width (contract section 7)
+            widths = [w for w in widths if w != backend.prefill_len] or widths
+        width = choose_width(widths, dec, pre, group[0][1].runner.costs)
         rows = []
         for r, c in group:
             if c.prefill:
@@ -130,7 +138,7 @@ class BatchEngine:
         group = self._group(slots)
         backend = group[0][1].runner.b
         prefill = [(r, c) for r, c in group if c.prefill]
-        if backend.artifact.qeff and prefill:
+        if backend.artifact.cache_rows and prefill:
             # --interface qeff: one prompt chunk at batch 1 into its cache row (batch_index); the
             # decoding rows wait for the next call, which runs every row (contract section 7)
             (r, c), width = prefill[0], backend.prefill_len

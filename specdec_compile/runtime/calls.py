@@ -128,7 +128,7 @@ def extra_rows(calls: list[tuple[int, Call]], backend: Backend, B: int, width: i
 
 def run_rows(backend: Backend, calls: list[tuple[int, Call]], B: int, width: int, cache_rows=None):
     """Run one call holding ``calls`` (row, Call); returns (its outputs by name, seconds).
-    ``cache_rows``: an --interface qeff model's batch_index for the call's B rows."""
+    ``cache_rows``: the batch_index of the call's B rows (continuous batching, --full-batch-size)."""
     ids, pos = rows_of(calls, B, width)
     extra = extra_rows(calls, backend, B, width)
     t = time.perf_counter()
@@ -149,7 +149,7 @@ def steps(co):
         req = next(co)
         while True:
             r = req.runner
-            if req.prefill and r.b.artifact.qeff:   # contract section 7: a prompt at batch 1 into its row
+            if req.prefill and r.b.artifact.cache_rows:   # contract section 7: a prompt at batch 1 into its row
                 out, dt = run_rows(r.b, [(0, req)], 1, req.width, cache_rows=[0])
             else:
                 out, dt = run_rows(r.b, [(0, req)], r.b.batch_size, req.width)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..artifact.reader import Artifact
 from ..errors import SpecdecError
+from ..options import Options
 
 
 #: special token ids a manifest records (from the export's config.json / generation_config.json):
@@ -63,6 +64,43 @@ def check_pair(tlm: Artifact, dlm: Artifact, tokenizers=None) -> None:
         check_tokenizers_agree(*tokenizers, limit=min(sizes) if sizes else None)
     else:
         _check_special_ids(tlm, dlm)
+
+
+def _interface_words(o: Options) -> str:
+    if o.interface != "qeff":
+        return f"--batch-size {o.batch_size}"
+    return f"--full-batch-size {o.batch_size}" if o.continuous_batching else f"--interface qeff --batch-size {o.batch_size}"
+
+
+def check_compile_pair(tlm: Options, dlm: Options) -> None:
+    """Before compiling a pair (``specdec-compile pair``): the two ``Options`` give a TLM and a draft
+    that this runtime drives together (``check_pair`` accepts them, one backend runs both), or one
+    ``SpecdecError`` line naming the option to change, so that no pair is refused at run time.
+
+    Supported: any interface for either model (the default, QEfficient's plain ``--interface qeff``,
+    its continuous batching ``--full-batch-size``), mixed freely (a default DLM with a qeff TLM,
+    a qeff DLM with any TLM), when both have the same rows (batch size / full_batch_size), context,
+    prefill length and target. A draft's rows are its own cache's: a default DLM paired with a
+    batch-B TLM is compiled at ``--batch-size B``. A feature draft needs a TLM with hidden states."""
+    if not isinstance(tlm, Options) or not isinstance(dlm, Options):
+        raise SpecdecError("check_compile_pair takes the TLM's and the draft's Options")
+    if tlm.role != "tlm" or dlm.role != "dlm":
+        raise SpecdecError(f"a pair is a TLM and a DLM, got --role {tlm.role} and --role {dlm.role}")
+    if tlm.target != dlm.target:
+        raise SpecdecError(f"the TLM is compiled for --target {tlm.target} and the draft for --target {dlm.target}: "
+                           f"one backend runs both; compile them for the same target")
+    for attr, flag in (("ctx_len", "--ctx-len"), ("prefill_len", "--prefill-len")):
+        a, b = getattr(tlm, attr), getattr(dlm, attr)
+        if a != b:
+            raise SpecdecError(f"the TLM has {flag} {a} and the draft {flag} {b}: compile both with the same value")
+    if tlm.batch_size != dlm.batch_size:
+        raise SpecdecError(f"the TLM decodes {tlm.batch_size} rows ({_interface_words(tlm)}) and the draft "
+                           f"{dlm.batch_size} ({_interface_words(dlm)}): a draft keeps one cache row per TLM row; "
+                           f"compile the draft with --batch-size {tlm.batch_size} (or --full-batch-size "
+                           f"{tlm.batch_size})")
+    if dlm.feature_layers and not tlm.hidden_states:
+        raise SpecdecError(f"the draft is a feature draft (--feature-layers {_layers(dlm.feature_layers)}): compile "
+                           f"the TLM with --hidden-states {_layers(dlm.feature_layers)}")
 
 
 def _layers(xs) -> str:

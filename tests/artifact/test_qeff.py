@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from qeff_helpers import FBS, K, PL, RECORD, Replay, recorded_calls, rewrite
+from qeff_helpers import (BS, FBS, K, PL, PLAIN, RECORD, Replay, assert_interface_is, assert_logits_are, recorded_calls,
+                          rewrite)
 
 from specdec_compile.artifact.writer import Options, write_artifact
-
-
-def _io(model, kind: str) -> list[tuple[str, str, list]]:
-    import onnx
-    vis = model.graph.input if kind == "inputs" else model.graph.output
-    return [(v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
-             [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]) for v in vis]
 
 
 @pytest.mark.parametrize("role", ["tlm", "dlm"])
@@ -24,16 +17,7 @@ def _io(model, kind: str) -> list[tuple[str, str, list]]:
 def test_interface_is_qeffs(fixture_path, role, target):
     """Same input and output names, order and dtypes as QEfficient's export; the same dims,
     except that ours name the logits' dims (QEfficient's exporter leaves them anonymous)."""
-    model = rewrite(fixture_path("llama_gqa"), role, target).model
-    want = RECORD[role]["interface"]
-    for kind in ("inputs", "outputs"):
-        got = _io(model, kind)
-        assert [(n, t) for n, t, _ in got] == [(w["name"], w["dtype"]) for w in want[kind]]
-        for (name, _, dims), w in zip(got, want[kind]):
-            if name == "logits":
-                assert dims == ["batch_size", "num_logits_to_keep" if role == "tlm" else 1, w["dims"][2]]
-            else:
-                assert dims == w["dims"], name
+    assert_interface_is(rewrite(fixture_path("llama_gqa"), role, target).model, RECORD[role]["interface"], role)
 
 
 @pytest.mark.parametrize("role", ["tlm", "dlm"])
@@ -46,31 +30,31 @@ def test_logits_equal_qeffs_on_its_calls(fixture_path, role, target):
     replay = Replay(rewrite(fixture_path("llama_gqa"), role, target).model, FBS)
     calls = recorded_calls(role)
     assert len(calls) == (5 if role == "tlm" else 3)
-    for n, c in enumerate(calls):
-        got = replay(c["input_ids"], c["position_ids"], c["batch_index"], c.get("num_logits_to_keep"))
-        want = c["logits"]
-        assert got.shape == want.shape, n
-        assert np.isfinite(got).all(), n
-        ok = ~np.isnan(want)
-        assert ok.sum() >= want.size // 4, n
-        np.testing.assert_allclose(got[ok], want[ok], atol=1e-5, err_msg=f"call {n}")
+    assert_logits_are(replay, calls)
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["continuous_batching", "plain"])
 @pytest.mark.parametrize("role", ["tlm", "dlm"])
-def test_specializations_are_qeffs(fixture_path, tmp_path, role):
-    """specializations.json: QEfficient's keys, order and values (its internal _graph_name aside)."""
-    res = rewrite(fixture_path("llama_gqa"), role, "qaic")
+def test_specializations_are_qeffs(fixture_path, tmp_path, role, plain):
+    """specializations.json: QEfficient's keys, order and values (its internal _graph_name aside),
+    for both interfaces (plain: no full_batch_size / full_batch_exec_size); the manifest's qeff
+    object records full_batch_size and batch_index, or (plain) batch_size."""
+    res = rewrite(fixture_path("llama_gqa"), role, "qaic", cb=not plain)
+    record, rows = (PLAIN, BS) if plain else (RECORD, FBS)
     cases = {"k3": (), "k_list_0_3": (0,)} if role == "tlm" else {"default": ()}
     for name, k_list in cases.items():
         opts = Options(role=role, k=K if role == "tlm" else None, k_list=k_list, prefill_len=PL,
-                       ctx_len=RECORD["ctx_len"], batch_size=FBS, interface="qeff")
+                       ctx_len=RECORD["ctx_len"], batch_size=rows, interface="qeff", continuous_batching=not plain)
         out = tmp_path / f"{role}-{name}"
         art = write_artifact(res, opts, out)
         got = json.loads((out / "specializations.json").read_text())["specializations"]
         want = [{k: str(v) for k, v in s.items() if k != "_graph_name"}
-                for s in RECORD[role]["specializations"][name]]
+                for s in record[role]["specializations"][name]]
         assert got == want
-        assert art.record.qeff["full_batch_size"] == FBS and art.record.batch_size == FBS
+        q = art.record.qeff
+        assert (q["batch_size"] == BS and "batch_index" not in q) if plain else (
+            q["full_batch_size"] == FBS and q["batch_index"] == "batch_index")
+        assert art.record.batch_size == rows
         assert list(art.record.specializations) == [int(s["seq_len"]) for s in got]
 
 

@@ -15,7 +15,9 @@ from test_writer import _fake_compiler
 
 from specdec_compile.artifact.manifest import Manifest
 
-QEFF = ["--interface", "qeff", "--batch-size", "4", "--prefill-len", "8", "--ctx-len", "32"]
+QEFF = ["--full-batch-size", "4", "--prefill-len", "8", "--ctx-len", "32"]
+#: QEfficient's plain SpD interface: no batch_index
+QEFF_PLAIN = ["--interface", "qeff", "--batch-size", "2", "--prefill-len", "8", "--ctx-len", "32"]
 
 
 def _cli(*args):
@@ -81,13 +83,14 @@ def test_bad_input_is_one_line_exit_2(fixture_path, tmp_path, args, message):
 
 
 
-@pytest.mark.parametrize("role,target", [("tlm", "ort"), ("dlm", "qaic")])
-def test_verify_checks_a_qeff_graph_against_the_export(fixture_path, tmp_path, role, target):
+@pytest.mark.parametrize("role,target,shape", [("tlm", "ort", QEFF), ("dlm", "qaic", QEFF),
+                                               ("tlm", "qaic", QEFF_PLAIN), ("dlm", "ort", QEFF_PLAIN)])
+def test_verify_checks_a_qeff_graph_against_the_export(fixture_path, tmp_path, role, target, shape):
     """verify feeds a qeff graph batch_index 0..B-1 and num_logits_to_keep = the call's width: the
     default interface's calls, so its report compares with the export as for any artifact."""
     src = fixture_path("llama_gqa")
     k = ["--k", "3"] if role == "tlm" else []
-    r = _cli(src, "--role", role, *k, "--target", target, *QEFF, "--ctx-len", "64", "-o", tmp_path / "a")
+    r = _cli(src, "--role", role, *k, "--target", target, *shape, "--ctx-len", "64", "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     v = _cli("verify", src, tmp_path / "a" / "model.onnx")
     assert v.returncode == 0, v.stdout + v.stderr

@@ -81,7 +81,8 @@ def test_qeff_rows_equal_the_default_interface(row, target):
         except SpecdecError as e:
             pytest.skip(f"refused by the default interface too: {e}")
         qeff = rewrite(str(source),
-                       Options(role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL, interface="qeff"))
+                       Options(role=role, target=target, k=K if role == "tlm" else None, ctx_len=CL, interface="qeff",
+                               continuous_batching=True))
         prompts, wide, pos = _calls(np.random.default_rng(7), ours.info.vocab_size)
         got, order = _run_qeff(qeff.model, role, prompts, wide, pos)
         assert np.isfinite(got).all()

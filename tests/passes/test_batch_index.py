@@ -13,7 +13,7 @@ from specdec_compile.options import Options
 
 def _upto_canonical(path, target):
     g, det = load(path)
-    c = ctx(det, role="tlm", target=target, ctx_len=16)
+    c = ctx(det, role="tlm", target=target, ctx_len=16, interface="qeff", continuous_batching=True)
     for p in passes.select("tlm", target, "qeff"):
         if p.name == "batch_index":
             return g, c
@@ -61,7 +61,8 @@ def test_rows_are_routed_and_padding_changes_nothing(fixture_path, target):
     order, to the logits the default interface gives that prompt alone; the cache rows the call does
     not name are unchanged, and a left-padded row (QEfficient's decode form) writes only its token."""
     path = fixture_path("llama_gqa")
-    qeff = pipeline.rewrite(path, Options(role="dlm", target=target, ctx_len=16, prefill_len=8, interface="qeff")).model
+    qeff = pipeline.rewrite(path, Options(role="dlm", target=target, ctx_len=16, prefill_len=8, interface="qeff",
+                                          continuous_batching=True)).model
     ours = pipeline.rewrite(path, Options(role="dlm", target=target, ctx_len=16, prefill_len=8)).model
     rng = np.random.default_rng(3)
     prompt = rng.integers(3, 211, (1, 6))

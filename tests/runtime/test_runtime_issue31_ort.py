@@ -30,15 +30,15 @@ PROMPTS = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1], [5, 6, 7], [9, 4, 9, 120, 33, 1
 
 @pytest.fixture(scope="module")
 def arts(fixture_path, tmp_path_factory):
-    """tlm: k 3 with widths 0, 1, 3 (seq_lens 1, 2, 3, 4, 8); dlm; tlmq: --interface qeff, prefill 4 at
-    batch 1 and decode widths 1 and 4 at batch 4 (the prefill length is a decode width)."""
+    """tlm: k 3 with widths 0, 1, 3 (seq_lens 1, 2, 3, 4, 8); dlm; tlmq: --full-batch-size 4 (continuous
+    batching), prefill 4 at batch 1 and decode widths 1 and 4 at batch 4 (the prefill length is a decode width)."""
     src = str(fixture_path("llama_gqa"))
     d = tmp_path_factory.mktemp("issue31")
     common = ["--prefill-len", "8", "--ctx-len", "64", "--target", "ort"]
     for name, extra in (("tlm", ["--role", "tlm", "--k", "3", "--k-list", "0,1,3", *common]),
                         ("dlm", ["--role", "dlm", *common]),
-                        ("tlmq", ["--role", "tlm", "--k", "3", "--k-list", "0", "--interface", "qeff", "--target",
-                                  "ort", "--prefill-len", "4", "--ctx-len", "64", "--batch-size", "4"])):
+                        ("tlmq", ["--role", "tlm", "--k", "3", "--k-list", "0", "--full-batch-size", "4", "--target",
+                                  "ort", "--prefill-len", "4", "--ctx-len", "64"])):
         assert compile_cli.main([src, *extra, "-o", str(d / name), "-q"]) == 0
     make_tokenizer(d / "tok")
     return d

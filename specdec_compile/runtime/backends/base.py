@@ -126,17 +126,18 @@ class Backend:
                     rows=None) -> dict:
         """Run one call; returns {"logits": ..., and each of ``extra_outputs``: [B, S, width]}.
         ``inputs``: each of ``extra_inputs`` as [B, S, width] (zeros when not given).
-        ``rows`` (an --interface qeff artifact): the cache row of each row of the call, its
+        ``rows`` (continuous batching, --full-batch-size): the cache row of each row of the call, its
         ``batch_index``; default 0..B-1 for a call of every row."""
         if check:
             ids, pos = self.check_inputs(input_ids, position_ids)
         else:
             ids, pos = input_ids, position_ids
             self.artifact.check_call(*ids.shape)
-        if self.artifact.qeff:
+        if self.artifact.cache_rows:
             self._set_rows(self.check_rows(rows, ids.shape[0]))
         elif rows is not None:
-            raise SpecdecError(f"{self.artifact.name}: has no batch_index input (compiled without --interface qeff)")
+            raise SpecdecError(f"{self.artifact.name}: has no batch_index input (compiled without "
+                               f"--full-batch-size)")
         extra = self._extra(ids.shape, inputs or {}, check)
         t0 = time.perf_counter()
         out = self._run_outputs(ids, pos, extra)
@@ -207,7 +208,7 @@ class Backend:
                 ids = np.zeros((B, s), np.int64)
                 pos = np.full((B, s), -1, np.int64)
                 pos[:, 0] = 0   # one valid token per row, so every role has logits to give
-                if self.artifact.qeff:
+                if self.artifact.cache_rows:
                     self._set_rows(np.arange(B, dtype=np.int64).reshape(-1, 1))
                 self.check_logits(self._run_outputs(ids, pos, self._extra(ids.shape, {}, False))[LOGITS],
                                   ids.shape)

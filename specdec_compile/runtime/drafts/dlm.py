@@ -3,7 +3,9 @@
 Its calls follow contract section 6: prefill in PL chunks; each round first
 catches the DLM up to the text (seq_len 1 with the last token, or 2 with the
 last draft and the last token after a full accept; PL or 2-wide calls only
-after rounds without drafts), then one seq_len-1 call per further draft.
+after rounds without drafts), then one seq_len-1 call per further draft. An
+--interface qeff DLM (QEfficient's: prefill and seq_len 1 only) catches up in
+seq_len-1 calls, as QEfficient's own speculative loop does.
 
 A DLM and a TLM may have tables of different sizes over one tokenizer
 (vocab.py): the DLM proposes only ids both have and reads an id it has no row
@@ -96,8 +98,9 @@ class DlmDrafter:
             return drafts
         pending, p0 = seq[self.valid:q], self.valid
         PL = self.r.b.prefill_len
-        while len(pending) > 2:          # only after rounds without drafts
-            step = PL if len(pending) > PL else 2
+        two = 2 in self.r.b.seq_lens     # an --interface qeff DLM decodes one token a call (section 7)
+        while len(pending) > (2 if two else 1):          # only after rounds without drafts, or a full accept
+            step = (PL if len(pending) > PL else 2) if two else 1
             yield from self.r.call(pending[:step], p0, step)
             pending, p0 = pending[step:], p0 + step
         logits = (yield from self.r.call(pending, p0, len(pending)))[0]

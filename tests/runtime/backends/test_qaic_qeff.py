@@ -1,9 +1,10 @@
-"""The Cloud AI 100 backend drives --interface qeff artifacts (contract section 7), against the
-FAKE qaicrt of test_qaic.py with a FAKE QPC built as QEfficient's continuous-batching programs
-are: bindings from the artifact's interface record, the cache in full_batch_size rows in every
+"""The Cloud AI 100 backend drives --interface qeff artifacts (contract section 7), both of
+QEfficient's interfaces, against the FAKE qaicrt of test_qaic.py with a FAKE QPC built as
+QEfficient's programs are. Continuous batching (--full-batch-size): bindings from the artifact's interface record, the cache in full_batch_size rows in every
 specialization, a prompt prefilled at batch 1 into the row batch_index names (num_logits_to_keep
 [1, 1]: one column of logits), decode calls of every row (batch_index [B, 1]); the names are those
-of QEfficient's cloud_infer.py (QAICInferenceSession). The fake device runs model.onnx."""
+of QEfficient's cloud_infer.py (QAICInferenceSession). The plain interface: every call at
+full batch, no batch_index, the prefill keeping one column. The fake device runs model.onnx."""
 from __future__ import annotations
 
 import json
@@ -48,12 +49,16 @@ def write_fake_qeff_qpc(art_dir, drop=()):
 def arts(fixture_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("qaic_qeff")
     out = {}
-    for name, extra in (("tlm", ["--role", "tlm", "--k", str(K), "--interface", "qeff"]),
+    for name, extra in (("tlm", ["--role", "tlm", "--k", str(K), "--full-batch-size", str(FBS)]),
+                        ("tlmq", ["--role", "tlm", "--k", str(K), "--interface", "qeff"]),
+                        ("dlmq", ["--role", "dlm", "--interface", "qeff"]),
+                        ("dlmcb", ["--role", "dlm", "--full-batch-size", str(FBS)]),
                         ("dlm", ["--role", "dlm"])):
         d = out[name] = root / name
         assert compile_cli.main([str(fixture_path("llama_gqa")), "--target", "qaic", "--prefill-len", str(PL),
                                  "--ctx-len", str(CL), "--batch-size", str(FBS), "-o", str(d), *extra]) == 0
-    write_fake_qeff_qpc(out["tlm"])
+    for name in ("tlm", "tlmq", "dlmq", "dlmcb"):
+        write_fake_qeff_qpc(out[name])
     write_fake_qpc(out["dlm"])
     return out
 
@@ -117,14 +122,7 @@ def test_bad_rows_and_a_qpc_of_the_other_interface(arts, tmp_path):
     write_fake_qeff_qpc(d, drop=("num_logits_to_keep",))
     with pytest.raises(SpecdecError, match="no num_logits_to_keep binding"):
         backend(d, [])
-    d2 = tmp_path / "dlm"               # a default-interface DLM whose QPC has a batch_index binding
-    shutil.copytree(arts["dlm"], d2)
-    f = d2 / "qpc" / "programqpc.bin"
-    q = json.loads(f.read_text())
-    q["bindings"].append({"name": "batch_index", "dir": INP, "type": INT64_I_TYPE, "dims": [FBS, 1]})
-    for a in q["allowed_shapes"]:
-        a.append([FBS, 1])
-    f.write_text(json.dumps(q))
+    d2 = _with_batch_index_binding(arts["dlm"], tmp_path / "dlm")   # a default-interface DLM's QPC
     with pytest.raises(SpecdecError, match="batch_index binding but the artifact was compiled without"):
         backend(d2, [])
 
@@ -144,3 +142,50 @@ def test_cli_backend_qaic_with_a_qeff_target(arts, monkeypatch, capsys):
     got = [r["generated_ids"] for r in json.loads(capsys.readouterr().out)["results"]]
     assert run_cli.main(argv + ["--backend", "ort"]) == 0
     assert [r["generated_ids"] for r in json.loads(capsys.readouterr().out)["results"]] == got
+
+
+@pytest.mark.parametrize("tlm_name,dlm_name", [("tlmq", "dlm"), ("tlmq", "dlmq"), ("tlm", "dlmcb"), ("tlmq", "dlmcb")])
+def test_plain_qeff_target_and_qeff_drafts_decode_as_onnx_runtime(arts, tlm_name, dlm_name):
+    """QEfficient's plain TLM (no batch_index), and qeff drafts of either interface: the tokens
+    ONNX Runtime gives, one prompt and more prompts than rows."""
+    ev = []
+    tlm, dlm = backend(arts[tlm_name], ev, device_ids=[0]), backend(arts[dlm_name], ev, device_ids=[1])
+    got, ref = SpecDecoder(tlm, dlm), SpecDecoder(OrtBackend(arts[tlm_name]), OrtBackend(arts[dlm_name]))
+    assert got.generate(IDS, max_new_tokens=20).generated_ids == ref.generate(IDS, max_new_tokens=20).generated_ids
+    g = [r.generated_ids for r in got.generate_many(PROMPTS, max_new_tokens=14)]
+    assert g == [r.generated_ids for r in ref.generate_many(PROMPTS, max_new_tokens=14)]
+    assert not any(e[0] == "error" for e in ev)
+
+
+def test_plain_qeff_calls_are_qefficients(arts):
+    """The plain TLM: every call at batch FBS, no batch_index buffer; the prefill keeps one column,
+    a verification every column of its width; a call holding a verifying row never runs at PL."""
+    ev = []
+    tlm = backend(arts["tlmq"], ev)
+    SpecDecoder(tlm, backend(arts["dlmq"], ev)).generate_many(PROMPTS, max_new_tokens=10)
+    calls = [e[1] for e in ev if e[0] == "setData" and "num_logits_to_keep" in e[1]]
+    assert calls and all("batch_index" not in c and c["input_ids"][0] == FBS for c in calls)
+    for c in calls:
+        S = c["input_ids"][1]
+        assert c["num_logits_to_keep"] == ([1, 1] if S == PL else [S, 1]) and c["logits"][1] == c["num_logits_to_keep"][0]
+    d = [e[1] for e in ev if e[0] == "setData" and "num_logits_to_keep" not in e[1]]
+    assert d and all(c["input_ids"] in ([FBS, PL], [FBS, 1]) and "batch_index" not in c for c in d)
+
+
+def test_plain_qpc_with_a_batch_index_binding_is_refused(arts, tmp_path):
+    d = _with_batch_index_binding(arts["tlmq"], tmp_path / "t")
+    with pytest.raises(SpecdecError, match="batch_index binding but the artifact was compiled without --full-batch-size"):
+        backend(d, [])
+
+
+def _with_batch_index_binding(art, d):
+    """A copy of the artifact ``art`` at ``d`` whose FAKE QPC has a batch_index binding too."""
+    import shutil
+    shutil.copytree(art, d)
+    f = d / "qpc" / "programqpc.bin"
+    q = json.loads(f.read_text())
+    q["bindings"].append({"name": "batch_index", "dir": INP, "type": INT64_I_TYPE, "dims": [FBS, 1]})
+    for a in q["allowed_shapes"]:
+        a.append([FBS, 1])
+    f.write_text(json.dumps(q))
+    return d

@@ -61,7 +61,7 @@ def _check_names(path: Path, ins: dict, outs: dict, art: Artifact) -> list[str]:
     if LOGITS not in outs:
         raise SpecdecError(f"{path}: no 'logits' output")
     kv = kv_names(list(ins))
-    qeff = {BATCH_INDEX, NUM_LOGITS_TO_KEEP} if art.qeff else set()
+    qeff = ({BATCH_INDEX} if art.cache_rows else set()) | ({NUM_LOGITS_TO_KEEP} if art.qeff else set())
     extra = sorted(set(ins) - {INPUT_IDS, POSITION_IDS} - set(kv) - set(art.extra_inputs) - qeff)
     if extra:
         raise SpecdecError(f"{path}: unexpected inputs {extra}; the contract allows only "

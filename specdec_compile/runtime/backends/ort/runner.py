@@ -102,8 +102,9 @@ class OrtBackend(Backend):
         io = self._io
         io.bind_cpu_input(INPUT_IDS, ids)
         io.bind_cpu_input(POSITION_IDS, pos)
-        if self.artifact.qeff:      # contract section 7: the call's cache rows; the TLM keeps every column
+        if self.artifact.cache_rows:    # contract section 7: the call's cache rows
             io.bind_cpu_input(BATCH_INDEX, self._rows)
+        if self.artifact.qeff:          # the TLM keeps every column
             if self.artifact.role == "tlm":
                 io.bind_cpu_input(NUM_LOGITS_TO_KEEP, np.zeros((ids.shape[1], 1), np.int64))
         for n, a in extra.items():

@@ -147,13 +147,15 @@ def load_qaic(artifact, *, device_ids=None, qpc=None, expect_role: str | None = 
     for n in (*art.extra_inputs, *art.extra_outputs):
         if n not in index:
             raise SpecdecError(f"{qpc_path}: the manifest declares {n!r} but the QPC has no such binding")
-    want = {BATCH_INDEX, NUM_LOGITS_TO_KEEP} if art.role == "tlm" else {BATCH_INDEX}
-    if art.qeff and not want <= set(index):
+    want = ({BATCH_INDEX} if art.cache_rows else set()) | ({NUM_LOGITS_TO_KEEP} if art.qeff and art.role == "tlm"
+                                                             else set())
+    if not want <= set(index):
         raise SpecdecError(f"{qpc_path}: the artifact has --interface qeff but the QPC has no "
                            f"{' / '.join(sorted(want - set(index)))} binding: compiled from another model?")
-    if not art.qeff and BATCH_INDEX in index:
-        raise SpecdecError(f"{qpc_path}: the QPC has a batch_index binding but the artifact was compiled "
-                           f"without --interface qeff: compiled from another model?")
+    for name, option in ((BATCH_INDEX, "--full-batch-size"), (NUM_LOGITS_TO_KEEP, "--interface qeff")):
+        if name in index and name not in want:
+            raise SpecdecError(f"{qpc_path}: the QPC has a {name} binding but the artifact was compiled "
+                               f"without {option}: compiled from another model?")
     lb = bindings[index[LOGITS]]
     art = with_vocab(art, int(lb.dims[-1]), "QPC's logits binding")
     props = rt.QAicProgramProperties()

@@ -90,8 +90,9 @@ class QaicBackend(Backend):
             raise SpecdecError(f"{self.qpc_path}: no matching dimension for input_ids [{B}, {S}] in the QPC")
         self._set(INPUT_IDS, ids)
         self._set(POSITION_IDS, pos)
-        if self.artifact.qeff:      # contract section 7: the call's cache rows; a TLM's kept columns
+        if self.artifact.cache_rows:    # contract section 7: the call's cache rows
             self._set(BATCH_INDEX, self._rows)
+        if self.artifact.qeff:          # a TLM's kept columns
             if self.role == "tlm":
                 self._set(NUM_LOGITS_TO_KEEP, np.zeros((n, 1), np.int64))
         self._set(LOGITS, self.logits_type.zeros(logits_shape))
