@@ -82,7 +82,7 @@ def describe(info: dict) -> str:
     """One log line: the head, its data and its held-out numbers."""
     ev = info.get("eval") or {}
     tpc = ev.get("tokens_per_call_greedy") or {}
-    top = ", ".join(f"k={k} {v}" for k, v in tpc.items())
+    top = ", ".join(f"k={k} {v}" for k, v in tpc.items() if v is not None)
     return (f"[eagle3] EAGLE-3 head {_rel(Path(info['dir']))} (speculators format, aux layers {info.get('aux_ids')}, "
             f"sha256 {info['sha256'][:12]}...), trained for this target ({info['target_sha256'][:12]}...) on "
             f"{info.get('answer_tokens') or 0:,} answer tokens (dataset {str(info.get('dataset_sha256'))[:12]}...), "
