@@ -141,7 +141,7 @@ def test_demo_without_a_head_goes_on_without_the_rows(tmp_path, monkeypatch, cap
 
 
 @pytest.mark.slow
-def test_eagle3_rows_are_built_and_decoded_side_by_side(tmp_path, monkeypatch):
+def test_eagle3_rows_are_built_and_decoded_side_by_side(tmp_path, monkeypatch, decode_standins):
     """build() holds the head to the checkpoint, imports it against the target's export with the
     TLM compiled at the layers the import names; its two decoders run beside another draft in
     decode_all, greedy, identical to target-only."""
@@ -171,18 +171,10 @@ def test_eagle3_rows_are_built_and_decoded_side_by_side(tmp_path, monkeypatch):
     assert set(drafts) == {"eagle3", "eagle3-hybrid"}
     drafts["ngram"] = real_demo.runtime_ngram_decoder(opened[0], None)
 
-    class Tok:
-        def decode(self, ids, **kw):
-            return " ".join(map(str, ids))
-
-    class NoStream:
-        def start(self, *a, **k): ...
-        def __call__(self, *a): ...
-        def end(self): ...
-
+    tok, silent = decode_standins
     monkeypatch.setattr(real_demo.smollm2, "chat_ids", lambda tok, text: [1, 5, 9, 33, 7, 100, 42, 5, 9][: len(text) + 5])
-    rows = real_demo.decode_all(drafts, TargetOnlyDecoder(base), Tok(), ["ab", "abcd"], max_new_tokens=16,
-                                repeats=1, stream=NoStream(), streamed="eagle3")
+    rows = real_demo.decode_all(drafts, TargetOnlyDecoder(base), tok, ["ab", "abcd"], max_new_tokens=16,
+                                repeats=1, stream=silent, streamed="eagle3")
     for r in rows:
         assert r["new_tokens"] == 16 and r["identical"] and set(r["drafts"]) == {"eagle3", "eagle3-hybrid", "ngram"}
         assert r["drafts"]["eagle3"]["tokens_per_tlm_call"] >= 1.0
