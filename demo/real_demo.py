@@ -250,25 +250,24 @@ def calibrate(drafts: dict, target, tok) -> dict:
 
 
 def _table(a, rows: list[dict], sums: dict, summary: dict, identical: bool):
-    """Per instruction and in all: the target's rate, each draft's speedup and tokens per call."""
+    """Per instruction and in all: the target's rate, and per draft its speedup and (per instruction)
+    tokens per target call, in one column each so that six drafts fit a terminal's width."""
     from rich.table import Table
     drafts = list(sums)
     t = Table(title=f"SmolLM2-135M-Instruct, greedy: speculative vs target-only (ONNX Runtime CPU, "
-                    f"{a.ort_threads} thread; measured, best of {a.repeats})")
-    t.add_column("prompt", no_wrap=True, max_width=32, overflow="ellipsis")
-    cols = ["new tok", "target tok/s"] + [f"{n} speedup" for n in drafts] + [f"{n} tok/call" for n in drafts] + \
-        ["identical"]
-    for col in cols:
-        t.add_column(col, justify="right")
+                    f"{a.ort_threads} thread; measured, best of {a.repeats}); per draft: speedup "
+                    f"(tokens per target call)")
+    t.add_column("prompt", no_wrap=True, max_width=28, overflow="ellipsis")
+    for col in ["new tok", "target tok/s", *drafts, "identical"]:
+        t.add_column(col, justify="right", no_wrap=col in drafts)
     f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
     for r in rows:
         d = r["drafts"]
         t.add_row(r["prompt"], str(r["new_tokens"]), f(r["target_tokens_per_s"]),
-                  *[f(d[n]["speedup"], 2) + "x" for n in drafts], *[f(d[n]["tokens_per_tlm_call"], 2) for n in drafts],
+                  *[f"{f(d[n]['speedup'], 2)}x ({f(d[n]['tokens_per_tlm_call'], 2)})" for n in drafts],
                   "yes" if r["identical"] else "NO")
     t.add_row("all", str(sum(r["new_tokens"] for r in rows)), f(summary["target_tokens_per_s"]),
-              *[f(sums[n]["speedup"], 2) + "x" for n in drafts], *["" for _ in drafts],
-              "yes" if identical else "NO", style="bold")
+              *[f(sums[n]["speedup"], 2) + "x" for n in drafts], "yes" if identical else "NO", style="bold")
     return t
 
 

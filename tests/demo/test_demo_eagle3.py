@@ -200,3 +200,22 @@ def test_eagle3_head_make_target_reproduces_it_from_scratch():
     train = next(i for i, c in enumerate(cmds) if "-m workshop.eagle3_train" in c)
     assert smol < train and "--out build/eagle3-head" in cmds[train] and "--device cuda" in cmds[train]
     assert any("-m demo.run_demo --eagle3-head h" in c for c in cmds)
+
+
+def test_the_table_fits_six_drafts_in_one_line_per_prompt():
+    """Speedup and tokens per call share a column per draft: six drafts fit 150 columns unwrapped."""
+    import argparse
+
+    from rich.console import Console
+    names = ["feature", "hybrid", "distilled", "ngram", "eagle3", "eagle3-hybrid"]
+    d = {n: {"speedup": 1.234, "tokens_per_tlm_call": 1.88} for n in names}
+    rows = [{"prompt": "Write a Python function that checks whether a string is a palindrome.", "new_tokens": 128,
+             "target_tokens_per_s": 21.5, "drafts": d, "identical": True}] * 2
+    sums = {n: {"speedup": 1.1} for n in names}
+    con = Console(width=150, record=True, file=open("/dev/null", "w"))
+    con.print(real_demo._table(argparse.Namespace(ort_threads=1, repeats=2), rows, sums,
+                               {"target_tokens_per_s": 21.5}, True))
+    text = con.export_text()
+    body = [line for line in text.splitlines() if line.startswith("│")]
+    assert len(body) == 3                                   # two prompts and "all", one line each
+    assert body[0].count("1.23x (1.88)") == 6 and "eagle3-hybrid" in text
