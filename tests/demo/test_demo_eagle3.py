@@ -6,6 +6,7 @@ in one line naming the Makefile target; the head's pair is imported, compiled an
 side, greedy, identical to target-only."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
@@ -167,21 +168,32 @@ def test_eagle3_rows_are_built_and_decoded_side_by_side(tmp_path, monkeypatch, d
     compile_artifact(export, out / "tlm-base", ["--role", "dlm", "--target", "ort", "--prefill-len", "8",
                                                 "--ctx-len", "64"], log=lambda m: None)
     base = OrtBackend(out / "tlm-base", intra_op_threads=1)
-    drafts, opened = real_demo.eagle3_decoders(e3, 1, eos=None, k=None)
-    assert set(drafts) == {"eagle3", "eagle3-hybrid"}
-    drafts["ngram"] = real_demo.runtime_ngram_decoder(opened[0], None)
+    e3_drafts, e3_opened = real_demo.eagle3_decoders(e3, 1, eos=None, k=None)
+    assert set(e3_drafts) == {"eagle3", "eagle3-hybrid"}
+    # open_drafts: every draft side by side; the EAGLE-3 pair stands in for the feature pair here,
+    # and the target at seq_len 1 for the distilled draft
+    tlm = OrtBackend(Path(e3["paths"]["tlm"]), intra_op_threads=1)
+    dlm = OrtBackend(out / "tlm-base", intra_op_threads=1)
+    monkeypatch.setattr(real_demo, "open_feature_pair", lambda o, t: real_demo.eagle3_decoders(e3, t, eos=None,
+                                                                                                k=None)[1])
+    a = argparse.Namespace(out=out, ort_threads=1, decode_k=None)
+    drafts, opened = real_demo.open_drafts(a, built, tlm, dlm, None)
+    names = {"feature", "hybrid", "distilled", "ngram", "eagle3", "eagle3-hybrid"}
+    assert set(drafts) == names and len(opened) == 4
+    assert set(real_demo.open_drafts(a, {**built, "eagle3": None}, tlm, dlm, None)[0]) == names - {"eagle3",
+                                                                                                  "eagle3-hybrid"}
 
     tok, silent = decode_standins
     monkeypatch.setattr(real_demo.smollm2, "chat_ids", lambda tok, text: [1, 5, 9, 33, 7, 100, 42, 5, 9][: len(text) + 5])
     rows = real_demo.decode_all(drafts, TargetOnlyDecoder(base), tok, ["ab", "abcd"], max_new_tokens=16,
                                 repeats=1, stream=silent, streamed="eagle3")
     for r in rows:
-        assert r["new_tokens"] == 16 and r["identical"] and set(r["drafts"]) == {"eagle3", "eagle3-hybrid", "ngram"}
+        assert r["new_tokens"] == 16 and r["identical"] and set(r["drafts"]) == names
         assert r["drafts"]["eagle3"]["tokens_per_tlm_call"] >= 1.0
-    assert opened[1].calls > 2 * 4                      # the head drafted rounds, not only prefills
+    assert opened[3].calls > 2 * 4                      # the EAGLE-3 head drafted rounds, not only prefills
     for name in drafts:
         assert real_demo.summarize(rows, name)["identical"]
-    for b in opened + [base]:
+    for b in e3_opened + opened + [base, tlm, dlm]:
         b.close()
 
 
@@ -204,8 +216,6 @@ def test_eagle3_head_make_target_reproduces_it_from_scratch():
 
 def test_the_table_fits_six_drafts_in_one_line_per_prompt():
     """Speedup and tokens per call share a column per draft: six drafts fit 150 columns unwrapped."""
-    import argparse
-
     from rich.console import Console
     names = ["feature", "hybrid", "distilled", "ngram", "eagle3", "eagle3-hybrid"]
     d = {n: {"speedup": 1.234, "tokens_per_tlm_call": 1.88} for n in names}
