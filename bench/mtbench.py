@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from demo.compiling import compile_artifact, compile_feature_pair
+from demo.compiling import compile_eagle3 as compile_eagle3_pair
 from demo.rates import decode_rate
 
 from . import real_model
@@ -271,11 +272,6 @@ def parse_methods(text: str) -> list[str]:
     return out
 
 
-def head_sha(head: Path) -> str:
-    import hashlib
-    return hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest()
-
-
 def _needs(methods: list[str]) -> set[str]:
     names = {m.partition(":")[0] for m in methods}
     need = {"tlm-base"} | ({"tlm"} if "ngram" in names else set())
@@ -284,26 +280,8 @@ def _needs(methods: list[str]) -> set[str]:
 
 
 def compile_eagle3(export: Path, head: Path, out: Path, *, ctx_len: int, log=print) -> tuple[Path, Path, dict]:
-    """The head imported by ``specdec-compile import-head`` against ``export`` and the TLM compiled
-    with the ``--hidden-states`` the import names, both under ``out``/eagle3-SHA (cached: the stamp
-    holds the head's files, the export's sha256, the options and the compiler's sources)."""
-    base = out / f"eagle3-{head_sha(head)[:16]}"
-    common = ["--target", "ort", "--prefill-len", str(PREFILL), "--ctx-len", str(ctx_len)]
-    t_head = compile_artifact(head, base / "head", ["--tlm", str(export), "--k", str(K), *common, "--quiet"],
-                              log=log, subcommand="import-head",
-                              key_files=(head / "config.json", head / "model.safetensors", export))
-    from specdec_compile.layer_lists import format_layers
-    man = json.loads((base / "head" / "manifest.json").read_text())
-    layers = format_layers(man["feature_draft"]["target_layers"])
-    t_tlm = compile_artifact(export, base / "tlm", ["--role", "tlm", "--k", str(K), "--k-list",
-                                                    ",".join(map(str, K_LIST)), "--hidden-states", layers, *common],
-                             log=log)
-    rec = man["feature_draft"].get("eagle3") or {}
-    info = {"dir": str(head), "sha256": head_sha(head), "hidden_states": layers, "artifacts": str(base),
-            "aux_hidden_state_layer_ids": rec.get("aux_hidden_state_layer_ids"),
-            "draft_vocab_size": rec.get("draft_vocab_size"), "compile_s": {"head": round(t_head, 1),
-                                                                           "tlm": round(t_tlm, 1)}}
-    return base / "tlm", base / "head", info
+    """The head and its TLM (``demo.compiling.compile_eagle3``) at this section's k, widths and prefill."""
+    return compile_eagle3_pair(export, head, out, k=K, k_list=K_LIST, prefill_len=PREFILL, ctx_len=ctx_len, log=log)
 
 
 def prepare(export: Path, fdraft: Path | None, head: Path | None, out: Path, methods: list[str], *,

@@ -1,6 +1,7 @@
 """``specdec-compile`` as the demo and the benchmarks call it: one artifact, reused when
 its stamp says it was compiled from the same model and options by the same compiler;
-and the trio every speculative run needs (``compile_trio``)."""
+the trio every speculative run needs (``compile_trio``), the feature pair
+(``compile_feature_pair``) and an imported EAGLE-3 head with its TLM (``compile_eagle3``)."""
 from __future__ import annotations
 
 import hashlib
@@ -95,3 +96,34 @@ def compile_feature_pair(tlm_onnx: Path, fdraft_onnx: Path, out: Path, *, k: int
     times["tlm-hs"] = compile_artifact(tlm_onnx, out / "tlm-hs", ["--role", "tlm", *ks, "--hidden-states", "-1",
                                                                   *common], log=log)
     return times
+
+
+def head_sha(head: Path) -> str:
+    """The sha256 of a speculators checkpoint directory's ``model.safetensors``."""
+    return hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest()
+
+
+def compile_eagle3(export: Path, head: Path, out: Path, *, k: int, k_list: list[int], prefill_len: int,
+                   ctx_len: int, log=print) -> tuple[Path, Path, dict]:
+    """A ``speculators`` EAGLE-3 head imported by ``specdec-compile import-head`` against ``export``
+    and the TLM compiled with the ``--hidden-states`` the import names, both under ``out``/eagle3-SHA
+    (SHA: the head's model.safetensors sha256; cached: the stamp holds the head's files, the export's
+    sha256, the options and the compiler's sources). Returns (the TLM, the head, what was imported)."""
+    sha = head_sha(head)
+    base = out / f"eagle3-{sha[:16]}"
+    common = ["--target", "ort", "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
+    t_head = compile_artifact(head, base / "head", ["--tlm", str(export), "--k", str(k), *common, "--quiet"],
+                              log=log, subcommand="import-head",
+                              key_files=(head / "config.json", head / "model.safetensors", export))
+    from specdec_compile.layer_lists import format_layers
+    man = json.loads((base / "head" / "manifest.json").read_text())
+    layers = format_layers(man["feature_draft"]["target_layers"])
+    t_tlm = compile_artifact(export, base / "tlm", ["--role", "tlm", "--k", str(k), "--k-list",
+                                                    ",".join(map(str, k_list)), "--hidden-states", layers, *common],
+                             log=log)
+    rec = man["feature_draft"].get("eagle3") or {}
+    info = {"dir": str(head), "sha256": sha, "hidden_states": layers, "artifacts": str(base),
+            "aux_hidden_state_layer_ids": rec.get("aux_hidden_state_layer_ids"),
+            "draft_vocab_size": rec.get("draft_vocab_size"), "compile_s": {"head": round(t_head, 1),
+                                                                           "tlm": round(t_tlm, 1)}}
+    return base / "tlm", base / "head", info

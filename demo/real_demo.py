@@ -19,22 +19,31 @@
              speculative with the chosen draft (the text streams, accepted drafts in
              green); greedy speculative output must equal the target-only output.
 5. drafts    the candidates are compared in ``choose_draft`` (the one place that
-             decides): the feature draft, the distilled draft and the runtime's prompt lookup (n-gram,
-             ``runtime_ngram_decoder``), both measured on the same prompts, side by
-             side. The n-gram replay on the target's own answers (``ngram.py``) is
-             reported next to it as a prediction, labelled as such.
+             decides): the feature draft, the distilled draft, the runtime's prompt lookup (n-gram,
+             ``runtime_ngram_decoder``), the hybrid of prompt lookup and the feature draft, and
+             the EAGLE-3 head (``eagle3``, and ``eagle3-hybrid``: prompt lookup first, the head
+             otherwise), all measured on the same prompts, side by side. The n-gram replay on the
+             target's own answers (``ngram.py``) is reported next to it as a prediction, labelled
+             as such.
+
+The EAGLE-3 head (``demo/eagle3.py``): the committed ``workshop/heads/smollm2-eagle3`` (a
+``speculators`` checkpoint from ``workshop/eagle3_train.py``; ``--eagle3-head DIR`` another,
+``--no-eagle3`` none), checked against the target's checkpoint sha256 right after step 1 (a
+mismatch is refused in one line, exit 2), imported by ``specdec-compile import-head`` and paired
+with the TLM compiled with the ``--hidden-states`` the import names (``OUT/eagle3-SHA/{head,tlm}``).
 """
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 from workshop import distill, feature_draft, smollm2
 from workshop import prompts as prompt_sets
 
-from . import ngram
-from .compiling import compile_feature_pair, compile_trio
+from . import eagle3, ngram
+from .compiling import compile_eagle3, compile_feature_pair, compile_trio
 from .rates import decode_rate
 from .stream import Stream
 
@@ -44,12 +53,15 @@ NGRAM_MAX = 3
 
 
 def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, log=print,
-          fdraft_head: Path | None = None) -> dict:
+          fdraft_head: Path | None = None, eagle3_head: Path | None = None) -> dict:
     """Target, draft and the compiled artifacts (every stage cached). ``fdraft_head``: a feature
-    draft head trained elsewhere (``feature_draft.run``'s ``head_from``) instead of here."""
+    draft head trained elsewhere (``feature_draft.run``'s ``head_from``) instead of here.
+    ``eagle3_head``: an EAGLE-3 head directory, held to the target's checkpoint before any draft is
+    made (``eagle3.HeadRefused``), then imported with its TLM."""
     t0 = time.time()
     target = smollm2.prepare(out, threads=threads, log=log)
     t_target = time.time() - t0
+    e3 = eagle3.check(eagle3_head, Path(target["paths"]["hf"]) / "model.safetensors") if eagle3_head else None
     t0 = time.time()
     draft = distill.run(distill.CONFIG, out, target, threads=threads)
     t_draft = time.time() - t0
@@ -60,7 +72,12 @@ def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, lo
                           prefill_len=prefill_len, ctx_len=ctx_len, log=log)
     ctimes.update(compile_feature_pair(Path(target["paths"]["onnx"]), Path(fdraft["paths"]["onnx"]), out, k=k,
                                        k_list=K_LIST, prefill_len=prefill_len, ctx_len=ctx_len, log=log))
-    return {"target": target, "draft": draft, "fdraft": fdraft, "compile_s": ctimes,
+    if e3:
+        e3_tlm, e3_head, info = compile_eagle3(Path(target["paths"]["onnx"]), eagle3_head, out, k=k, k_list=K_LIST,
+                                               prefill_len=prefill_len, ctx_len=ctx_len, log=log)
+        ctimes.update({f"eagle3-{n}": t for n, t in info["compile_s"].items()})
+        e3 = {**e3, **info, "paths": {"tlm": str(e3_tlm), "head": str(e3_head)}}
+    return {"target": target, "draft": draft, "fdraft": fdraft, "eagle3": e3, "compile_s": ctimes,
             "stage_s": {"target": round(t_target, 1), "draft": round(t_draft, 1), "fdraft": round(t_fdraft, 1),
                         "compile": round(sum(ctimes.values()), 1)}}
 
@@ -233,25 +250,24 @@ def calibrate(drafts: dict, target, tok) -> dict:
 
 
 def _table(a, rows: list[dict], sums: dict, summary: dict, identical: bool):
-    """Per instruction and in all: the target's rate, each draft's speedup and tokens per call."""
+    """Per instruction and in all: the target's rate, and per draft its speedup and (per instruction)
+    tokens per target call, in one column each so that six drafts fit a terminal's width."""
     from rich.table import Table
     drafts = list(sums)
     t = Table(title=f"SmolLM2-135M-Instruct, greedy: speculative vs target-only (ONNX Runtime CPU, "
-                    f"{a.ort_threads} thread; measured, best of {a.repeats})")
-    t.add_column("prompt", no_wrap=True, max_width=32, overflow="ellipsis")
-    cols = ["new tok", "target tok/s"] + [f"{n} speedup" for n in drafts] + [f"{n} tok/call" for n in drafts] + \
-        ["identical"]
-    for col in cols:
-        t.add_column(col, justify="right")
+                    f"{a.ort_threads} thread; measured, best of {a.repeats}); per draft: speedup "
+                    f"(tokens per target call)")
+    t.add_column("prompt", no_wrap=True, max_width=28, overflow="ellipsis")
+    for col in ["new tok", "target tok/s", *drafts, "identical"]:
+        t.add_column(col, justify="right", no_wrap=col in drafts)
     f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
     for r in rows:
         d = r["drafts"]
         t.add_row(r["prompt"], str(r["new_tokens"]), f(r["target_tokens_per_s"]),
-                  *[f(d[n]["speedup"], 2) + "x" for n in drafts], *[f(d[n]["tokens_per_tlm_call"], 2) for n in drafts],
+                  *[f"{f(d[n]['speedup'], 2)}x ({f(d[n]['tokens_per_tlm_call'], 2)})" for n in drafts],
                   "yes" if r["identical"] else "NO")
     t.add_row("all", str(sum(r["new_tokens"] for r in rows)), f(summary["target_tokens_per_s"]),
-              *[f(sums[n]["speedup"], 2) + "x" for n in drafts], *["" for _ in drafts],
-              "yes" if identical else "NO", style="bold")
+              *[f(sums[n]["speedup"], 2) + "x" for n in drafts], "yes" if identical else "NO", style="bold")
     return t
 
 
@@ -277,10 +293,39 @@ def _log_fdraft(log, fd: dict) -> None:
                     f"{r.get('acceptance_given_previous')})" for k, r in fm["replay"].items()))
 
 
-def main(a, console, log) -> int:
-    from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
-    t_all = time.time()
-    built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log, fdraft_head=a.fdraft_head)
+def open_drafts(a, built: dict, tlm, dlm, eos) -> tuple[dict, list]:
+    """The speculative decoders, name -> SpecDecoder, side by side: the feature pair's (feature,
+    hybrid), the distilled draft, the runtime's n-gram, and with an EAGLE-3 head its pair's (eagle3,
+    eagle3-hybrid); and the backends opened here (the caller closes them)."""
+    from specdec_compile.runtime import SpecDecoder
+    kw = {"eos_token_id": eos, "k": a.decode_k}
+    hyb = {"draft": "hybrid", "ngram_max": NGRAM_MAX}     # prompt lookup when a 2+ token n-gram matches
+    tlm_hs, fdlm = open_feature_pair(a.out, a.ort_threads)
+    opened = [tlm_hs, fdlm]
+    drafts = {"feature": SpecDecoder(tlm_hs, fdlm, **kw), "hybrid": SpecDecoder(tlm_hs, fdlm, **hyb, **kw),
+              "distilled": SpecDecoder(tlm, dlm, **kw)}
+    ng_dec = runtime_ngram_decoder(tlm, eos, a.decode_k)
+    if ng_dec is not None:
+        drafts["ngram"] = ng_dec
+    if built.get("eagle3"):
+        e3_drafts, e3_opened = eagle3_decoders(built["eagle3"], a.ort_threads, eos=eos, k=a.decode_k)
+        drafts.update(e3_drafts)
+        opened += e3_opened
+    return drafts, opened
+
+
+def eagle3_decoders(e3: dict, ort_threads: int, *, eos, k: int | None) -> tuple[dict, list]:
+    """The EAGLE-3 head's pair (``build``'s ``eagle3`` record: its compiled TLM and head) as two
+    decoders, ``eagle3`` and ``eagle3-hybrid`` (prompt lookup first, the head otherwise), and the
+    backends opened for them."""
+    from specdec_compile.runtime import OrtBackend, SpecDecoder
+    tlm, head = (OrtBackend(Path(e3["paths"][n]), intra_op_threads=ort_threads) for n in ("tlm", "head"))
+    return ({"eagle3": SpecDecoder(tlm, head, eos_token_id=eos, k=k),
+             "eagle3-hybrid": SpecDecoder(tlm, head, draft="hybrid", ngram_max=NGRAM_MAX, eos_token_id=eos, k=k)},
+            [tlm, head])
+
+
+def _log_build(log, built: dict) -> None:
     tgt, dr = built["target"], built["draft"]
     log(f"[target] {tgt['name']} ({tgt['license']}): {tgt['facts']['params'] / 1e6:.1f}M parameters, "
         f"{tgt['facts']['layers']} layers; from {tgt['source']}")
@@ -288,21 +333,44 @@ def main(a, console, log) -> int:
     log(f"[draft] distilled: SmolLM2 layer(s) {dr['layers']} + head over {dr['head_rows']} ids "
         f"({dr['params'] / 1e6:.1f}M parameters), trained on {dr['train_answer_tokens']:,} answer tokens; "
         f"held-out greedy agreement {dm['greedy_agreement']}, head coverage {dm['head_coverage']}")
-    fd = built["fdraft"]
-    _log_fdraft(log, fd)
+    _log_fdraft(log, built["fdraft"])
+    if built.get("eagle3"):
+        log(eagle3.describe(built["eagle3"]))
+
+
+def _details(a, built: dict, rows, sums, cands, cal, ng, costs, summary) -> dict:
+    dr, fd = built["draft"], built["fdraft"]
+    return {"summary": summary, "by_draft": sums, "draft_candidates": cands, "warmup": cal,
+            "rows": [{k: v for k, v in r.items() if k not in ("prompt_ids", "answer_ids")} for r in rows],
+            "ngram_replay_prediction": ng, "costs": costs,
+            "draft": {k: dr[k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
+                                         "metrics", "times", "train")},
+            "fdraft": {k: fd[k] for k in ("trained_params", "head_rows", "train_answer_tokens",
+                                          "train_positions", "metrics", "times", "train", "config")}
+            | {"trained_elsewhere": fd.get("trained_elsewhere")},
+            "eagle3": built.get("eagle3") or {"skipped": True},
+            "settings": vars(a) | {"out": str(a.out)}}
+
+
+def main(a, console, log) -> int:
+    from specdec_compile.runtime import TargetOnlyDecoder
+    t_all = time.time()
+    try:
+        head = eagle3.resolve(a.eagle3_head, disabled=a.no_eagle3, log=log)
+        built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log,
+                      fdraft_head=a.fdraft_head, eagle3_head=head)
+    except eagle3.HeadRefused as e:
+        print(f"demo: {e}", file=sys.stderr)
+        return 2
+    tgt = built["target"]
+    _log_build(log, built)
 
     t_dec = time.time()
     tok, tlm, dlm, base = open_backends(a.out, a.ort_threads)
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
     target = TargetOnlyDecoder(base, eos_token_id=eos)
-    tlm_hs, fdlm = open_feature_pair(a.out, a.ort_threads)
-    drafts = {"feature": SpecDecoder(tlm_hs, fdlm, eos_token_id=eos, k=a.decode_k),
-              # prompt lookup when a 2+ token n-gram matches, the feature draft otherwise
-              "hybrid": SpecDecoder(tlm_hs, fdlm, draft="hybrid", ngram_max=NGRAM_MAX, eos_token_id=eos, k=a.decode_k),
-              "distilled": SpecDecoder(tlm, dlm, eos_token_id=eos, k=a.decode_k)}
-    ng_dec = runtime_ngram_decoder(tlm, eos, a.decode_k)
-    if ng_dec is not None:
-        drafts["ngram"] = ng_dec
+    drafts, opened = open_drafts(a, built, tlm, dlm, eos)
+    tlm_hs, fdlm = opened[:2]
     costs = width_costs(tlm, dlm, base, tlm_hs=tlm_hs, fdlm=fdlm)
     log(f"[costs] target step {costs['step_s'] * 1e3:.1f} ms, draft step {costs['dlm_s'] * 1e3:.2f} ms "
         f"(c = {costs['dlm_s'] / costs['step_s']:.3f}), feature draft step {costs['fdlm_s'] * 1e3:.2f} ms "
@@ -312,7 +380,7 @@ def main(a, console, log) -> int:
     cal = calibrate(drafts, target, tok)
     streamed = max(cal, key=cal.get)
     log("[warm-up] " + ", ".join(f"{n} {v:.2f}x" for n, v in cal.items())
-        + f" on a warm-up instruction: the {streamed} draft streams below; both are measured")
+        + f" on a warm-up instruction: the {streamed} draft streams below; all are measured")
 
     instructions = prompt_sets.DEMO_PROMPTS[: a.prompts]
     stream = Stream(tok, console, enabled=not a.no_stream)
@@ -337,21 +405,14 @@ def main(a, console, log) -> int:
                            "speedup": r["drafts"][chosen["name"]]["speedup"],
                            "identical": r["drafts"][chosen["name"]]["identical"]} for r in rows],
               "speedup": summary["speedup"], "identical": identical,
-              "details": {"summary": summary, "by_draft": sums, "draft_candidates": cands, "warmup": cal,
-                          "rows": [{k: v for k, v in r.items() if k not in ("prompt_ids", "answer_ids")} for r in rows],
-                          "ngram_replay_prediction": ng, "costs": costs,
-                          "draft": {k: dr[k] for k in ("params", "head_rows", "layers", "train_answer_tokens",
-                                                       "metrics", "times", "train")},
-                          "fdraft": {k: fd[k] for k in ("trained_params", "head_rows", "train_answer_tokens",
-                                                        "train_positions", "metrics", "times", "train", "config")}
-                          | {"trained_elsewhere": fd.get("trained_elsewhere")},
-                          "stages_s": {**built["stage_s"], "decode": round(time.time() - t_dec, 1)},
-                          "settings": vars(a) | {"out": str(a.out)}}}
-    result["details"]["stages_s"]["total"] = round(time.time() - t_all, 1)
+              "details": _details(a, built, rows, sums, cands, cal, ng, costs, summary)}
+    result["details"]["stages_s"] = {**built["stage_s"], "decode": round(time.time() - t_dec, 1),
+                                     "total": round(time.time() - t_all, 1)}
     (a.out / "demo.json").write_text(json.dumps(result, indent=1, default=str))
+    e3 = f", {built['eagle3']['artifacts']} (the EAGLE-3 pair)" if built.get("eagle3") else ""
     log(f"[demo] {a.out / 'demo.json'}; artifacts {a.out / 'tlm'}, {a.out / 'dlm'}, {a.out / 'tlm-base'} "
-        f"(target-only baseline), {a.out / 'tlm-hs'} + {a.out / 'fdlm'} (the feature pair), exports in "
+        f"(target-only baseline), {a.out / 'tlm-hs'} + {a.out / 'fdlm'} (the feature pair){e3}, exports in "
         f"{a.out / 'export'} ({result['details']['stages_s']['total']:.0f} s)")
-    for b in (tlm, dlm, base, tlm_hs, fdlm):
+    for b in (tlm, dlm, base, *opened):
         b.close()
     return 0 if identical else 1

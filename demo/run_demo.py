@@ -9,9 +9,13 @@ This module is the command line only. The real model's path is described in
 ``demo/real_demo.py``, the toy pair's in ``demo/toy_demo.py``.
 
 Outputs (real model, and the toy pair in its own directory):
-OUT/{tokenizer,export,hf,dlm,tlm,tlm-base} and OUT/demo.json with "model", "draft",
+OUT/{tokenizer,export,hf,dlm,tlm,tlm-base,tlm-hs,fdlm}, OUT/eagle3-SHA/{head,tlm} (the EAGLE-3
+head's pair, real model) and OUT/demo.json with "model", "draft",
 "prompts" (each with "prompt", "new_tokens", "speedup", "identical"), "speedup" and
 "identical" (greedy speculative output equal to target-only output for every prompt).
+
+Exit status: 0, 1 when a speculative output differed from the target-only output, 2 when the
+EAGLE-3 head is refused (one line: another target's head, a missing --eagle3-head DIR).
 """
 from __future__ import annotations
 
@@ -47,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fdraft-head", type=Path, default=None,
                     help="a feature-draft head trained elsewhere (python -m scripts.feature_scaling --save-head DIR, "
                          "e.g. on a GPU) instead of the one trained here")
+    ap.add_argument("--eagle3-head", type=Path, default=None, metavar="DIR",
+                    help="the EAGLE-3 head, a speculators checkpoint directory with the trainer's recipe.json "
+                         "(default workshop/heads/smollm2-eagle3, skipped in one line when missing; `make "
+                         "eagle3-head` trains one); refused (exit 2) when trained for another target checkpoint")
+    ap.add_argument("--no-eagle3", action="store_true", help="skip the EAGLE-3 head's rows (eagle3, eagle3-hybrid)")
     a = ap.parse_args(argv)
     toy = a.toy or a.micro
     name = "demo-micro" if a.micro else "demo-toy" if a.toy else "demo"

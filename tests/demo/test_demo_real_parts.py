@@ -190,7 +190,7 @@ def _tiny_pair(fixture_path, tmp_path, k_list="0,1,2,3,4"):
 
 
 @pytest.mark.slow
-def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_path, monkeypatch):
+def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_path, monkeypatch, decode_standins):
     """The demo's decode phase on a tiny compiled pair: the distilled (DLM) draft, the runtime's
     n-gram draft and the hybrid of both, all run, all identical to target-only greedy output,
     summaries per draft."""
@@ -204,18 +204,10 @@ def test_demo_decode_measures_both_drafts_and_checks_identity(fixture_path, tmp_
     assert ng is not None                                    # the runtime has n-gram drafts
     drafts = {"distilled": SpecDecoder(tlm, dlm), "ngram": ng, "hybrid": SpecDecoder(tlm, dlm, draft="hybrid")}
 
-    class Tok:
-        def decode(self, ids, **kw):
-            return " ".join(map(str, ids))
-
-    class NoStream:
-        def start(self, *a, **k): ...
-        def __call__(self, *a): ...
-        def end(self): ...
-
+    tok, silent = decode_standins
     monkeypatch.setattr(real_demo.smollm2, "chat_ids", lambda tok, text: [5, 9, 11, 5, 9, 11, 5, 9][: len(text) % 5 + 4])
-    rows = real_demo.decode_all(drafts, TargetOnlyDecoder(base), Tok(), ["ab", "abcd"], max_new_tokens=12,
-                                repeats=1, stream=NoStream(), streamed="ngram")
+    rows = real_demo.decode_all(drafts, TargetOnlyDecoder(base), tok, ["ab", "abcd"], max_new_tokens=12,
+                                repeats=1, stream=silent, streamed="ngram")
     assert [r["new_tokens"] for r in rows] == [12, 12]
     for r in rows:
         assert r["identical"] and set(r["drafts"]) == {"distilled", "ngram", "hybrid"}
