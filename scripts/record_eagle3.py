@@ -7,6 +7,7 @@ project's venv, which pins 4.57 for optimum)::
     pip install speculators==0.9.0 --no-deps ...      # and its imports (see docs/import-head.md)
     /work/scratch/speculators-venv/bin/python -m scripts.record_eagle3 tests/eagle3_data
     /work/scratch/speculators-venv/bin/python -m scripts.record_eagle3 --check tests/eagle3_data
+    /work/scratch/speculators-venv/bin/python -m scripts.record_eagle3 --load-head workshop/heads/smollm2-eagle3 build/demo/hf/tlm
 
 For each case (tests/eagle3_data/cases.json: the tiny target fixture each head
 is for, the head's family, aux layer ids, draft vocabulary and norm flags) it
@@ -141,8 +142,40 @@ def main(out_dir: str) -> None:
               if hasattr(speculators, "__version__") else "")
 
 
+def load_head(head_dir: str, verifier: str) -> int:
+    """Load a trained head (the demo's, workshop/heads/smollm2-eagle3) with speculators'
+    ``from_pretrained``, its verifier pointed at a local folder (offline; the checkpoint names the
+    hub's), and run one forward step on random features: 0 when it loads and computes."""
+    import shutil
+    import tempfile
+
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    tmp = Path(tempfile.mkdtemp())
+    shutil.copytree(head_dir, tmp / "head")
+    cfg = json.loads((tmp / "head" / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["name_or_path"] = str(Path(verifier).resolve())
+    (tmp / "head" / "config.json").write_text(json.dumps(cfg))
+    conf = Eagle3SpeculatorConfig.from_pretrained(str(tmp / "head"))
+    conf.transformer_layer_config._attn_implementation = "sdpa"       # flex attention wants 128-row blocks
+    m = Eagle3DraftModel.from_pretrained(str(tmp / "head"), config=conf).float().eval()
+    shutil.rmtree(tmp)
+    H, n = cfg["transformer_layer_config"]["hidden_size"], len(m.config.eagle_aux_hidden_state_layer_ids)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg["transformer_layer_config"]["vocab_size"], (1, SEQ), generator=g)
+    with torch.no_grad():
+        toks = m(hidden_states=torch.randn(1, SEQ, n * H, generator=g), input_ids=ids,
+                 document_ids=torch.zeros(1, SEQ, dtype=torch.long), ttt_steps=2)
+    ok = len(toks) == 2 and bool(torch.isfinite(m.fc.weight).all()) and int(m.t2d.sum()) == cfg["draft_vocab_size"]
+    print(head_dir, "loaded by speculators:", type(m).__name__, "aux", m.config.eagle_aux_hidden_state_layer_ids,
+          "draft vocabulary", cfg["draft_vocab_size"], "drafts", [t.shape[-1] for t in toks], "ok" if ok else "BAD")
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["--load-head"]:
+        sys.exit(load_head(args[1], args[2]))
     if args[:1] == ["--check"]:
         sys.exit(check(args[1] if len(args) > 1 else "tests/eagle3_data"))
     main(args[0] if args else "tests/eagle3_data")

@@ -42,7 +42,7 @@ CONFIG = {
     "draft_vocab": 8192,
     "ttt_steps": 5,
     "step_decay": 1.0,
-    "epochs": 10,
+    "epochs": 26,
     "batch_tokens": 8192,
     "max_len": 768,
     "lr": 6e-4,
@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     L = data["tc"]["num_hidden_layers"]
     head, main_run = run_variant(data, cfg, cfg["aux_ids"], cfg["ttt_steps"], a.epochs, a.budget_s, print)
     recipe = {"format": "specdec-eagle3-recipe/1", "script": "workshop/eagle3_train.py", "script_version": SCRIPT_VERSION,
-              "config": cfg, "seed": cfg["seed"], "dataset_sha256": data["dataset_sha256"],
+              "command": ["python", "-m", "workshop.eagle3_train"] + list(sys.argv[1:] if argv is None else argv),
+              "config": {**cfg, "epochs": a.epochs}, "seed": cfg["seed"], "dataset_sha256": data["dataset_sha256"],
               "target_sha256": data["target_sha256"], "train_tokens": data["train_tokens"],
               "answer_tokens": data["answer_tokens"], "eval_examples": data["eval_examples"],
               "draft_vocab_coverage_eval": data["draft_vocab_coverage_eval"],

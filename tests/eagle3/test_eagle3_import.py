@@ -194,3 +194,21 @@ def test_committed_heads_load_in_speculators_and_reproduce_the_recording():
                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
     assert res.stdout.count("loaded by speculators") == len(CASES), res.stdout
+
+
+def test_the_demos_committed_head_loads_in_speculators():
+    """With SPECDEC_SPECULATORS_PYTHON: workshop/heads/smollm2-eagle3 loads with speculators'
+    from_pretrained (verifier pointed at make demo's local conversion) and drafts. Skipped elsewhere."""
+    import os
+    import subprocess
+    from pathlib import Path
+    py = os.environ.get("SPECDEC_SPECULATORS_PYTHON")
+    root = Path(__file__).resolve().parents[2]
+    verifier = root / "build" / "demo" / "hf" / "tlm"
+    if not py or not (verifier / "model.safetensors").is_file():
+        pytest.skip("needs SPECDEC_SPECULATORS_PYTHON (speculators 0.9) and make demo's conversion")
+    res = subprocess.run([py, "-m", "scripts.record_eagle3", "--load-head", "workshop/heads/smollm2-eagle3",
+                          str(verifier)], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    assert "loaded by speculators" in res.stdout and res.stdout.rstrip().endswith("ok"), res.stdout

@@ -127,3 +127,32 @@ def test_plain_tokenizer_equals_transformers():
         assert ours(text)["input_ids"] == ids
         assert ours.decode(ids + [2, 198]) == ref.decode(ids + [2, 198])
     assert ours.eos_token_id == ref.eos_token_id == 2
+
+
+def test_the_committed_head_is_what_its_recipe_says():
+    """workshop/heads/smollm2-eagle3: speculators' format as our importer reads it (bfloat16, the
+    aux layers, the draft vocabulary mapped by d2t/t2d), trained on the committed data for the
+    demo's target, with the files its recipe hashes."""
+    import hashlib
+
+    from specdec_compile.eagle3.checkpoint import draft_to_target, read_checkpoint
+    from workshop import eagle3_data as store
+    head = tr.HEAD_DIR
+    recipe = json.loads((head / "recipe.json").read_text())
+    for name, sha in recipe["files_sha256"].items():
+        assert hashlib.sha256((head / name).read_bytes()).hexdigest() == sha, name
+    idx = json.loads((store.DATA_DIR / "index.json").read_text())
+    assert recipe["dataset_sha256"] == idx["dataset_sha256"]
+    mans = store.manifests(store.DATA_DIR)
+    assert {m["target"]["checkpoint_sha256"] for m in mans} == {recipe["target_sha256"]}
+    ck = read_checkpoint(head)
+    assert list(ck.aux_ids) == recipe["config"]["aux_ids"] == [2, 15, 27]
+    assert (ck.hidden_size, ck.target_vocab, ck.draft_vocab) == (576, 49152, recipe["config"]["draft_vocab"])
+    ids = draft_to_target(ck, 49152)
+    assert ids.size == 8192 and np.all(np.diff(ids) > 0)
+    header = json.loads((head / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+        (head / "model.safetensors").read_bytes()[:8], "little")])
+    assert {v["dtype"] for k, v in header.items() if k not in ("__metadata__", "d2t", "t2d")} == {"BF16"}
+    assert "embed_tokens.weight" not in header                   # read from the target
+    ev = recipe["run"]["eval"]["tokens_per_call_greedy"]
+    assert ev["5"] >= ev["4"] >= ev["1"] > 1.0
