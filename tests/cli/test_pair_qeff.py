@@ -226,3 +226,16 @@ def test_one_command_qeff_pair_is_qeffs_interface_and_runs_greedy_equal(qeff_pai
     for spec, target in zip(report["results"]["speculative"], report["results"]["target_only"]):
         assert spec["generated_ids"] == target["generated_ids"]
         assert spec["metrics"]["dlm_calls"] > 0 and spec["metrics"]["drafted_tokens"] > 0
+
+
+def test_a_head_pair_gets_the_words_too(tmp_path, capsys):
+    """--head: the imported head is compiled with the draft's options (--dlm-num-cores, the rest shared)."""
+    tlm, _ = exports()
+    out = tmp_path / "h"
+    code, _, err = pair(["--tlm", tlm, "--head", DATA / "llama", *SHAPES, "--num-cores", "12", "--dlm-num-cores", "4",
+                         "--mxfp6-matmul", "--mos", "2", "-o", out], capsys)
+    assert code == 0, err
+    t, d = (json.loads((out / x / "manifest.json").read_text()) for x in ("tlm", "dlm"))
+    assert (t["num_cores"], d["num_cores"], t["precision"], d["precision"]) == (12, 4, "mx6", "mx6")
+    assert t["compile_options"]["mos"] == d["compile_options"]["mos"] == 2 and d["feature_draft"]["eagle3"]
+    assert {"-aic-num-cores=4", "-mxfp6-matmul", "-mos=2"} <= set(_flags(out / "dlm"))
