@@ -11,30 +11,15 @@ import pytest
 
 from eagle3_models import DATA, target_export
 from models import export_fixture
-from pair_models import dlm_folder, tlm_folder
+from pair_models import dlm_folder, pair, run, tlm_folder
 from qeff_helpers import PLAIN, RECORD, assert_interface_is, io_of
 from specdec_compile import cli
-from specdec_compile.cli import run as run_cli
 
 SHAPES = ["--k", "3", "--prefill-len", "8", "--ctx-len", "64"]
 PROMPTS = "w5 w6 w7 w8 w5 w6 w7|w9 w10 w11 w9 w10"
 #: QEfficient's words as a Cloud AI 100 user types them, and the compiler flags each model gets
 WORDS = ["--num-cores", "11", "--dlm-num-cores", "5", "--mxfp6-matmul", "--mxint8-kv-cache", "--mos", "1",
          "--aic-enable-depth-first", "--hw-version", "ai200", "--device-group", "[0,1]"]
-
-
-def pair(argv, capsys):
-    capsys.readouterr()
-    code = cli.main(["pair", *(str(a) for a in argv)])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run(argv, capsys):
-    capsys.readouterr()
-    code = run_cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def exports():
