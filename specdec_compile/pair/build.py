@@ -74,7 +74,7 @@ QAIC_FIELDS = (("num_cores", "--num-cores"), ("dlm_num_cores", "--dlm-num-cores"
 def qaic_settings(req: PairRequest) -> dict:
     """The qaic options given (a field at its 'not given' value is left out), as JSON values."""
     q = {name: getattr(req, name) for name, _ in QAIC_FIELDS if getattr(req, name) not in (None, False)}
-    if "device_group" in q:
+    if isinstance(q.get("device_group"), tuple):
         q["device_group"] = list(q["device_group"])
     return q
 
@@ -94,7 +94,11 @@ def _compile_kw(req: PairRequest, role: str) -> dict:
         kw["num_cores"] = cores
     devices = req.num_devices
     if req.device_group is not None:
-        if not req.device_group or devices not in (None, len(req.device_group)):
+        g = req.device_group
+        if (not isinstance(g, (tuple, list)) or not g or len(set(g)) != len(g)
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in g)):
+            raise SpecdecError(f"--device-group: expected distinct device ids >= 0 like [0,1], got {g!r}")
+        if devices not in (None, len(g)):
             raise SpecdecError(f"--device-group {list(req.device_group)} is {len(req.device_group)} devices, "
                                f"--num-devices {devices} contradicts it: give one of them")
         devices = len(req.device_group)

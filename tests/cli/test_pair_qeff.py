@@ -224,3 +224,42 @@ def test_a_head_pair_gets_the_words_too(tmp_path, capsys):
     assert (t["num_cores"], d["num_cores"], t["precision"], d["precision"]) == (12, 4, "mx6", "mx6")
     assert t["compile_options"]["mos"] == d["compile_options"]["mos"] == 2 and d["feature_draft"]["eagle3"]
     assert {"-aic-num-cores=4", "-mxfp6-matmul", "-mos=2"} <= set(_flags(out / "dlm"))
+
+
+def _specs(path) -> list[dict]:
+    return [{k: str(v) for k, v in s.items()} for s in json.loads(path.read_text())["specializations"]]
+
+
+def _recorded(specs, ctx_len: int) -> list[dict]:
+    """QEfficient's recorded specializations (ctx_len 32) at ``ctx_len``, as the flat file's strings."""
+    return [{k: str(ctx_len if k == "ctx_len" else v) for k, v in s.items() if k != "_graph_name"} for s in specs]
+
+
+@pytest.mark.parametrize("words, want", [(["--interface", "qeff", "--batch-size", str(PLAIN["batch_size"])], PLAIN),
+                                         (["--full-batch-size", str(RECORD["full_batch_size"])], RECORD)])
+def test_a_qaic_qeff_pair_has_qeffs_specializations(tmp_path, capsys, words, want):
+    """The pair QEfficient's runtime loads: each model's specializations.json is what QEfficient wrote for
+    its own TLM and DLM at the same settings (recorded, tests/qeff_data), key for key (at ctx_len 64: pair's
+    verify needs more than the recorded 32)."""
+    tlm, dlm = exports()
+    out = tmp_path / "q"
+    code, _, err = pair(["--tlm", tlm, "--dlm", dlm, "--k", str(RECORD["k"]), "--prefill-len", str(RECORD["prefill_len"]),
+                         "--ctx-len", "64", *words, "--num-cores", "14", "-o", out], capsys)
+    assert code == 0, err
+    assert _specs(out / "tlm" / "specializations.json") == _recorded(want["tlm"]["specializations"]["k3"], 64)
+    assert _specs(out / "dlm" / "specializations.json") == _recorded(want["dlm"]["specializations"]["default"], 64)
+
+
+def test_python_api_refuses_bad_qaic_requests(tmp_path):
+    from specdec_compile.errors import SpecdecError
+    from specdec_compile.pair.build import PairRequest, build_pair
+    for req, words in ((PairRequest(tlm="x", draft="ngram", target="ort", num_cores=8), "--num-cores 8 is an option"),
+                       (PairRequest(tlm="x", draft="ngram", device_group=(0, 0)), "distinct device ids"),
+                       (PairRequest(tlm="x", draft="ngram", device_group=2), "distinct device ids"),
+                       (PairRequest(tlm="x", draft="ngram", device_group=(0, 1), num_devices=4), "contradicts"),
+                       (PairRequest(tlm="x", draft="ngram", dlm_num_cores=4), "no draft model to compile"),
+                       (PairRequest(tlm="x", draft="ngram", continuous_batching=True), "needs --interface qeff"),
+                       (PairRequest(tlm="x", draft="head", dlm="y", interface="qeff"), "no outputs for")):
+        with pytest.raises(SpecdecError, match=words):
+            build_pair(req, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
