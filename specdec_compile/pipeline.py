@@ -87,7 +87,7 @@ class CompileResult:
         return as_kind(self.model, self.input_kind, self.source_dir)
 
 
-def _family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
+def config_family(source_dir: Path | None, model: onnx.ModelProto) -> str | None:
     """model_type from the exporter's config.json next to the model, if any (it selects the
     detection hints: a config.json that is there but unreadable is refused, not ignored)."""
     if source_dir is None or not (source_dir / "config.json").exists():
@@ -189,7 +189,7 @@ def import_and_detect(original: onnx.ModelProto, source=None, source_dir: Path |
     name_unnamed_nodes(graph)
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     _log.info("detecting the decoder's patterns (%d nodes)", len(graph.nodes))
-    family = _family(source_dir, original)
+    family = config_family(source_dir, original)
     with input_blamed(original, source):
         det = detect(graph, family=family, exporter=exporter)
     i = det.info

@@ -5,8 +5,11 @@ import argparse
 import json
 import time
 
+from ..contract import INTERFACES
+from ..options import HW_VERSIONS, MAX_CORES, MAX_DEVICES
 from ..pair.build import TARGETS, PairRequest, build_pair
 from .common import Parser, add_progress_flags, start_progress
+from .qeff_words import add_qeff_compile_flags, device_group, resolve_qeff_compile_flags
 
 EPILOG = """\
 example: a target and its draft, from their Hugging Face folders, for ONNX Runtime
@@ -24,6 +27,18 @@ example: a target and its draft, from their Hugging Face folders, for ONNX Runti
   100 SDK, or specdec-run --pair OUT --compile). The settings and the inputs' hashes make the
   pair's key (pair.json); the same command again finds it and says "cached" (--force
   rebuilds). A draft with another tokenizer is refused. docs/pair.md.
+
+example: Cloud AI 100 in QEfficient's words (docs/qefficient.md)
+
+  specdec-compile pair --tlm ./target --draft ngram --k 4 --num-cores 16 --mxfp6-matmul -o out/
+  specdec-compile pair --tlm ./target --dlm ./draft --k 4 --full-batch-size 4 --num-cores 11 \\
+      --dlm-num-cores 5 --mxfp6-matmul --aic-enable-depth-first --device-group [0,1] -o out/cb
+
+  The compiler options go to both models, as QEfficient compiles a TLM and its draft, except
+  --num-devices / --device-group (the TLM's; the draft is compiled for one device) and
+  --dlm-num-cores (the draft's cores, default --num-cores; the two share a device's 16 cores
+  when they run on one). --interface qeff gives QEfficient's SpD TLM and its DLM, which its
+  runtime and specdec-run both drive; --full-batch-size N its continuous-batching pair.
 """
 
 
@@ -43,7 +58,22 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="qaic: Cloud AI 100 (default; compile.sh for each model); ort: ONNX Runtime")
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
-    p.add_argument("--batch-size", type=int, default=1, help="rows per call, both models (default 1)")
+    p.add_argument("--batch-size", type=int, default=None, help="rows per call, both models (default 1)")
+    p.add_argument("--interface", choices=INTERFACES, default=None,
+                   help="both models: default, or qeff (QEfficient's SpD TLM with num_logits_to_keep, and its DLM)")
+    add_qeff_compile_flags(p)
+    p.add_argument("--num-cores", type=int, default=None,
+                   help=f"qaic: AI 100 cores per device for each model (default {MAX_CORES})")
+    p.add_argument("--dlm-num-cores", type=int, default=None, metavar="N",
+                   help="qaic: the draft's cores (default --num-cores; QEfficient's SpD example: 11 and 5)")
+    p.add_argument("--num-devices", type=int, default=None,
+                   help=f"qaic: devices to partition the TLM over (at most {MAX_DEVICES}; the draft: one)")
+    p.add_argument("--device-group", metavar="IDS", default=None,
+                   help="qaic: QEfficient's [0,1]: the TLM partitioned over these devices (--num-devices their "
+                        "count), recorded for specdec-run --pair")
+    p.add_argument("--hw-version", choices=HW_VERSIONS, default=None, help="qaic: -aic-hw-version, both models")
+    p.add_argument("--mxint8-kv-cache", action="store_true",
+                   help="qaic: both models' KV cache in MXINT8 (custom IO precision mxint8)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="the pair directory to write")
     p.add_argument("--force", action="store_true", help="rebuild even when OUT holds this pair (cached), or "
                                                         "replace a pair built with other settings")
@@ -56,9 +86,7 @@ def main(argv: list[str], prog: str = "specdec-compile pair") -> int:
     a = build_parser(prog).parse_args(argv)
     start_progress(prog, a)
     t0 = time.perf_counter()
-    draft = "model" if a.dlm else "head" if a.head else a.draft
-    req = PairRequest(tlm=a.tlm, draft=draft, dlm=a.dlm or a.head, k=a.k, target=a.target,
-                      prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size)
+    req = _request(a)
     m, cached = build_pair(req, a.output, force=a.force)
     if a.json:
         print(json.dumps({"out": a.output, "cached": cached, "pair": m}, indent=2, sort_keys=True))
@@ -71,6 +99,20 @@ def main(argv: list[str], prog: str = "specdec-compile pair") -> int:
     return 0
 
 
+def _request(a) -> PairRequest:
+    """The request from the arguments, QEfficient's words folded into ours (compile's rules)."""
+    a.precision = None
+    resolve_qeff_compile_flags(a)    # --mxfp6-matmul (qaic only), --full-batch-size, the defaults
+    group = device_group(a.device_group) if a.device_group is not None else None
+    draft = "model" if a.dlm else "head" if a.head else a.draft
+    return PairRequest(tlm=a.tlm, draft=draft, dlm=a.dlm or a.head, k=a.k, target=a.target,
+                       prefill_len=a.prefill_len, ctx_len=a.ctx_len, batch_size=a.batch_size,
+                       interface=a.interface, continuous_batching=a.continuous_batching, num_cores=a.num_cores,
+                       dlm_num_cores=a.dlm_num_cores, num_devices=a.num_devices, mxfp6_matmul=a.mxfp6_matmul,
+                       mxint8_kv_cache=a.mxint8_kv_cache, mos=a.mos, aic_enable_depth_first=a.aic_enable_depth_first,
+                       hw_version=a.hw_version, device_group=group)
+
+
 def _print_built(a, m: dict, seconds: float) -> None:
     v = m["verify"]
     parts = [f"TLM tlm/ (verified: max |Δ logits| {v['tlm']['max_logits_diff']:.1e})"]
@@ -79,7 +121,14 @@ def _print_built(a, m: dict, seconds: float) -> None:
                      f"{v['dlm']['max_logits_diff']:.1e})")
     else:
         parts.append(f"draft {m['draft']} (no draft model)")
-    print(f"pair {a.output} (key {m['key']}, {m['target']}, k {m['k']}, {seconds:.1f} s): " + ", ".join(parts))
+    st = m["settings"]
+    how = [m["target"], f"k {m['k']}"]
+    if st.get("interface") == "qeff":
+        how.append(f"--full-batch-size {st['batch_size']}" if st.get("continuous_batching") else
+                   f"--interface qeff, batch {st['batch_size']}")
+    how += [f"{k.replace('_', '-')} {v}" if not isinstance(v, bool) else k.replace("_", "-")
+            for k, v in (st.get("qaic") or {}).items()]
+    print(f"pair {a.output} (key {m['key']}, {', '.join(how)}, {seconds:.1f} s): " + ", ".join(parts))
     if m["target"] == "qaic":
         scripts = " and ".join(f"{a.output}/{s}" for s in m.get("compile_scripts") or [])
         print(f"  compile  {scripts} on a machine with the Cloud AI 100 SDK (or specdec-run --pair {a.output} "

@@ -2,7 +2,8 @@
 
 ``--pair OUT`` stands for ``--tlm OUT/tlm`` and, by the pair's draft kind, ``--dlm OUT/dlm``
 (a draft model or an imported head) or ``--draft ngram|suffix``; ``--tokenizer`` defaults to
-OUT/tokenizer when the pair has one. ``--draft``, ``--target-only`` and ``--compare`` still
+OUT/tokenizer when the pair has one, and a qaic pair compiled with ``--device-group`` opens its TLM
+on those devices (``--backend qaic``) unless ``--tlm-device-ids`` / ``--device-group`` say otherwise. ``--draft``, ``--target-only`` and ``--compare`` still
 apply (``--draft ngram`` on a model pair leaves its DLM out). ``--compile`` first runs each
 model's compile.sh (a qaic pair, with the Cloud AI 100 compiler found here).
 """
@@ -53,6 +54,10 @@ def resolve_pair(args) -> None:
         args.dlm = m["dlm"]
     if args.tokenizer is None and m.get("tokenizer"):
         args.tokenizer = m["tokenizer"]
+    group = ((m.get("settings") or {}).get("qaic") or {}).get("device_group")
+    if (group and args.backend == "qaic" and args.tlm_device_ids is None and args.device_group is None
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in group)):
+        args.tlm_device_ids = ",".join(str(i) for i in group)   # compiled with --device-group: opened on it
 
 
 def compile_pair(args) -> bool:

@@ -42,13 +42,28 @@ def resolve_qeff_run_flags(args) -> None:
     if args.device_group is not None:
         if args.tlm_device_ids is not None:
             raise SpecdecError("give --tlm-device-ids or --device-group (QEfficient's name for it), not both")
-        text = args.device_group.strip()
-        if text.startswith("[") != text.endswith("]"):
-            raise SpecdecError(f"--device-group: unbalanced brackets in {args.device_group!r} "
-                               f"(expected [0] or [0,1])")
-        args.tlm_device_ids = text[1:-1] if text.startswith("[") else text
+        args.tlm_device_ids = device_group_text(args.device_group)
     if args.full_batch_size is not None and args.full_batch_size < 1:
         raise SpecdecError(f"--full-batch-size must be >= 1 (got {args.full_batch_size})")
+
+
+def device_group_text(value: str) -> str:
+    """``[0,1]`` (QEfficient's --device-group) as ``0,1`` (brackets optional; unbalanced: refused)."""
+    text = value.strip()
+    if text.startswith("[") != text.endswith("]"):
+        raise SpecdecError(f"--device-group: unbalanced brackets in {value!r} (expected [0] or [0,1])")
+    return text[1:-1] if text.startswith("[") else text
+
+
+def device_group(value: str) -> tuple[int, ...]:
+    """--device-group as device ids: distinct integers >= 0, at least one."""
+    try:
+        ids = tuple(int(x) for x in device_group_text(value).replace(" ", "").split(","))
+    except ValueError:
+        raise SpecdecError(f"--device-group: expected device ids like [0] or [0,1], got {value!r}") from None
+    if min(ids) < 0 or len(set(ids)) != len(ids):
+        raise SpecdecError(f"--device-group: expected distinct device ids >= 0 like [0,1], got {value!r}")
+    return ids
 
 
 def check_full_batch_size(args, tlm_batch_size: int) -> None:

@@ -50,8 +50,45 @@ def target_layers(ck: Eagle3Checkpoint, t: Target) -> tuple[tuple[int, ...], tup
     return tuple(ids), tuple(i - 1 for i in ids)
 
 
+def _arch_family(name: str) -> str:
+    """``Qwen2ForCausalLM`` -> ``qwen2``: an architecture's class name without its task suffix, in the
+    spelling of ``_plain(model_type)``."""
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "Model"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[:-len(suffix)]
+            break
+    return _plain(name)
+
+
+def _plain(text: str) -> str:
+    return "".join(c for c in text.lower() if c.isalnum())
+
+
+def _same_family(arch: str, family: str) -> bool:
+    """Equal, or one a prefix of the other followed by a word (gemma3 / gemma3_text, qwen2 / qwen2_moe),
+    never by a digit (llama / llama4, phi / phi3, qwen2 / qwen3 are other models)."""
+    short, long_ = sorted((arch, family), key=len)
+    return long_.startswith(short) and (len(long_) == len(short) or long_[len(short)].isalpha())
+
+
+def check_verifier(ck: Eagle3Checkpoint, family: str | None, target) -> None:
+    """The verifier the checkpoint records (``speculators_config.verifier.architectures``) against the
+    target's model family (its config.json ``model_type``): a head trained for another family of model
+    is refused in one line, even when the shapes happen to fit. ``name_or_path`` is not compared (a hub
+    id and a local folder name the same model); nothing is compared when either side is not recorded."""
+    archs = [a for a in (ck.verifier or {}).get("architectures") or [] if isinstance(a, str) and a]
+    if not archs or not family:
+        return
+    if any(_same_family(_arch_family(a), _plain(family)) for a in archs):
+        return
+    raise SpecdecError(f"{ck.path / CONFIG}: the head was trained for a {', '.join(archs)} verifier "
+                       f"(speculators_config.verifier.architectures), but the target {target} is a {family} model "
+                       f"(config.json model_type): a head for another model")
+
+
 def check_pair(ck: Eagle3Checkpoint, t: Target) -> tuple[tuple[int, ...], tuple[int, ...]]:
     where = ck.path / CONFIG
+    check_verifier(ck, t.family, t.path)
     if ck.target_vocab != t.vocab_size:
         raise SpecdecError(f"{where}: the head is for a vocabulary of {ck.target_vocab} (transformer_layer_config."
                            f"vocab_size), the target {t.path} has {t.vocab_size}")

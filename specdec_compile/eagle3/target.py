@@ -31,6 +31,7 @@ class Target:
     file: str                      # the export's file name, as a TLM manifest's "source" records it
     sha256: str
     exposed: tuple[int, ...] | None   # a compiled TLM's --hidden-states layer indices; None for an export
+    family: str | None = None      # its config.json model_type (an export's, or a TLM manifest's "family")
 
 
 def read_target(path: str | Path) -> Target:
@@ -56,7 +57,7 @@ def _from_artifact(p: Path) -> Target:
     hs = m.hidden_states or {}
     return Target(path=p, model=p / MODEL_FILE, num_layers=m.num_layers, hidden_size=hs.get("hidden_size"),
                   vocab_size=m.vocab_size, file=m.source_file, sha256=m.source_sha256,
-                  exposed=tuple(hs.get("layer_indices") or ()))
+                  exposed=tuple(hs.get("layer_indices") or ()), family=m.family)
 
 
 def _from_export(p: Path) -> Target:
@@ -68,7 +69,8 @@ def _from_export(p: Path) -> Target:
         raise SpecdecError(f"--tlm {p}: the decoder layers' outputs are not found ({det.layer_outputs_problem}); "
                            f"its hidden states cannot feed an EAGLE-3 head")
     return Target(path=p, model=p, num_layers=det.info.num_layers, hidden_size=det.hidden_size,
-                  vocab_size=det.info.vocab_size, file=p.name, sha256=sha256_file(p), exposed=None)
+                  vocab_size=det.info.vocab_size, file=p.name, sha256=sha256_file(p), exposed=None,
+                  family=det.info.family)
 
 
 def check_exposed(t: Target, layers: tuple[int, ...]) -> None:

@@ -44,24 +44,105 @@ class PairRequest:
     prefill_len: int = 32
     ctx_len: int = 256
     batch_size: int = 1
+    #: both models: "default" or "qeff" (QEfficient's SpD TLM and its DLM); with continuous_batching
+    #: QEfficient's continuous batching over batch_size rows (--full-batch-size)
+    interface: str = "default"
+    continuous_batching: bool = False
+    #: the Cloud AI 100 compiler's options (qaic only; None / False: not given). Both models get
+    #: them, as QEfficient's SpD example compiles both, except: num_devices (the TLM's; the draft is
+    #: compiled for one device) and dlm_num_cores (the draft's cores; default num_cores)
+    num_cores: int | None = None
+    dlm_num_cores: int | None = None
+    num_devices: int | None = None
+    mxfp6_matmul: bool = False
+    mxint8_kv_cache: bool = False
+    mos: int | None = None
+    aic_enable_depth_first: bool = False
+    hw_version: str | None = None
+    #: QEfficient's --device-group: the TLM's devices (num_devices = their count; specdec-run --pair
+    #: opens the TLM on them unless told otherwise)
+    device_group: tuple[int, ...] | None = None
+
+
+#: PairRequest's qaic-only fields, as the flags that set them
+QAIC_FIELDS = (("num_cores", "--num-cores"), ("dlm_num_cores", "--dlm-num-cores"), ("num_devices", "--num-devices"),
+               ("mxfp6_matmul", "--mxfp6-matmul"), ("mxint8_kv_cache", "--mxint8-kv-cache"), ("mos", "--mos"),
+               ("aic_enable_depth_first", "--aic-enable-depth-first"), ("hw_version", "--hw-version"),
+               ("device_group", "--device-group"))
+
+
+def qaic_settings(req: PairRequest) -> dict:
+    """The qaic options given (a field at its 'not given' value is left out), as JSON values."""
+    q = {name: getattr(req, name) for name, _ in QAIC_FIELDS if getattr(req, name) not in (None, False)}
+    if isinstance(q.get("device_group"), tuple):
+        q["device_group"] = list(q["device_group"])
+    return q
+
+
+def _compile_kw(req: PairRequest, role: str) -> dict:
+    """Options' keyword arguments for the qaic options of one model (role tlm or dlm)."""
+    q = qaic_settings(req)
+    if req.target != "qaic" and q:
+        name = next(iter(q))
+        flag = dict(QAIC_FIELDS)[name]
+        value = "" if isinstance(q[name], bool) else f" {q[name]}"
+        raise SpecdecError(f"{flag}{value} is an option of the Cloud AI 100 compiler: it needs --target qaic "
+                           f"(the {req.target} graphs would not be what pair.json says)")
+    kw = {"precision": "mx6"} if req.mxfp6_matmul else {}
+    cores = req.dlm_num_cores if role == "dlm" and req.dlm_num_cores is not None else req.num_cores
+    if cores is not None:
+        kw["num_cores"] = cores
+    devices = req.num_devices
+    if req.device_group is not None:
+        g = req.device_group
+        if (not isinstance(g, (tuple, list)) or not g or len(set(g)) != len(g)
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in g)):
+            raise SpecdecError(f"--device-group: expected distinct device ids >= 0 like [0,1], got {g!r}")
+        if devices not in (None, len(g)):
+            raise SpecdecError(f"--device-group {list(req.device_group)} is {len(req.device_group)} devices, "
+                               f"--num-devices {devices} contradicts it: give one of them")
+        devices = len(req.device_group)
+    if role == "tlm" and devices is not None:
+        kw["num_devices"] = devices
+    kw.update({k: q[k] for k in ("mxint8_kv_cache", "mos", "aic_enable_depth_first", "hw_version") if k in q})
+    return kw
 
 
 def _options(req: PairRequest) -> tuple[Options, Options | None]:
+    """Both models' Options, checked, and checked as a pair (``check_compile_pair``): before any work."""
     if req.draft not in DRAFT_KINDS:
         raise SpecdecError(f"draft {req.draft!r} is not one of {', '.join(DRAFT_KINDS)}")
     if req.target not in TARGETS:
         raise SpecdecError(f"target {req.target!r}: a pair is for {' or '.join(TARGETS)}")
     if req.draft in ("model", "head") and not req.dlm:
         raise SpecdecError(f"draft {req.draft!r} needs its model (--dlm or --head)")
-    shapes = dict(prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size, target=req.target)
-    tlm = Options(role="tlm", k=req.k, **shapes)
-    return tlm, Options(role="dlm", **shapes) if req.draft == "model" else None
+    if req.draft == "head" and req.interface != "default":
+        raise SpecdecError("an EAGLE-3 head (--head) reads the target's hidden states, which QEfficient's "
+                           "interface (--interface qeff, --full-batch-size) has no outputs for: use the default "
+                           "interface with --head")
+    shapes = dict(prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size, target=req.target,
+                  interface=req.interface, continuous_batching=req.continuous_batching)
+    tlm = Options(role="tlm", k=req.k, **shapes, **_compile_kw(req, "tlm"))
+    if req.draft != "model":
+        if req.draft != "head" and req.dlm_num_cores is not None:
+            raise SpecdecError(f"--dlm-num-cores: draft {req.draft!r} has no draft model to compile")
+        return tlm, None
+    dlm = Options(role="dlm", **shapes, **_compile_kw(req, "dlm"))
+    from ..runtime.pairing import check_compile_pair
+    check_compile_pair(tlm, dlm)
+    return tlm, dlm
+
+
+def head_compile_options(req: PairRequest) -> dict:
+    """import_head's compile options for the head (the draft's qaic options)."""
+    return _compile_kw(req, "dlm")
 
 
 def _settings(req: PairRequest, tlm: Options, dlm: Options | None) -> dict:
     from ..artifact.writer import options_dict
     return {"draft": req.draft, "k": req.k, "target": req.target, "prefill_len": req.prefill_len,
             "ctx_len": req.ctx_len, "batch_size": req.batch_size, "interface": tlm.interface,
+            "continuous_batching": tlm.continuous_batching, "qaic": qaic_settings(req),
             "tlm_options": options_dict(tlm), "dlm_options": options_dict(dlm) if dlm else None}
 
 
@@ -97,9 +178,12 @@ def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, boo
     if "dlm" in inputs_:
         from .vocab import check_same_tokenizer
         check_same_tokenizer(inputs_["tlm"], inputs_["dlm"])
-    if "head" in inputs_:
+    if "head" in inputs_:   # a bad checkpoint, or one for another model: refused before any export
         from ..eagle3.checkpoint import read_checkpoint
-        read_checkpoint(inputs_["head"].path)     # a bad checkpoint: refused before any export
+        from ..eagle3.importer import check_verifier
+        from ..pipeline import config_family
+        tlm = inputs_["tlm"]
+        check_verifier(read_checkpoint(inputs_["head"].path), config_family(tlm.folder, None), tlm.path)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "key": key, "draft": req.draft, "k": req.k,
                 "target": req.target, "settings": settings, "inputs": records}
     _in_scratch(out, lambda work: _build(work, req, inputs_, tlm_opts, dlm_opts, manifest))
@@ -189,7 +273,7 @@ def _build(work: Path, req: PairRequest, inputs_: dict, tlm_opts: Options, dlm_o
         _log.info("importing the EAGLE-3 head %s", inputs_["head"].path)
         import_head(inputs_["head"].path, pair / "tlm", pair / "dlm", target=req.target, k=req.k,
                     prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size,
-                    export_dir=work / "export" / "head")
+                    export_dir=work / "export" / "head", **head_compile_options(req))
         checks["dlm"] = _verify(work / "export" / "head" / MODEL_FILE, pair / "dlm", "draft head")
     tok = _copy_tokenizer(inputs_["tlm"], tlm_onnx.parent, pair / "tokenizer")
     manifest.update(tlm="tlm", dlm="dlm" if req.draft in ("model", "head") else None,

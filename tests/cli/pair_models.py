@@ -44,3 +44,21 @@ def tlm_folder() -> Path:
 
 def dlm_folder(tokenizer: str | None = "plain") -> Path:
     return hf_folder("pair-dlm", DLM_SPEC, tokenizer, seed=1)
+
+
+def pair(argv, capsys):
+    """``specdec-compile pair ARGV``: (exit code, stdout, stderr)."""
+    from specdec_compile import cli
+    capsys.readouterr()
+    code = cli.main(["pair", *(str(a) for a in argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run(argv, capsys):
+    """``specdec-run ARGV``: (exit code, stdout, stderr)."""
+    from specdec_compile.cli import run as run_cli
+    capsys.readouterr()
+    code = run_cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err

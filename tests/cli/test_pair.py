@@ -9,28 +9,13 @@ import time
 import pytest
 
 from eagle3_models import DATA, target_export
-from pair_models import dlm_folder, tlm_folder
+from pair_models import dlm_folder, pair, run, tlm_folder
 from specdec_compile import cli
-from specdec_compile.cli import run as run_cli
 
 SHAPES = ["--k", "3", "--prefill-len", "8", "--ctx-len", "64"]
 DRAFTS = {"model": lambda: ["--dlm", dlm_folder()], "head": lambda: ["--head", DATA / "llama"],
           "ngram": lambda: ["--draft", "ngram"]}
 PROMPT = "w5 w6 w7 w8 w5 w6 w7"
-
-
-def pair(argv, capsys):
-    capsys.readouterr()
-    code = cli.main(["pair", *(str(a) for a in argv)])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run(argv, capsys):
-    capsys.readouterr()
-    code = run_cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

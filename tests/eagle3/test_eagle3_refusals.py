@@ -172,7 +172,11 @@ def test_a_compiled_target_must_expose_exactly_the_heads_layers(tmp_path, capsys
     assert c.main([str(target_export("eagle3_llama")), "--role", "tlm", "--k", "3", "--target", "ort",
                    "-o", str(plain), "--quiet"]) == 0
     _refused(tmp_path, capsys, DATA / "llama", "no --hidden-states", tlm=plain)
-    _refused(tmp_path, capsys, DATA / "llama", "--hidden-states 1,2,3", tlm=compile_target("qwen", tmp_path / "q"))
+    # the llama head against the qwen2 target compiled for the qwen head: with no verifier recorded (so
+    # that the family check has nothing to compare), the exposed layers still do not fit
+    anon = _copy(tmp_path / "anon")
+    _config(anon, speculators_config={"verifier": {}})
+    _refused(tmp_path, capsys, anon, "--hidden-states 1,2,3", tlm=compile_target("qwen", tmp_path / "q"))
 
 
 def test_an_artifact_of_the_right_target_is_accepted_and_recorded(tmp_path):
@@ -208,3 +212,38 @@ def test_without_torch_the_export_is_refused_with_the_install_line(tmp_path, cap
     tlm = target_export("eagle3_llama")
     monkeypatch.setitem(sys.modules, "torch", None)      # `import torch` now fails
     _refused(tmp_path, capsys, DATA / "llama", "torch", "pip install 'specdec-compile[test]'", tlm=tlm)
+
+
+# --------------------------------------------------------------------------- the verifier against the target
+
+def test_a_head_for_another_model_family_is_refused_although_the_shapes_fit(tmp_path, capsys):
+    """The qwen head (verifier Qwen2ForCausalLM) reads layers 1,2,3 of a 64-wide, 211-token target: the
+    4-layer llama target has them all, so only the recorded verifier tells them apart."""
+    _refused(tmp_path, capsys, DATA / "qwen", "Qwen2ForCausalLM verifier", "is a llama model",
+             tlm=target_export("eagle3_llama"))
+    _refused(tmp_path, capsys, DATA / "llama", "LlamaForCausalLM verifier", "is a qwen2 model",
+             tlm=target_export("eagle3_qwen2"))
+    # a compiled TLM: the family its manifest records
+    _refused(tmp_path, capsys, DATA / "llama", "LlamaForCausalLM verifier", "is a qwen2 model",
+             tlm=compile_target("qwen", tmp_path / "tlm-q"))
+
+
+def test_the_verifiers_name_or_path_is_not_compared(tmp_path):
+    """A hub id where the target is a local folder (or no architectures at all) is no mismatch."""
+    for i, verifier in enumerate(({"name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
+                                   "architectures": ["LlamaForCausalLM"]}, {"name_or_path": "somewhere/else"})):
+        d = _copy(tmp_path / f"v{i}")
+        _config(d, speculators_config={"verifier": verifier})
+        assert cli.main(["import-head", str(d), "--tlm", str(target_export("eagle3_llama")), "--target", "ort",
+                         "-o", str(tmp_path / f"out{i}"), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("arch, family, same", [
+    ("LlamaForCausalLM", "llama", True), ("Qwen2ForCausalLM", "qwen2", True), ("Qwen3ForCausalLM", "qwen3", True),
+    ("Gemma3ForCausalLM", "gemma3_text", True), ("Qwen3MoeForCausalLM", "qwen3_moe", True),
+    ("DeepseekV3ForCausalLM", "deepseek_v3", True), ("GptOssForCausalLM", "gpt_oss", True),
+    ("Qwen2ForCausalLM", "llama", False), ("Qwen2ForCausalLM", "qwen3", False), ("LlamaForCausalLM", "llama4", False),
+    ("PhiForCausalLM", "phi3", False), ("MistralForCausalLM", "mixtral", False)])
+def test_architecture_against_model_type(arch, family, same):
+    from specdec_compile.eagle3.importer import _arch_family, _plain, _same_family
+    assert _same_family(_arch_family(arch), _plain(family)) is same
