@@ -7,6 +7,7 @@
     python -m bench.run_bench --only mtbench   # MT-bench on SmolLM2 (the fixed subset; --mtbench-full: all 80)
     python -m bench.run_bench --only suffix-real --real-build build/demo   # suffix drafts' SmolLM2 rows alone
     python -m bench.run_bench --only step_floor --real-build build/demo    # SmolLM2's step against its weight-read floor
+    python -m bench.run_bench --only fallback_feature --real-build build/demo   # a feature pair's K=0 floor
                                                # (--only suffix: the toy pair's rows, then SmolLM2's when built)
 
 Sections (keys of bench/results/results.json):
@@ -45,6 +46,9 @@ batch_throughput, ngram, fallback_dlm: see bench/serving.py; suffix_drafts (the 
 step_floor      SmolLM2's decode step (and verification widths) as ratios to the time to read
                 its weights once, and the kernels per step: bench/step_floor.py (also written to
                 bench/results/results-step-floor.{json,md}).
+fallback_feature  the K=0 floor of a feature pair on SmolLM2 (make demo's build): target-only
+                against the feature pair forced to K=0, side by side, interleaved, at each
+                --fallback-feature-threads: bench/fallback_feature.py (issue 30, part 5).
 step_latency    a decode step of the original optimum export (concatenating cache,
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
@@ -84,7 +88,7 @@ from pathlib import Path
 from workshop import train_pair
 from demo.compiling import compile_artifact, compile_cmd
 
-from . import mtbench, step_floor, suffix
+from . import fallback_feature, mtbench, step_floor, suffix
 from .spec import bench_spec
 
 HERE = Path(__file__).resolve().parent
@@ -374,6 +378,8 @@ def markdown(res: dict) -> str:
         L += suffix.markdown(res["suffix_drafts_real"], suffix.real_title(res.get("suffix_drafts_real_settings") or {}))
     if res.get("step_floor"):
         L += step_floor.markdown(res["step_floor"])
+    if res.get("fallback_feature"):
+        L += fallback_feature.markdown(res["fallback_feature"])
     if res.get("step_latency_by_ctx"):
         L.append("| ctx_len | original export step (ms) | rewritten step (ms) | original / rewritten |")
         L.append("|---|---|---|---|")
@@ -416,9 +422,9 @@ def _previous_results(path: Path) -> dict:
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
     ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood,step_floor,"
-                                      "backends,mtbench",
+                                      "fallback_feature,backends,mtbench",
                     help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
-                         "real-ood, step_floor, backends, mtbench")
+                         "real-ood, step_floor, fallback_feature, backends, mtbench")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (workshop/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
@@ -430,6 +436,7 @@ def _args(argv: list[str] | None):
     ap.add_argument("--fdraft-head", type=Path, default=None,
                     help="real, real-ood: a feature-draft head trained elsewhere (scripts/feature_scaling.py --save-head)")
     step_floor.add_args(ap)
+    fallback_feature.add_args(ap)
     mtbench.add_args(ap)
     ap.add_argument("--real-prompts", type=int, default=4)
     ap.add_argument("--real-max-new-tokens", type=int, default=128)
@@ -485,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         res.update(suffix.run(pair, a.out, a, only))
     res.update(suffix.run_real(a, only))                # SmolLM2's suffix rows: when built, else skipped
     res.update(step_floor.run(a, only))                 # SmolLM2's step against its floor: when built
+    res.update(fallback_feature.run(a, only))           # a feature pair's K=0 floor on SmolLM2: when built
     if "spec" in only:
         rows, host, info = bench_spec(pair, a.out, a)
         res["spec_vs_target"] = rows

@@ -15,6 +15,7 @@ from feature_draft_models import export_feature_draft
 from specdec_compile import cli as compile_cli
 from specdec_compile.runtime import (FeatureDraft, OrtBackend, SamplingParams, SpecDecoder, TargetOnlyDecoder)
 from specdec_compile.runtime.drafts.feature import FeatureDrafter
+from specdec_compile.runtime.policy import WidthPolicy
 
 PL, CL = 8, 64
 PROMPTS = [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20], [1, 2, 3, 4, 5, 6, 7, 8], [7] * 17, [9, 4]]
@@ -116,8 +117,12 @@ def test_the_head_reads_the_targets_feature_of_the_position_before(arts):
             return _Recording(self, ctx)
     _Recording.seen = []
     r = SpecDecoder(tlm, draft=Source(head), k=3).generate(PROMPTS[0], max_new_tokens=25)
-    text = PROMPTS[0] + r.generated_ids
-    ref = OrtBackend(tlm_path)
+    assert len(_Recording.seen) > 3
+    _check_rows_read(_Recording.seen, _features(OrtBackend(tlm_path), PROMPTS[0] + r.generated_ids))
+
+
+def _features(ref, text) -> list:
+    """The TLM's hidden state at each position of ``text`` (run in PL chunks on a fresh backend)."""
     f = []
     for s in range(0, len(text), PL):
         chunk = text[s:s + PL]
@@ -125,8 +130,13 @@ def test_the_head_reads_the_targets_feature_of_the_position_before(arts):
         pos = np.full((1, PL), -1, np.int64)
         ids[0, :len(chunk)], pos[0, :len(chunk)] = chunk, np.arange(s, s + len(chunk))
         f.extend(ref.run_outputs(ids, pos)["hidden_states"][0, :len(chunk)])
-    assert len(_Recording.seen) > 3
-    for p0, rows in _Recording.seen:
+    ref.reset()
+    return f
+
+
+def _check_rows_read(seen, f) -> None:
+    """Every ingested row p carried f[p - 1] (zeros at p = 0)."""
+    for p0, rows in seen:
         for i, row in enumerate(rows):
             p = p0 + i
             want = np.zeros_like(row) if p == 0 else f[p - 1]
@@ -212,3 +222,86 @@ def test_feature_target_without_feature_layers_is_refused(fixture_path, tmp_path
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "--feature-target names the target a feature draft reads" in err[0]
     assert not out.exists()
+
+
+class _IoLog:
+    """An IOBinding that records what the backend binds and reads (issue 30, part 5)."""
+
+    def __init__(self, io):
+        self._real, self.log = io, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args):
+            self.log.append((name, args[0] if args and isinstance(args[0], str) else None))
+            return attr(*args)
+        return call
+
+
+def _steps_of(backend, decode):
+    """The binding calls of each call of ``decode()``'s width-1 decode steps (after its prefill)."""
+    io = backend._io = _IoLog(backend._io)
+    per_call = []
+    real = backend._run_outputs
+
+    def run_outputs(ids, pos, extra):
+        io.log = []
+        out = real(ids, pos, extra)
+        if ids.shape[1] == 1:
+            per_call.append(io.log)
+        return out
+    backend._run_outputs = run_outputs
+    try:
+        result = decode()
+    finally:
+        backend._io, backend._run_outputs = io._real, real
+    return result, per_call
+
+
+def test_a_round_without_drafts_binds_and_reads_what_target_only_does(arts):
+    """The K=0 fallback on a feature pair: its width-1 TLM call binds the ids and positions only, as a
+    plain TLM's target-only step does (no get_outputs, no output rebound: the features land in a
+    host buffer bound once), and still hands the drafter the target's features."""
+    tlm, plain, head = OrtBackend(arts("tlm")), OrtBackend(arts("plain")), OrtBackend(arts("head"))
+    base, want = _steps_of(plain, lambda: TargetOnlyDecoder(plain).generate(PROMPTS[0], max_new_tokens=12))
+    got, calls = _steps_of(tlm, lambda: SpecDecoder(tlm, head, k=0).generate(PROMPTS[0], max_new_tokens=12))
+    assert got.generated_ids == base.generated_ids
+    assert len(calls) == len(want) == 11
+    # the first width-1 call sizes the host buffers, the second binds them; every later one binds
+    # what target-only binds, and reads no output back through the binding
+    assert calls[2:] == want[2:] == [[("bind_cpu_input", "input_ids"), ("bind_cpu_input", "position_ids")]] * 9
+    assert [c for c in calls[1] if c[0] != "bind_cpu_input"] == [("bind_ortvalue_output", "logits"),
+                                                                 ("bind_ortvalue_output", "hidden_states")]
+    assert not got.metrics["call_time_by_width"]["dlm"]            # no head call in a K=0 decode
+
+
+class _Resuming(WidthPolicy):
+    """No drafts for the first rounds (the fallback), then k every round."""
+
+    def choose(self, row):
+        row.rounds = getattr(row, "rounds", 0) + 1
+        return 0 if row.rounds <= 6 else self.k
+
+
+def test_drafting_resumes_after_rounds_without_drafts_with_the_targets_features(arts):
+    """After six K=0 rounds the head ingests every row since with the target's own features (read from
+    the reused host buffers, not stale ones): greedy output is target-only's, and each ingested row p
+    carries the TLM's hidden state at p - 1 over the final text."""
+    tlm_path = arts("tlm")
+    tlm, head, ref = OrtBackend(tlm_path), OrtBackend(arts("head")), OrtBackend(tlm_path)
+
+    class Source(FeatureDraft):
+        def drafter(self, ctx):
+            return _Recording(self, ctx)
+    for sampling in (None, SamplingParams(0.8, top_p=0.95, seed=5)):
+        _Recording.seen = []
+        spec = SpecDecoder(tlm, draft=Source(head), policy=_Resuming(3))
+        r = spec.generate(PROMPTS[0], max_new_tokens=25, sampling=sampling)
+        b = TargetOnlyDecoder(tlm).generate(PROMPTS[0], max_new_tokens=25, sampling=sampling)
+        assert r.generated_ids == b.generated_ids
+        assert r.metrics["verify_drafts_histogram"]["0"] >= 6 and r.metrics["drafted_tokens"] > 0
+        assert len(_Recording.seen[0][1]) > 6           # the first ingest: every row of the K=0 rounds too
+        _check_rows_read(_Recording.seen, _features(ref, PROMPTS[0] + r.generated_ids))

@@ -69,14 +69,16 @@ class OrtBackend(Backend):
         self.extra_names = list(self.extra_outputs)
         self.input_dtypes = model.input_dtypes
         self.plan = output_plan(self.device, self.kv_names, self.extra_names)
-        # (rows, width) -> (OrtValue, the numpy array it wraps): an --interface qeff prefill runs at
-        # batch 1 and its decode at full batch, possibly at the same width
-        self._logits: dict = {}
-        self._bound = None          # the (rows, width) whose buffer is bound now
+        # (rows, width) -> {output: (OrtValue, the numpy array it wraps)}, the logits and each extra
+        # output: a host buffer per call shape (an --interface qeff prefill runs at batch 1 and its
+        # decode at full batch, possibly at the same width), bound once its shape is known, so that
+        # a call with extra outputs binds and reads what a call without them does (no get_outputs)
+        self._host: dict = {}
+        self._bound = None          # the (rows, width) whose buffers are bound now
         # logits is bound first so that it is output 0 of the binding
         self._io.bind_output(LOGITS, self.plan[LOGITS])
         self._bind_cache()
-        for n in self.extra_names:   # after the cache: outputs 1 + 2L.. of the binding (rebound each call)
+        for n in self.extra_names:   # after the cache: outputs 1 + 2L.. of the binding
             self._io.bind_output(n, self.plan[n])
 
     def _zeros(self, name):
@@ -110,34 +112,40 @@ class OrtBackend(Backend):
         for n, a in extra.items():
             io.bind_cpu_input(n, np.ascontiguousarray(a, dtype=self.input_dtypes.get(n, np.float32)))
         S = tuple(ids.shape)
-        buf = self._logits.get(S)      # a host buffer per call shape, once its shape is known
-        if S != self._bound or buf is None:
-            if buf is None:
-                io.bind_output(LOGITS, self.plan[LOGITS])     # only the logits reach the host (output_plan)
-            else:
-                io.bind_ortvalue_output(LOGITS, buf[0])
+        bufs = self._host.get(S)       # host buffers for this call shape, once its shapes are known
+        if S != self._bound or bufs is None:
+            for n in (LOGITS, *self.extra_names):
+                if bufs is None:
+                    io.bind_output(n, self.plan[n])     # ORT allocates them (only these reach the host)
+                else:
+                    io.bind_ortvalue_output(n, bufs[n][0])
             self._bound = S
-        for n in self.extra_names:     # shapes change with the width: ORT allocates them afresh each call
-            io.bind_output(n, self.plan[n])
         try:
             self.session.run_with_iobinding(io)
         except Exception as e:
             msg = " ".join(str(e).split())[:300]
             raise SpecdecError(f"{self.artifact.name}: ONNX Runtime failed: {msg}") from None
-        got = io.get_outputs() if (buf is None or self.extra_names) else None
-        extras = {n: got[1 + len(self.kv_names) + i].numpy().astype(np.float32)
-                  for i, n in enumerate(self.extra_names)}
-        if buf is None:
-            out = got[0].numpy()
-            arr = np.zeros(out.shape, out.dtype)
-            self._logits[S] = (self._ort.OrtValue.ortvalue_from_numpy(arr), arr)
-            self._bound = None                  # bind the new buffer on the next call of this width
-        else:
-            out = buf[1]
+        if bufs is None:
+            bufs = self._new_buffers(S, io.get_outputs())
         if not self.inplace:
             self._a, self._b = self._b, self._a
             self._bind_cache()
-        return {LOGITS: np.array(out, dtype=np.float32, copy=True), **extras}
+        # copies: the buffers are written again by the next call
+        return {LOGITS: np.array(bufs[LOGITS][1], dtype=np.float32, copy=True),
+                **{n: np.array(bufs[n][1], dtype=np.float32, copy=True) for n in self.extra_names}}
+
+    def _new_buffers(self, S, got) -> dict:
+        """Host buffers shaped as this first call of shape ``S`` returned its logits and extra outputs
+        (filled with them), bound from the next call of this shape on."""
+        outs = {LOGITS: got[0]}
+        outs.update((n, got[1 + len(self.kv_names) + i]) for i, n in enumerate(self.extra_names))
+        bufs = {}
+        for n, ov in outs.items():
+            arr = np.array(ov.numpy(), copy=True)
+            bufs[n] = (self._ort.OrtValue.ortvalue_from_numpy(arr), arr)
+        self._host[S] = bufs
+        self._bound = None                  # bind the new buffers on the next call of this shape
+        return bufs
 
     def _reset(self):
         for bufs in (self._a, self._b):

@@ -1,0 +1,69 @@
+"""bench/fallback_feature.py on the tiny llama target and feature draft (seconds): the section's
+record and rows, greedy equality enforced, the skip without make demo's build. SmolLM2 itself is
+measured by ``python -m bench.run_bench --only fallback_feature`` (docs/runtime.md)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bench import fallback_feature
+from feature_draft_models import export_feature_draft
+from specdec_compile import cli as compile_cli
+
+PL, CL = 8, 64
+
+
+@pytest.fixture(scope="module")
+def build(fixture_path, tmp_path_factory):
+    """A build folder as make demo's holds them: tlm-base, tlm, tlm-hs and fdlm (tiny models)."""
+    root = tmp_path_factory.mktemp("ff_build")
+    common = ["--target", "ort", "--prefill-len", str(PL), "--ctx-len", str(CL)]
+    target = str(fixture_path("llama_gqa"))
+    tlm = ["--role", "tlm", "--k", "3", "--k-list", "0,1,3"]
+    for name, argv in (("tlm-base", [target, "--role", "dlm"]), ("tlm", [target, *tlm]),
+                       ("tlm-hs", [target, *tlm, "--hidden-states", "-1"]),
+                       ("fdlm", [str(export_feature_draft(1)), "--role", "dlm", "--k", "3",
+                                 "--feature-layers", "-1"])):
+        assert compile_cli.main(argv + common + ["-o", str(root / name)]) == 0
+    return root
+
+
+def test_the_section_on_a_tiny_build(build):
+    said = []
+    rec = fallback_feature.measure(build, [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20]], threads=1,
+                                   rounds=2, n_new=10, log=said.append)
+    assert rec["threads"] == 1 and list(rec["decoders"]) == list(fallback_feature.DECODERS)
+    for d, v in rec["decoders"].items():
+        assert v["decode_tokens_per_s"] > 0 and v["ratio_to_target"] > 0, d
+        assert v["width1_call_ms"] > 0          # every decoder's steps are width-1 TLM calls
+    assert rec["decoders"]["target"]["ratio_to_target"] == 1.0
+    assert said and "feature_k0" in said[0]
+    md = "\n".join(fallback_feature.markdown({"prompts": 2, "new_tokens": 10, "rounds": 2, "runs": [rec]}))
+    assert "| 1 | feature_k0 |" in md and "goal: feature_k0 >= 0.98x" in md
+
+
+def test_a_greedy_difference_fails_loudly(build, monkeypatch):
+    real = fallback_feature.decoders
+
+    def wrong(bk, eos):
+        decs = real(bk, eos)
+        gen = decs["feature_k0"].generate
+
+        def generate(p, **kw):
+            r = gen(p, **kw)
+            r.generated_ids[-1] = (r.generated_ids[-1] + 1) % 100
+            return r
+        decs["feature_k0"].generate = generate
+        return decs
+    monkeypatch.setattr(fallback_feature, "decoders", wrong)
+    with pytest.raises(SystemExit, match="feature_k0's greedy output differs from target-only's"):
+        fallback_feature.measure(build, [[1, 150, 20]], threads=1, rounds=1, n_new=4, log=lambda *_: None)
+
+
+def test_skipped_with_the_reason_without_the_build(tmp_path):
+    said = []
+    a = SimpleNamespace(real_out=tmp_path / "nothing", log=said.append)
+    assert fallback_feature.run(a, {"fallback_feature"}) == {}
+    assert said and "skipped: no tlm-base, tlm, tlm-hs, fdlm" in said[0]
+    assert fallback_feature.run(a, {"step_floor"}) == {}
