@@ -20,3 +20,21 @@ def fixture_path():
         return cache[name]
 
     return get
+
+
+# --------------------------------------------------------------------------- the demo's decode tests
+class SpellingTokenizer:
+    def decode(self, ids, **kw):
+        return " ".join(map(str, ids))
+
+
+class SilentStream:
+    def start(self, *a, **k): ...
+    def __call__(self, *a): ...
+    def end(self): ...
+
+
+@pytest.fixture
+def decode_standins():
+    """(a tokenizer whose decode spells the ids, a stream that shows nothing): decode_all in the demo tests."""
+    return SpellingTokenizer(), SilentStream()
