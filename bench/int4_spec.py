@@ -32,11 +32,16 @@ DRAFTS = ("ngram", "hybrid", "feature")
 COMMON = ["--target", "ort", "--prefill-len", "64", "--ctx-len", "256"]
 
 
-def compile_int4(int4_export: Path, float_export: Path, out: Path, log=print) -> dict:
+def compile_int4(int4_export: Path, float_export: Path, out: Path, log=print,
+                 fdraft: Path | None = None) -> dict:
     """The int4 TLM with hidden states and the int4 target-only baseline, as the demo compiles its own;
-    and the float32 target-only baseline by the same compiler (``float32-base``)."""
+    the float32 target-only baseline by the same compiler (``float32-base``); and ``fdraft`` (the demo's
+    feature draft export) compiled for the int4 target (``fdlm``: a feature draft records the target
+    it reads, and the runtime refuses it with another)."""
     ks = ["--k", "4", "--k-list", ",".join(map(str, real_demo.K_LIST))]
-    return {"tlm-hs": compile_artifact(int4_export, out / "tlm-hs", ["--role", "tlm", *ks, "--hidden-states", "-1",
+    extra = {} if fdraft is None else {"fdlm": compile_artifact(fdraft, out / "fdlm", [
+        "--role", "dlm", *ks, "--feature-layers", "-1", "--feature-target", str(int4_export), *COMMON], log=log)}
+    return {**extra, "tlm-hs": compile_artifact(int4_export, out / "tlm-hs", ["--role", "tlm", *ks, "--hidden-states", "-1",
                                                                      *COMMON], log=log),
             "tlm-base": compile_artifact(int4_export, out / "tlm-base", ["--role", "dlm", *COMMON], log=log),
             "float32-base": compile_artifact(float_export, out / "float32-base", ["--role", "dlm", *COMMON], log=log)}
@@ -85,10 +90,12 @@ def run(build: Path, int4_export: Path, out: Path, int8_act_export: Path | None 
 
     from . import real_model
 
-    missing = [p for p in ("tokenizer", "export/tlm/model.onnx", "fdlm") if not (build / p).exists()]
+    need = ("tokenizer", "export/tlm/model.onnx", "export/fdraft/model.onnx")
+    missing = [p for p in need if not (build / p).exists()]
     if missing:
         return {"skipped": f"no {', '.join(missing)} in {build} (`make demo` builds them)"}
-    compile_int4(int4_export, build / "export" / "tlm" / "model.onnx", out, log)
+    compile_int4(int4_export, build / "export" / "tlm" / "model.onnx", out, log,
+                 fdraft=build / "export" / "fdraft" / "model.onnx")
     dep = {"float32": width_dependence(build / "tlm-hs" / "model.onnx") if (build / "tlm-hs").exists() else None,
            "int4": width_dependence(out / "tlm-hs" / "model.onnx")}
     if int8_act_export is not None and int8_act_export.exists():
@@ -100,7 +107,7 @@ def run(build: Path, int4_export: Path, out: Path, int8_act_export: Path | None 
     kw = {"intra_op_threads": ort_threads}
     tok = load_tokenizer(build / "tokenizer")
     tlm, base, fbase, fdlm = (OrtBackend(out / "tlm-hs", **kw), OrtBackend(out / "tlm-base", **kw),
-                              OrtBackend(out / "float32-base", **kw), OrtBackend(build / "fdlm", **kw))
+                              OrtBackend(out / "float32-base", **kw), OrtBackend(out / "fdlm", **kw))
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
     decs = {"target": TargetOnlyDecoder(base, eos_token_id=eos),
             "float32 target": TargetOnlyDecoder(fbase, eos_token_id=eos),
