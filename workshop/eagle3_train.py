@@ -89,11 +89,7 @@ def featurize(lean, seqs, aux_ids: list[int], batch_tokens: int):
     out: list = [None] * len(seqs)
     dev = lean.device
     with torch.inference_mode():
-        b = 0
-        while b < len(order):
-            T = len(seqs[order[min(b + max(1, batch_tokens // max(1, len(seqs[order[b]][0]))), len(order)) - 1]][0])
-            n = max(1, batch_tokens // T)
-            idx = order[b: b + n]
+        for idx in length_groups(order, lambda i: len(seqs[i][0]), batch_tokens):
             T = max(len(seqs[i][0]) for i in idx)
             ids = torch.zeros(len(idx), T, dtype=torch.long, device=dev)
             for r, i in enumerate(idx):
@@ -107,7 +103,22 @@ def featurize(lean, seqs, aux_ids: list[int], batch_tokens: int):
             for r, i in enumerate(idx):
                 n_i = len(seqs[i][0])
                 out[i] = (f[r, :n_i].clone(), y[r, :n_i].clone())
-            b += len(idx)
+    return out
+
+
+def length_groups(order: list[int], length, batch_tokens: int) -> list[list[int]]:
+    """``order`` (sorted by length) cut into runs whose padded size (longest x count) stays within
+    ``batch_tokens`` (a longer example alone)."""
+    out, cur, longest = [], [], 0
+    for i in order:
+        n = length(i)
+        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
     return out
 
 
@@ -116,16 +127,7 @@ def batches(seqs, feats, batch_tokens: int, seed: int, epoch: int):
     import random
     rng = random.Random(seed * 1000 + epoch)
     order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i][0]), rng.random()))
-    out, cur, longest = [], [], 0
-    for i in order:
-        n = len(seqs[i][0])
-        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
-            out.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
-    if cur:
-        out.append(cur)
+    out = length_groups(order, lambda i: len(seqs[i][0]), batch_tokens)
     rng.shuffle(out)
     return out
 
@@ -381,7 +383,7 @@ def prepare(a, cfg: dict, log=print) -> dict:
     draft_t = torch.as_tensor(ids, device=dev)
     covered = sum(int(torch.isin(torch.tensor(r["answer"]), torch.as_tensor(ids)).sum()) for r in ev)
     return {"device": dev, "seqs": seqs, "feats": feats, "eval_seqs": ev_seqs, "eval_feats": ev_feats,
-            "eval_greedy": [r["shard"] and _greedy(a.data, r["shard"]) for r in ev], "taps": taps,
+            "eval_greedy": [_greedy(a.data, r["shard"]) for r in ev], "taps": taps,
             "embedding": E, "draft_ids": draft_t, "wd_rows": E[draft_t], "final_norm": lean.norm.float(), "tc": tc,
             "target_sha256": sha, "dataset_sha256": idx["dataset_sha256"], "train_tokens": n_tok,
             "answer_tokens": sum(len(r["answer"]) for r in tr), "eval_examples": len(ev),
@@ -397,7 +399,7 @@ def _greedy(data: Path, shard: str) -> bool:
     return _MODES[shard]
 
 
-def variant(data: dict, aux: list[int], cfg: dict):
+def variant(data: dict, aux: list[int]):
     """The data as one variant reads it: its aux layers' columns of the features."""
     H = data["tc"]["hidden_size"]
     cols = [j for i in aux for j in range(data["taps"].index(i) * H, (data["taps"].index(i) + 1) * H)]
@@ -413,7 +415,7 @@ def run_variant(data: dict, cfg: dict, aux: list[int], steps: int, epochs: int, 
     import torch
 
     from .eagle3_head import Eagle3Head, init_from_target
-    d = variant(data, aux, cfg)
+    d = variant(data, aux)
     head = Eagle3Head(data["tc"], len(aux), cfg["draft_vocab"], data["embedding"],
                       cfg["norm_before_residual"]).to(data["device"])
     init_from_target(head, data["wd_rows"].float().cpu(), data["final_norm"].cpu(), cfg["seed"])
@@ -423,7 +425,8 @@ def run_variant(data: dict, cfg: dict, aux: list[int], steps: int, epochs: int, 
     hist = train(head, d, {**cfg, "epochs": epochs}, steps=steps, epochs=epochs, deadline=deadline, log=log)
     ev = evaluate(head, d, cfg, cfg["ttt_steps"])
     log(f"[eval] aux {aux}, ttt {steps}: {json.dumps(ev)}")
-    torch.cuda.empty_cache() if data["device"].type == "cuda" else None
+    if data["device"].type == "cuda":
+        torch.cuda.empty_cache()
     return head, {"aux_ids": aux, "ttt_steps": steps, "epochs_planned": epochs, "train": hist, "eval": ev}
 
 

@@ -175,3 +175,10 @@ def test_magpie_data_takes_the_gpu_runs_options(tmp_path):
     why = md.bad_args(argparse.Namespace(**{**base, "context": tmp_path / "none.json"}, gguf=tmp_path / "x.gguf",
                                          target_sha256="ab"))
     assert why and "no such file" in why
+
+
+def test_length_groups_keep_the_padded_size_within_the_budget():
+    lengths = {0: 3, 1: 4, 2: 4, 3: 9, 4: 20}
+    groups = tr.length_groups([0, 1, 2, 3, 4], lengths.get, 12)
+    assert groups == [[0, 1, 2], [3], [4]]                      # 3 x 4 = 12 fits, 4 x 9 does not; 20 alone
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
