@@ -21,29 +21,24 @@ from __future__ import annotations
 
 import math
 
-
-def _torch():
-    import torch
-    return torch
+import torch
 
 
-class Rms(_torch().nn.Module):
+class Rms(torch.nn.Module):
     def __init__(self, n: int, eps: float):
-        torch = _torch()
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(n))
         self.eps = eps
 
     def forward(self, x):
-        torch = _torch()
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * y.to(x.dtype)
 
 
-class Attention(_torch().nn.Module):
+class Attention(torch.nn.Module):
     def __init__(self, c: dict):
-        nn = _torch().nn
+        nn = torch.nn
         super().__init__()
         H, D = c["hidden_size"], c["head_dim"]
         self.h, self.kv, self.D = c["num_attention_heads"], c["num_key_value_heads"], D
@@ -54,7 +49,6 @@ class Attention(_torch().nn.Module):
 
     def forward(self, x, cos, sin, step_kv: list, mask0):
         """x [B, T, 2H]; step_kv: (k, v) of earlier steps (index 0: step 0); appended to."""
-        torch = _torch()
         B, T, _ = x.shape
         q = _rope(self.q_proj(x).view(B, T, self.h, self.D).transpose(1, 2), cos, sin)
         k = _rope(self.k_proj(x).view(B, T, self.kv, self.D).transpose(1, 2), cos, sin)
@@ -73,25 +67,24 @@ class Attention(_torch().nn.Module):
 
 
 def _rope(x, cos, sin):
-    torch = _torch()
     d = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., d:], x[..., :d]], -1) * sin
 
 
-class Mlp(_torch().nn.Module):
+class Mlp(torch.nn.Module):
     def __init__(self, c: dict):
-        nn = _torch().nn
+        nn = torch.nn
         super().__init__()
         H, I = c["hidden_size"], c["intermediate_size"]
         self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
         self.down_proj = nn.Linear(I, H, bias=False)
 
     def forward(self, x):
-        F = _torch().nn.functional
+        F = torch.nn.functional
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Layer(_torch().nn.Module):
+class Layer(torch.nn.Module):
     def __init__(self, c: dict):
         super().__init__()
         H, eps = c["hidden_size"], c["rms_norm_eps"]
@@ -100,12 +93,11 @@ class Layer(_torch().nn.Module):
         self.self_attn, self.mlp = Attention(c), Mlp(c)
 
 
-class Eagle3Head(_torch().nn.Module):
+class Eagle3Head(torch.nn.Module):
     """fc, one decoder layer reading 2H, norm, lm_head over the draft vocabulary; the target's
     embedding table is a frozen buffer (not saved: the checkpoint reads the target's)."""
 
     def __init__(self, c: dict, n_aux: int, draft_vocab: int, embedding, norm_before_residual: bool = False):
-        torch = _torch()
         nn = torch.nn
         super().__init__()
         H = c["hidden_size"]
@@ -120,7 +112,6 @@ class Eagle3Head(_torch().nn.Module):
                              persistent=False)
 
     def rotary(self, pos, dtype):
-        torch = _torch()
         ang = pos[..., None].float() * self.inv_freq
         ang = torch.cat([ang, ang], -1)[:, None]                       # [B, 1, T, D]
         return ang.cos().to(dtype), ang.sin().to(dtype)
@@ -128,7 +119,6 @@ class Eagle3Head(_torch().nn.Module):
     def step(self, tokens, g, pos, step_kv, mask0):
         """One TTT step: (logits over the draft vocabulary, h) for every row."""
         lay = self.layers[0]
-        torch = _torch()
         e = self.embed[tokens].to(g.dtype)
         normed = lay.hidden_norm(g)
         residual = normed if self.norm_before_residual else g
@@ -151,7 +141,6 @@ class Eagle3Head(_torch().nn.Module):
 
 def causal_mask(T: int, device):
     """Additive [1, 1, T, T]: row r reads step-0 rows 0..r."""
-    torch = _torch()
     m = torch.full((T, T), -1e9, device=device).triu(1)
     return m[None, None]
 
@@ -159,7 +148,6 @@ def causal_mask(T: int, device):
 def init_from_target(head: Eagle3Head, lm_rows, final_norm, seed: int) -> None:
     """Seeded normal(0, 0.02) weights, norms at 1; lm_head and norm from the target's head rows
     of the draft vocabulary and its final norm (speculators initializes them from the verifier)."""
-    torch = _torch()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
