@@ -13,6 +13,9 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
   each prompt and answer re-scored in calls of k+1 tokens against calls of one; ``width_flips``:
   positions whose top token differs, of ``positions``; ``vs_f32_flips``: positions whose top token
   (width 1) differs from f32's on the same text; ``texts_equal_f32``: target-only text equal to f32's;
+* the same width check over MT-bench's first turns (``mtbench_width``; bench/mtbench.py's fixed
+  subset, 2 questions per category, those that fit the context with 64 new tokens): OpenVINO f32's
+  target-only answers re-scored at each precision;
 * OpenVINO GenAI's own pipeline beside them (bench/ovgenai.py; when ``openvino-genai`` is installed
   here or ``SPECDEC_OVGENAI_PYTHON`` names a Python that has it, else one line says so): target-only
   and prompt lookup, at f32 and at the CPU plugin's default precision, on an OpenVINO IR of the same
@@ -35,6 +38,7 @@ import numpy as np
 from . import ovgenai
 
 K, K_LIST, PL, CTX, NEW = 4, "0,1,2,4", 64, 256, 128
+MT_NEW = 64           # new tokens per MT-bench first turn in its width check (as bench/mtbench.py's turns)
 
 
 def compile_both(export: Path, out: Path, log=print) -> dict[str, Path]:
@@ -91,6 +95,42 @@ def width_flips(backend, prompts, answers, width: int) -> tuple[int, int, list]:
     return flips, total, ones
 
 
+def mtbench_prompts(tok, per_category: int, room: int) -> tuple[list[list[int]], int]:
+    """MT-bench's first turns (bench/mtbench.py's subset) through the chat template, those that
+    leave ``room`` tokens in the context; (the prompts, how many did not fit)."""
+    from . import mtbench
+    ids = [mtbench.turn_ids(tok, q, 1) for q in mtbench.select(mtbench.questions(), per_category)]
+    fit = [p for p in ids if len(p) + room <= CTX]
+    return fit, len(ids) - len(fit)
+
+
+def mtbench_width(ov_dir: Path, tok, threads: int, per_category: int, log=print) -> dict | str:
+    """The width check over MT-bench's first turns on OpenVINO: f32's target-only answers re-scored
+    at f32 and at the precision OpenVINO picks; a line saying why when it cannot run."""
+    try:
+        prompts, skipped = mtbench_prompts(tok, per_category, MT_NEW)
+    except SystemExit as e:
+        return f"not measured: {e}"
+    from specdec_compile.runtime import OpenVinoBackend
+    res = {"questions": len(prompts) + skipped, "too_long": skipped, "max_new_tokens": MT_NEW, "rows": []}
+    ref = f32_ones = None
+    for prec in dict.fromkeys(("f32", default_precision())):
+        b = OpenVinoBackend(ov_dir, precision=prec, threads=threads)
+        if ref is None:
+            ref, _ = _decode(b, prompts, None, MT_NEW)
+        flips, total, ones = width_flips(b, prompts, ref, K + 1)
+        row = {"precision": prec, "width_flips": flips, "positions": total}
+        if f32_ones is None:
+            f32_ones = ones
+        else:
+            row["vs_f32_flips"] = int(sum(np.sum(np.array(a) != np.array(o)) for a, o in zip(ones, f32_ones)))
+            row["vs_f32_positions"] = int(sum(len(o) for o in ones))
+        log(json.dumps({"mtbench_width": row}))
+        res["rows"].append(row)
+        b.close()
+    return res
+
+
 def default_precision() -> str:
     """The precision OpenVINO's CPU plugin picks here when none is asked for ("f32" or "bf16", ...)."""
     import openvino as ov
@@ -123,9 +163,10 @@ def _measure_row(b, kind, prec, prompts, new):
 
 
 def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: int = 4, log=print,
-        new: int = NEW, hf: Path | None = None, width_check: bool = True) -> dict:
+        new: int = NEW, hf: Path | None = None, width_check: bool = True, mt_per_category: int = 2) -> dict:
     """The rows at ``threads`` threads; GenAI's beside them when ``hf`` (the checkpoint ``export``
-    was made from) is given; the width check when ``width_check``."""
+    was made from) is given; the width checks when ``width_check`` (MT-bench's with
+    ``mt_per_category`` questions per category; 0: not run)."""
     from workshop import prompts as prompt_sets
     from workshop.smollm2 import chat_ids
     from specdec_compile.runtime.tokenizer import load_tokenizer
@@ -154,6 +195,8 @@ def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: i
         log(json.dumps(row))
         res["rows"].append(row)
         b.close()
+    if width_check and mt_per_category:
+        res["mtbench_width"] = mtbench_width(dirs["openvino"], tok, threads, mt_per_category, log)
     res["genai"] = "not measured: no Hugging Face checkpoint given (--hf)" if hf is None else \
         ovgenai.measure(hf, out / "genai-ir", prompts, new, threads, K, ref[0], log)
     res["goals"] = goals(res)
@@ -187,7 +230,7 @@ def goals(res: dict) -> dict | None:
 
 
 def run_section(real_out: Path, out: Path, threads: list[int] | int, n_prompts: int, log=print,
-                new: int = NEW) -> dict | str:
+                new: int = NEW, mt_per_category: int = 2) -> dict | str:
     """``make bench``'s section: one run per thread count (the width check in the first only), or a
     line saying why it was skipped."""
     try:
@@ -197,7 +240,8 @@ def run_section(real_out: Path, out: Path, threads: list[int] | int, n_prompts: 
     export, tokenizer, hf = real_out / "export" / "tlm" / "model.onnx", real_out / "tokenizer", real_out / "hf" / "tlm"
     if not export.is_file() or not tokenizer.is_dir():
         return f"skipped: no SmolLM2 export in {real_out} (make demo builds it)"
-    runs = [run(export, tokenizer, out, t, n_prompts, log, new, hf if hf.is_dir() else None, width_check=i == 0)
+    runs = [run(export, tokenizer, out, t, n_prompts, log, new, hf if hf.is_dir() else None, width_check=i == 0,
+                mt_per_category=mt_per_category)
             for i, t in enumerate([threads] if isinstance(threads, int) else threads)]
     return {"runs": runs}
 
@@ -215,6 +259,20 @@ def _goal_lines(res: dict) -> list[str]:
                      f"{'yes' if b['greedy_equal_target_only'] else 'NO'}) / GenAI's best ({b['genai_run']}) = "
                      f"{b['ours']:.1f} / {b['genai']:.1f} = {b['ratio']:.2f} (goal >= {b['goal']})")
     return [""] + lines
+
+
+def _mtbench_width_lines(m) -> list[str]:
+    if m is None:
+        return []
+    if not isinstance(m, dict):
+        return ["", f"MT-bench width check: {m}"]
+    rows = "; ".join(f"{r['precision']}: {r['width_flips']}/{r['positions']} positions change their top token with "
+                     f"the width" + (f", {r['vs_f32_flips']}/{r['vs_f32_positions']} differ from f32's"
+                                     if "vs_f32_flips" in r else "") for r in m["rows"])
+    left = f", {m['too_long']} too long for ctx {CTX} left out" if m["too_long"] else ""
+    return ["", f"MT-bench width check (OpenVINO; {m['questions'] - m['too_long']} first turns of the subset{left}; "
+                f"f32 target-only answers of {m['max_new_tokens']} tokens re-scored in calls of {K + 1} against calls "
+                f"of 1): {rows}"]
 
 
 def _genai_lines(g) -> list[str]:
@@ -246,7 +304,7 @@ def markdown(res: dict) -> str:
         lines.append(f"| {r['backend']} | {r['precision']} | {r['target_only_tok_s']:.1f} | {r['ngram_tok_s']:.1f} "
                      f"({r['ngram_speedup']:.2f}) | {r['suffix_tok_s']:.1f} ({r['suffix_speedup']:.2f}) | "
                      f"{'yes' if eq else 'NO'} | {wf} | {vf} |")
-    lines += _genai_lines(res["genai"]) + _goal_lines(res)
+    lines += _mtbench_width_lines(res.get("mtbench_width")) + _genai_lines(res["genai"]) + _goal_lines(res)
     return "\n".join(lines) + "\n"
 
 
@@ -261,10 +319,13 @@ def main(argv=None) -> int:
                     help="comma list of thread counts, one run each")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=NEW)
+    ap.add_argument("--mtbench-per-category", type=int, default=2,
+                    help="MT-bench's width check: first turns per category (0: not run)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     a = ap.parse_args(argv)
     hf = a.hf if a.hf.is_dir() else None
-    res = {"runs": [run(a.export, a.tokenizer, a.out, t, a.prompts, new=a.max_new_tokens, hf=hf, width_check=i == 0)
+    res = {"runs": [run(a.export, a.tokenizer, a.out, t, a.prompts, new=a.max_new_tokens, hf=hf, width_check=i == 0,
+                        mt_per_category=a.mtbench_per_category)
                     for i, t in enumerate(a.threads)]}
     print(markdown(res))
     if a.json:

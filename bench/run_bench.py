@@ -35,7 +35,8 @@ kv_inplace      a decode step of the rewritten TLM (ort target) with the cache
                 of the session time (loop_host_share).
 backends        SmolLM2 (make demo's export) on ONNX Runtime f32, OpenVINO f32 and OpenVINO at the precision
                 it picks (bf16 where the CPU has it) side by side, at each --backends-threads (1 and 2):
-                target-only, n-gram and suffix drafts, greedy equality, the width check's top-token flips;
+                target-only, n-gram and suffix drafts, greedy equality, the width check's top-token flips
+                (the demo's prompts, and MT-bench's first turns: --mtbench-per-category per category);
                 OpenVINO GenAI's own pipeline beside them (target-only, prompt lookup; f32 and its default
                 precision) when openvino-genai is there (SPECDEC_OVGENAI_PYTHON), and issue 34's goal ratios
                 (bench/backends.py, bench/ovgenai.py; skipped in one line without openvino or the demo's
@@ -513,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     if "backends" in only:      # SmolLM2 on ORT f32, OpenVINO f32 and bf16 (bench/backends.py)
         from . import backends
         res["backends"] = backends.run_section(a.real_out, a.out / "backends", a.backends_threads, a.real_prompts, log,
-                                               a.real_max_new_tokens)
+                                               a.real_max_new_tokens, a.mtbench_per_category)
     if "real-ood" in only:
         from . import real_ood
         res["real_ood"], res["real_ood_settings"] = real_ood.run(a.real_out, a, log=log)

