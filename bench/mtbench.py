@@ -246,7 +246,7 @@ def aggregate(runs: list[dict], methods: list[str], cats: list[str]) -> list[dic
                 ms = _kept(runs, spec, mode, cat)
                 if not ms or not tms:
                     continue
-                name, _, k = spec.partition(":")
+                name, k, _ = split_method(spec)
                 row = real_model.speed_row(name, mode, int(k) if k else "auto", ms, tms)
                 same = [r["same_as_target"] for r in runs if r["method"] == spec and r["mode"] == mode
                         and cat in (None, r["category"])]
@@ -258,22 +258,35 @@ def aggregate(runs: list[dict], methods: list[str], cats: list[str]) -> list[dic
 # --------------------------------------------------------------------------- the artifacts
 
 
+def split_method(spec: str) -> tuple[str, str, float]:
+    """``NAME[:K][@P]`` -> (NAME, K or "", P or 0.0): a fixed k, and the draft model's chain floor
+    (SpecDecoder's ``draft_min_prob``)."""
+    rest, _, p = spec.partition("@")
+    name, _, k = rest.partition(":")
+    try:
+        prob = float(p) if p else 0.0
+    except ValueError:
+        prob = -1.0
+    return name, k, prob
+
+
 def parse_methods(text: str) -> list[str]:
-    """``target,ngram,eagle3:3``: each a known method, ``:K`` a fixed k >= 1; target-only always
-    first."""
+    """``target,ngram,eagle3:3,eagle3-hybrid@0.2``: each a known method, ``:K`` a fixed k >= 1,
+    ``@P`` (methods with a draft model) its chain floor in (0, 1); target-only always first."""
     out = ["target"]
     for spec in [s.strip() for s in text.split(",") if s.strip()]:
-        name, _, k = spec.partition(":")
-        if name not in KNOWN or (k and not (k.isdigit() and int(k) >= 1)) or (name == "target" and k):
+        name, k, p = split_method(spec)
+        if name not in KNOWN or (k and not (k.isdigit() and int(k) >= 1)) or (name == "target" and k) \
+                or ("@" in spec and (name in ("target", "ngram") or not 0.0 < p < 1.0)):
             raise SystemExit(f"mtbench: unknown method {spec!r} (expected {', '.join(KNOWN)}, optionally NAME:K "
-                             f"with K >= 1)")
+                             f"with K >= 1 and, with a draft model, NAME@P with P in (0, 1))")
         if spec not in out:
             out.append(spec)
     return out
 
 
 def _needs(methods: list[str]) -> set[str]:
-    names = {m.partition(":")[0] for m in methods}
+    names = {split_method(m)[0] for m in methods}
     need = {"tlm-base"} | ({"tlm"} if "ngram" in names else set())
     need |= {"feature-pair"} if names & {"hybrid", "feature"} else set()
     return need | ({"eagle3"} if names & {"eagle3", "eagle3-hybrid"} else set())
@@ -323,11 +336,11 @@ def make_decoders(methods: list[str], backends: dict, eos) -> dict:
              "eagle3-hybrid": ("e3-tlm", "e3-head", "hybrid")}
     out = {}
     for spec in methods[1:]:
-        name, _, k = spec.partition(":")
+        name, k, p = split_method(spec)
         tlm, dlm, draft = pairs[name]
         if tlm not in backends or (dlm and dlm not in backends):
             continue
-        kw = {"k": int(k), "adaptive": False} if k else {}
+        kw = ({"k": int(k), "adaptive": False} if k else {}) | ({"draft_min_prob": p} if p else {})
         if draft:
             kw.update(draft=draft, ngram_max=NGRAM_MAX)
         args = (backends[tlm],) + ((backends[dlm],) if dlm else (None,))
@@ -346,7 +359,8 @@ def add_args(ap) -> None:
     ap.add_argument("--mtbench-max-new-tokens", type=int, default=64, help="mtbench: new tokens per turn (64)")
     ap.add_argument("--mtbench-repeats", type=int, default=1, help="mtbench: repeats (greedy: fastest kept)")
     ap.add_argument("--mtbench-methods", default=METHODS,
-                    help=f"mtbench: comma list of {', '.join(KNOWN)}; NAME:K for a fixed k (default {METHODS})")
+                    help=f"mtbench: comma list of {', '.join(KNOWN)}; NAME:K for a fixed k, NAME@P for a draft "
+                         f"model's chain floor P (SpecDecoder's draft_min_prob; default {METHODS})")
     ap.add_argument("--mtbench-head", type=Path, default=DEFAULT_HEAD,
                     help="mtbench: the EAGLE-3 head, a speculators checkpoint directory (default "
                          "workshop/heads/smollm2-eagle3; its row is skipped when it is missing)")

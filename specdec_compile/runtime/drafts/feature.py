@@ -130,16 +130,17 @@ class FeatureDrafter(DlmDrafter):
         return logits, r.outputs[self.src.own_output][L - 1]
 
     def draft(self, seq, q: int, n: int):
-        """(generator) ``n`` drafts for positions q.. (the rows below q first, with target features)."""
-        drafts: list[int] = []
+        """(generator) Up to ``n`` drafts for positions q.. (the rows below q first, with target
+        features)."""
         if n <= 0:
-            return drafts
+            return []
         p0 = self.valid
         logits, own = yield from self._ingest(seq[p0:q], p0, self._inputs(p0, q))
         self.valid = q
-        for i in range(n):
-            drafts.append(self.pick(logits, q + i))
-            if i < n - 1:
-                logits = (yield from self.r.call([drafts[-1]], q + i, 1, inputs=self._own_input(own)))[0]
-                own = self.r.outputs[self.src.own_output][0]
-        return drafts
+        last = [own]
+
+        def step(tok, pos):
+            out = (yield from self.r.call([tok], pos, 1, inputs=self._own_input(last[0])))[0]
+            last[0] = self.r.outputs[self.src.own_output][0]
+            return out
+        return (yield from self.chain(logits, q, n, step))
