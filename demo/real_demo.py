@@ -9,7 +9,9 @@
              ``build/demo/export/dlm``).
 2b. feature ``feature_draft.run``: an EAGLE-style head over SmolLM2's last-layer features
              (captured by the distilled draft's teacher), trained with unrolled passes
-             (``build/demo/hf/fdraft``, ``build/demo/export/fdraft``).
+             (``build/demo/hf/fdraft``, ``build/demo/export/fdraft``); about 19 minutes on 2
+             cores, so built only without an EAGLE-3 head, with ``--feature-head``, or from
+             ``--fdraft-head`` (``feature_head``).
 3. compile   ``specdec-compile --target ort``: the DLM, the TLM with verification
              widths 1..9, and the TLM once more with ``--role dlm`` (seq_len 1: the
              target-only baseline, ``build/demo/tlm-base``); the feature pair: the TLM
@@ -53,11 +55,12 @@ NGRAM_MAX = 3
 
 
 def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, log=print,
-          fdraft_head: Path | None = None, eagle3_head: Path | None = None) -> dict:
+          fdraft_head: Path | None = None, eagle3_head: Path | None = None, feature_head: bool = True) -> dict:
     """Target, draft and the compiled artifacts (every stage cached). ``fdraft_head``: a feature
     draft head trained elsewhere (``feature_draft.run``'s ``head_from``) instead of here.
     ``eagle3_head``: an EAGLE-3 head directory, held to the target's checkpoint before any draft is
-    made (``eagle3.HeadRefused``), then imported with its TLM."""
+    made (``eagle3.HeadRefused``), then imported with its TLM. ``feature_head``: build the feature
+    draft and its pair (else ``fdraft`` is None)."""
     t0 = time.time()
     target = smollm2.prepare(out, threads=threads, log=log)
     t_target = time.time() - t0
@@ -66,12 +69,14 @@ def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, lo
     draft = distill.run(distill.CONFIG, out, target, threads=threads)
     t_draft = time.time() - t0
     t0 = time.time()
-    fdraft = feature_draft.run(feature_draft.CONFIG, out, target, draft, threads=threads, head_from=fdraft_head)
+    fdraft = feature_draft.run(feature_draft.CONFIG, out, target, draft, threads=threads, head_from=fdraft_head) \
+        if feature_head else None
     t_fdraft = time.time() - t0
     ctimes = compile_trio(Path(target["paths"]["onnx"]), Path(draft["paths"]["onnx"]), out, k=k, k_list=K_LIST,
                           prefill_len=prefill_len, ctx_len=ctx_len, log=log)
-    ctimes.update(compile_feature_pair(Path(target["paths"]["onnx"]), Path(fdraft["paths"]["onnx"]), out, k=k,
-                                       k_list=K_LIST, prefill_len=prefill_len, ctx_len=ctx_len, log=log))
+    if fdraft:
+        ctimes.update(compile_feature_pair(Path(target["paths"]["onnx"]), Path(fdraft["paths"]["onnx"]), out, k=k,
+                                           k_list=K_LIST, prefill_len=prefill_len, ctx_len=ctx_len, log=log))
     if e3:
         e3_tlm, e3_head, info = compile_eagle3(Path(target["paths"]["onnx"]), eagle3_head, out, k=k, k_list=K_LIST,
                                                prefill_len=prefill_len, ctx_len=ctx_len, log=log)
@@ -295,15 +300,18 @@ def _log_fdraft(log, fd: dict) -> None:
 
 def open_drafts(a, built: dict, tlm, dlm, eos) -> tuple[dict, list]:
     """The speculative decoders, name -> SpecDecoder, side by side: the feature pair's (feature,
-    hybrid), the distilled draft, the runtime's n-gram, and with an EAGLE-3 head its pair's (eagle3,
-    eagle3-hybrid); and the backends opened here (the caller closes them)."""
+    hybrid) when it was built, the distilled draft, the runtime's n-gram, and with an EAGLE-3 head
+    its pair's (eagle3, eagle3-hybrid); and the backends opened here (the feature pair first, when
+    built; the caller closes them)."""
     from specdec_compile.runtime import SpecDecoder
     kw = {"eos_token_id": eos, "k": a.decode_k}
     hyb = {"draft": "hybrid", "ngram_max": NGRAM_MAX}     # prompt lookup when a 2+ token n-gram matches
-    tlm_hs, fdlm = open_feature_pair(a.out, a.ort_threads)
-    opened = [tlm_hs, fdlm]
-    drafts = {"feature": SpecDecoder(tlm_hs, fdlm, **kw), "hybrid": SpecDecoder(tlm_hs, fdlm, **hyb, **kw),
-              "distilled": SpecDecoder(tlm, dlm, **kw)}
+    drafts, opened = {}, []
+    if built.get("fdraft"):
+        tlm_hs, fdlm = open_feature_pair(a.out, a.ort_threads)
+        opened = [tlm_hs, fdlm]
+        drafts = {"feature": SpecDecoder(tlm_hs, fdlm, **kw), "hybrid": SpecDecoder(tlm_hs, fdlm, **hyb, **kw)}
+    drafts["distilled"] = SpecDecoder(tlm, dlm, **kw)
     ng_dec = runtime_ngram_decoder(tlm, eos, a.decode_k)
     if ng_dec is not None:
         drafts["ngram"] = ng_dec
@@ -333,7 +341,11 @@ def _log_build(log, built: dict) -> None:
     log(f"[draft] distilled: SmolLM2 layer(s) {dr['layers']} + head over {dr['head_rows']} ids "
         f"({dr['params'] / 1e6:.1f}M parameters), trained on {dr['train_answer_tokens']:,} answer tokens; "
         f"held-out greedy agreement {dm['greedy_agreement']}, head coverage {dm['head_coverage']}")
-    _log_fdraft(log, built["fdraft"])
+    if built["fdraft"]:
+        _log_fdraft(log, built["fdraft"])
+    else:
+        log("[fdraft] feature draft trained here: not built (the EAGLE-3 head stands in; --feature-head builds "
+            "it, about 19 minutes on 2 cores)")
     if built.get("eagle3"):
         log(eagle3.describe(built["eagle3"]))
 
@@ -347,9 +359,22 @@ def _details(a, built: dict, rows, sums, cands, cal, ng, costs, summary) -> dict
                                          "metrics", "times", "train")},
             "fdraft": {k: fd[k] for k in ("trained_params", "head_rows", "train_answer_tokens",
                                           "train_positions", "metrics", "times", "train", "config")}
-            | {"trained_elsewhere": fd.get("trained_elsewhere")},
+            | {"trained_elsewhere": fd.get("trained_elsewhere")} if fd else {"skipped": True},
             "eagle3": built.get("eagle3") or {"skipped": True},
             "settings": vars(a) | {"out": str(a.out)}}
+
+
+def _costs_line(costs: dict) -> str:
+    line = (f"[costs] target step {costs['step_s'] * 1e3:.1f} ms, draft step {costs['dlm_s'] * 1e3:.2f} ms "
+            f"(c = {costs['dlm_s'] / costs['step_s']:.3f})")
+    if "fdlm_s" in costs:
+        line += (f", feature draft step {costs['fdlm_s'] * 1e3:.2f} ms "
+                 f"(c = {costs['fdlm_s'] / costs['step_s']:.3f})")
+    line += ", verification " + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_s"].items()))
+    if "verify_hs_s" in costs:
+        line += " ms; with hidden states " + ", ".join(f"w{w} {t * 1e3:.0f}"
+                                                       for w, t in sorted(costs["verify_hs_s"].items()))
+    return line + " ms"
 
 
 def main(a, console, log) -> int:
@@ -358,7 +383,8 @@ def main(a, console, log) -> int:
     try:
         head = eagle3.resolve(a.eagle3_head, disabled=a.no_eagle3, log=log)
         built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log,
-                      fdraft_head=a.fdraft_head, eagle3_head=head)
+                      fdraft_head=a.fdraft_head, eagle3_head=head,
+                      feature_head=head is None or a.feature_head or a.fdraft_head is not None)
     except eagle3.HeadRefused as e:
         print(f"demo: {e}", file=sys.stderr)
         return 2
@@ -370,13 +396,9 @@ def main(a, console, log) -> int:
     eos = tlm.artifact.manifest.get("eos_token_ids") or tok.eos_token_id
     target = TargetOnlyDecoder(base, eos_token_id=eos)
     drafts, opened = open_drafts(a, built, tlm, dlm, eos)
-    tlm_hs, fdlm = opened[:2]
+    tlm_hs, fdlm = opened[:2] if built["fdraft"] else (None, None)
     costs = width_costs(tlm, dlm, base, tlm_hs=tlm_hs, fdlm=fdlm)
-    log(f"[costs] target step {costs['step_s'] * 1e3:.1f} ms, draft step {costs['dlm_s'] * 1e3:.2f} ms "
-        f"(c = {costs['dlm_s'] / costs['step_s']:.3f}), feature draft step {costs['fdlm_s'] * 1e3:.2f} ms "
-        f"(c = {costs['fdlm_s'] / costs['step_s']:.3f}), verification "
-        + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_s"].items())) + " ms; with hidden "
-        "states " + ", ".join(f"w{w} {t * 1e3:.0f}" for w, t in sorted(costs["verify_hs_s"].items())) + " ms")
+    log(_costs_line(costs))
     cal = calibrate(drafts, target, tok)
     streamed = max(cal, key=cal.get)
     log("[warm-up] " + ", ".join(f"{n} {v:.2f}x" for n, v in cal.items())
@@ -410,8 +432,9 @@ def main(a, console, log) -> int:
                                      "total": round(time.time() - t_all, 1)}
     (a.out / "demo.json").write_text(json.dumps(result, indent=1, default=str))
     e3 = f", {built['eagle3']['artifacts']} (the EAGLE-3 pair)" if built.get("eagle3") else ""
+    fp = f", {a.out / 'tlm-hs'} + {a.out / 'fdlm'} (the feature pair)" if built["fdraft"] else ""
     log(f"[demo] {a.out / 'demo.json'}; artifacts {a.out / 'tlm'}, {a.out / 'dlm'}, {a.out / 'tlm-base'} "
-        f"(target-only baseline), {a.out / 'tlm-hs'} + {a.out / 'fdlm'} (the feature pair){e3}, exports in "
+        f"(target-only baseline){fp}{e3}, exports in "
         f"{a.out / 'export'} ({result['details']['stages_s']['total']:.0f} s)")
     for b in (tlm, dlm, base, *opened):
         b.close()

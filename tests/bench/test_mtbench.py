@@ -343,3 +343,23 @@ def test_make_decoders_gives_the_chain_floor_to_the_draft_model():
     assert decs["eagle3"].source.min_prob == 0.0
     assert decs["eagle3:3@0.25"].source.min_prob == 0.25 and decs["eagle3:3@0.25"].policy.fixed_k == 3
     assert decs["eagle3-hybrid@0.4"].source.model.min_prob == 0.4
+
+
+def test_the_feature_pair_is_built_for_the_sections_that_read_it(tmp_path, monkeypatch):
+    """make demo builds the feature pair only without an EAGLE-3 head: a build with the target
+    and no feature pair gets it before step_floor, fallback_feature and mtbench read it."""
+    pytest.importorskip("torch")
+    from bench import real_model
+    calls = []
+    monkeypatch.setattr(real_model.real_demo, "build", lambda out, **kw: calls.append((out, kw)))
+    a = SimpleNamespace(real_threads=2, fdraft_head=None)
+    real_model.ensure_feature_pair(tmp_path, a, log=lambda m: None)          # no target: nothing to build on
+    assert calls == []
+    (tmp_path / "export" / "tlm").mkdir(parents=True)
+    (tmp_path / "export" / "tlm" / "model.onnx").write_bytes(b"x")
+    real_model.ensure_feature_pair(tmp_path, a, log=lambda m: None)
+    assert len(calls) == 1 and calls[0][1]["feature_head"] is True
+    (tmp_path / "fdlm").mkdir()
+    (tmp_path / "fdlm" / "manifest.json").write_text("{}")
+    real_model.ensure_feature_pair(tmp_path, a, log=lambda m: None)          # built: nothing more
+    assert len(calls) == 1

@@ -134,11 +134,56 @@ def test_demo_without_a_head_goes_on_without_the_rows(tmp_path, monkeypatch, cap
     monkeypatch.setattr(real_demo, "build", build)
     with pytest.raises(Stop):
         run_demo.main(["--out", str(tmp_path / "out"), "--no-stream"])
-    assert seen["eagle3_head"] is None
+    assert seen["eagle3_head"] is None and seen["feature_head"] is True     # no head: the feature draft is built
     out = capsys.readouterr().out
     assert "[eagle3] no EAGLE-3 head at" in out and "make eagle3-head" in out
     rc = run_demo.main(["--out", str(tmp_path / "out"), "--eagle3-head", str(tmp_path / "nope")])
     assert rc == 2 and "no such directory" in capsys.readouterr().err
+
+
+def test_with_a_head_the_feature_draft_is_built_only_when_asked(tmp_path, monkeypatch):
+    """The committed head stands in for the feature draft trained here (19 minutes of a fresh
+    clone's make demo): built with --feature-head, --fdraft-head, or without a head."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def build(out, **kw):
+        seen.append(kw)
+        raise Stop
+    monkeypatch.setattr(real_demo, "build", build)
+    monkeypatch.setattr(eagle3, "resolve", lambda head, disabled, log: None if disabled else tmp_path / "head")
+    for extra, want in (([], False), (["--feature-head"], True), (["--no-eagle3"], True),
+                        (["--fdraft-head", str(tmp_path / "elsewhere")], True)):
+        with pytest.raises(Stop):
+            run_demo.main(["--out", str(tmp_path / "out"), "--no-stream", *extra])
+        assert seen[-1]["feature_head"] is want, extra
+    assert seen[0]["eagle3_head"] == tmp_path / "head"
+
+
+def test_build_without_the_feature_draft_makes_and_compiles_none(tmp_path, monkeypatch):
+    ck = _checkpoint(tmp_path)
+    _fake_target(monkeypatch, ck)
+    monkeypatch.setattr(real_demo.distill, "run", lambda *a, **k: {"paths": {"onnx": str(ck)}})
+
+    def never(*a, **k):
+        raise AssertionError("the feature draft was made")
+    monkeypatch.setattr(real_demo.feature_draft, "run", never)
+    monkeypatch.setattr(real_demo, "compile_feature_pair", never)
+    monkeypatch.setattr(real_demo, "compile_trio", lambda *a, **k: {"tlm": 1.0})
+    built = real_demo.build(tmp_path / "out", k=4, prefill_len=8, ctx_len=64, threads=1, log=lambda m: None,
+                            feature_head=False)
+    assert built["fdraft"] is None and built["compile_s"] == {"tlm": 1.0}
+    line = real_demo._costs_line({"step_s": 0.03, "dlm_s": 0.003, "verify_s": {1: 0.03, 2: 0.035}})
+    assert line == "[costs] target step 30.0 ms, draft step 3.00 ms (c = 0.100), verification w1 30, w2 35 ms"
+    lines = []
+    real_demo._log_build(lines.append, {**built, "target": {"name": "t", "license": "l", "source": "s",
+                                                            "facts": {"params": 1e6, "layers": 2}},
+                                        "draft": {"metrics": {"greedy_agreement": 0.1, "head_coverage": 0.9},
+                                                  "layers": [0], "head_rows": 8, "params": 1e6,
+                                                  "train_answer_tokens": 10}})
+    assert any("not built" in m and "--feature-head" in m for m in lines)
 
 
 @pytest.mark.slow
@@ -182,6 +227,10 @@ def test_eagle3_rows_are_built_and_decoded_side_by_side(tmp_path, monkeypatch, d
     assert set(drafts) == names and len(opened) == 4
     assert set(real_demo.open_drafts(a, {**built, "eagle3": None}, tlm, dlm, None)[0]) == names - {"eagle3",
                                                                                                   "eagle3-hybrid"}
+    no_fd, no_fd_opened = real_demo.open_drafts(a, {**built, "fdraft": None}, tlm, dlm, None)
+    assert set(no_fd) == names - {"feature", "hybrid"} and len(no_fd_opened) == 2
+    for b in no_fd_opened:
+        b.close()
 
     tok, silent = decode_standins
     monkeypatch.setattr(real_demo.smollm2, "chat_ids", lambda tok, text: [1, 5, 9, 33, 7, 100, 42, 5, 9][: len(text) + 5])
