@@ -120,21 +120,28 @@ def test_missing_default_head_is_skipped_in_one_line(tmp_path, monkeypatch):
     assert eagle3.resolve(None, disabled=False, log=lines.append) == eagle3.HEAD_DIR
 
 
+class _Stop(Exception):
+    pass
+
+
+def _stub_build(monkeypatch) -> list:
+    """real_demo.build replaced by one that records its keywords and stops the demo there."""
+    seen = []
+
+    def build(out, **kw):
+        seen.append(kw)
+        raise _Stop
+    monkeypatch.setattr(real_demo, "build", build)
+    return seen
+
+
 def test_demo_without_a_head_goes_on_without_the_rows(tmp_path, monkeypatch, capsys):
     """run_demo: a missing default head logs the skip line and builds with no head."""
     monkeypatch.setattr(eagle3, "HEAD_DIR", tmp_path / "missing")
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def build(out, **kw):
-        seen.update(kw)
-        raise Stop
-    monkeypatch.setattr(real_demo, "build", build)
-    with pytest.raises(Stop):
+    seen = _stub_build(monkeypatch)
+    with pytest.raises(_Stop):
         run_demo.main(["--out", str(tmp_path / "out"), "--no-stream"])
-    assert seen["eagle3_head"] is None and seen["feature_head"] is True     # no head: the feature draft is built
+    assert seen[0]["eagle3_head"] is None and seen[0]["feature_head"] is True  # no head: the feature draft is built
     out = capsys.readouterr().out
     assert "[eagle3] no EAGLE-3 head at" in out and "make eagle3-head" in out
     rc = run_demo.main(["--out", str(tmp_path / "out"), "--eagle3-head", str(tmp_path / "nope")])
@@ -144,19 +151,11 @@ def test_demo_without_a_head_goes_on_without_the_rows(tmp_path, monkeypatch, cap
 def test_with_a_head_the_feature_draft_is_built_only_when_asked(tmp_path, monkeypatch):
     """The committed head stands in for the feature draft trained here (19 minutes of a fresh
     clone's make demo): built with --feature-head, --fdraft-head, or without a head."""
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def build(out, **kw):
-        seen.append(kw)
-        raise Stop
-    monkeypatch.setattr(real_demo, "build", build)
+    seen = _stub_build(monkeypatch)
     monkeypatch.setattr(eagle3, "resolve", lambda head, disabled, log: None if disabled else tmp_path / "head")
     for extra, want in (([], False), (["--feature-head"], True), (["--no-eagle3"], True),
                         (["--fdraft-head", str(tmp_path / "elsewhere")], True)):
-        with pytest.raises(Stop):
+        with pytest.raises(_Stop):
             run_demo.main(["--out", str(tmp_path / "out"), "--no-stream", *extra])
         assert seen[-1]["feature_head"] is want, extra
     assert seen[0]["eagle3_head"] == tmp_path / "head"
