@@ -98,18 +98,15 @@ class DlmDrafter:
             return int(np.argmax(lg))
         return ctx.choose_from(v.draft_dist(probs(lg, ctx.sampling)), pos)
 
-    def pick_scored(self, logits, pos: int) -> tuple[int, float]:
-        """:meth:`pick`'s draft and the draft model's probability of it: its softmax when greedy,
-        its sampling distribution otherwise."""
+    def prob(self, logits, tok: int) -> float:
+        """The draft model's probability of ``tok`` (a :meth:`pick`): its softmax when greedy, its
+        sampling distribution otherwise."""
         ctx, v = self.ctx, self.vocab
         lg = np.asarray(logits if v is None else v.draft_logits(logits), dtype=np.float64)
         if ctx.sampling.greedy or ctx.noise is None:
-            tok = int(np.argmax(lg))
             with np.errstate(invalid="ignore", over="ignore"):
-                return tok, float(1.0 / np.nansum(np.exp(lg - lg[tok])))
-        q = probs(lg, ctx.sampling)
-        tok = ctx.choose_from(q if v is None else v.draft_dist(q), pos)
-        return tok, float(q[tok])
+                return float(np.exp(lg[tok] - lg.max()) / np.nansum(np.exp(lg - lg.max())))
+        return float(probs(lg, ctx.sampling)[tok])
 
     def chain(self, first_logits, q: int, n: int, step):
         """(generator) Up to ``n`` drafts for positions q..: each from the last one's logits,
@@ -117,13 +114,11 @@ class DlmDrafter:
         ``min_prob`` (the source's doc)."""
         drafts, logits, score = [], first_logits, 1.0
         for i in range(n):
+            tok = self.pick(logits, q + i)
             if self.min_prob:
-                tok, p = self.pick_scored(logits, q + i)
-                score *= p
+                score *= self.prob(logits, tok)
                 if score < self.min_prob:
                     break
-            else:
-                tok = self.pick(logits, q + i)
             drafts.append(tok)
             if i < n - 1:
                 logits = yield from step(tok, q + i)

@@ -69,13 +69,15 @@ def test_the_chain_stops_where_its_probability_falls_below_min_prob():
 def test_scores_are_the_draft_models_probabilities():
     d = _drafter(0.1)
     lg = np.array([0.5, 2.0, -1.0, -np.inf, 1.0])
-    tok, p = d.pick_scored(lg, 0)
+    tok = d.pick(lg, 0)
+    p = d.prob(lg, tok)
     e = np.exp(lg - lg.max())
     assert tok == 1 and p == pytest.approx(e[1] / e.sum())
     sp = SamplingParams(0.7, top_p=0.9, seed=3)
     d = _drafter(0.1, sp, Noise(3))
     for pos in range(20):
-        tok, p = d.pick_scored(lg, pos)
+        tok = d.pick(lg, pos)
+        p = d.prob(lg, tok)
         q = probs(lg, sp)
         assert p == pytest.approx(q[tok]) and q[tok] > 0
         with np.errstate(divide="ignore"):
