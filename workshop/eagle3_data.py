@@ -252,18 +252,29 @@ def problems(out: Path, banned: list[tuple[str, str]]) -> list[str]:
     return duplicates(texts) + contamination(texts, banned)
 
 
-def load(out: Path = DATA_DIR, *, verify: bool = True) -> list[dict]:
+def first_shards(idx: dict, shards: int | None) -> list[dict]:
+    """The index's first ``shards`` files (all of them for None): ValueError past its end."""
+    if shards is None:
+        return idx["files"]
+    if not 1 <= shards <= len(idx["files"]):
+        raise ValueError(f"the data holds {len(idx['files'])} shards, not {shards}")
+    return idx["files"][:shards]
+
+
+def load(out: Path = DATA_DIR, *, verify: bool = True, shards: int | None = None) -> list[dict]:
     """Every example of the dataset in ``index.json``'s order (dicts as ``read_shard``'s rows plus
-    ``shard``); ``verify`` checks each npz against the sha256 in the index and the dataset hash."""
+    ``shard``), or of its first ``shards`` shards; ``verify`` checks each npz against the sha256 in
+    the index and the dataset hash (the prefix's hash is ``dataset_hash(first_shards(idx, n))``)."""
     idx = json.loads((out / "index.json").read_text())
+    files = first_shards(idx, shards)
     if verify:
         if dataset_hash(idx["files"]) != idx["dataset_sha256"]:
             raise ValueError(f"{out}/index.json: dataset_sha256 does not match its files")
-        for f in idx["files"]:
+        for f in files:
             if sha256_file(out / f["file"]) != f["sha256"]:
                 raise ValueError(f"{out}/{f['file']}: sha256 differs from index.json")
     rows = []
-    for f in idx["files"]:
+    for f in files:
         name = f["file"][: -len(".npz")]
         sh = read_shard(out, name)
         for i in range(len(sh["instruction"])):

@@ -114,6 +114,14 @@ def test_storage_round_trips_and_resumes(tmp_path):
     assert rows[1]["prompt"] == [1, 9, 9, 6] and rows[2]["answer"] == [7, 8, 2]
     with np.load(tmp_path / "shard-00000.npz", allow_pickle=False) as z:
         assert z["prompt_ids"].dtype == np.uint16 and z["answer_off"].tolist() == [0, 3, 6]
+    # the first N shards: what a head trained on a prefix of the data names (eagle3_train --shards)
+    assert [r["instruction"] for r in store.load(tmp_path, shards=1)] == ["First instruction here.",
+                                                                           "Second one, with ünïcode."]
+    assert store.dataset_hash(store.first_shards(i2, 1)) == i1["dataset_sha256"]
+    assert store.first_shards(i2, None) == i2["files"]
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match="holds 2 shards"):
+            store.load(tmp_path, shards=bad)
 
 
 def test_normalized_keys():

@@ -142,7 +142,8 @@ def test_the_committed_head_is_what_its_recipe_says():
     for name, sha in recipe["files_sha256"].items():
         assert hashlib.sha256((head / name).read_bytes()).hexdigest() == sha, name
     idx = json.loads((store.DATA_DIR / "index.json").read_text())
-    assert recipe["dataset_sha256"] == idx["dataset_sha256"]
+    # trained on the committed data's first recipe["shards"] shards (the data has grown since)
+    assert recipe["dataset_sha256"] == store.dataset_hash(store.first_shards(idx, recipe["shards"]))
     mans = store.manifests(store.DATA_DIR)
     assert {m["target"]["checkpoint_sha256"] for m in mans} == {recipe["target_sha256"]}
     ck = read_checkpoint(head)
@@ -182,3 +183,19 @@ def test_length_groups_keep_the_padded_size_within_the_budget():
     groups = tr.length_groups([0, 1, 2, 3, 4], lengths.get, 12)
     assert groups == [[0, 1, 2], [3], [4]]                      # 3 x 4 = 12 fits, 4 x 9 does not; 20 alone
     assert sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
+
+
+def test_the_budget_fit_times_the_pace_after_warm_up():
+    """--budget-s fits the schedule from the pace of steps 10-40, not from step 0: 10 slow warm-up
+    steps (5 s each) then 0.05 s steps leave 200 s for 4000 more, not 40."""
+    deadline = 1000.0
+    t_from, now = 50.0, 50.0 + 30 * 0.05                   # steps 10..40 at 0.05 s each
+    assert tr.fitted_steps(40, t_from, now, deadline) == 40 + int((deadline - now) / 0.05)
+    assert tr.fitted_steps(40, t_from, deadline + 5, deadline) == 40      # past the deadline: stop here
+    assert (tr.FIT_FROM, tr.FIT_AT) == (10, 40)
+
+
+def test_shards_past_the_data_are_refused_in_one_line(capsys):
+    assert tr.main(["--shards", "9999", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("eagle3_train: --shards 9999: the data holds")
