@@ -404,6 +404,60 @@ def prepare(a, cfg: dict, log=print) -> dict:
             "draft_vocab_coverage_eval": round(covered / max(1, sum(len(r["answer"]) for r in ev)), 4)}
 
 
+def load_head(d: Path, tc: dict, embedding, default_aux: list[int]):
+    """(Eagle3Head in float32 with the saved weights, the draft vocabulary's target ids, the aux
+    layer ids) of a head saved in speculators' format, read through the importer's checks."""
+    from safetensors.torch import load_file
+
+    from specdec_compile.eagle3.checkpoint import draft_to_target, read_checkpoint
+
+    from .eagle3_head import Eagle3Head
+    ck = read_checkpoint(d)
+    aux = list(ck.aux_ids or default_aux)
+    head = Eagle3Head(tc, len(aux), ck.draft_vocab, embedding, ck.flags["norm_before_residual"])
+    sd = {k: v for k, v in load_file(str(d / "model.safetensors")).items() if k not in ("d2t", "t2d")}
+    head.load_state_dict(sd, strict=True)
+    return head.float(), draft_to_target(ck, tc["vocab_size"]), aux
+
+
+def bad_heads(heads: list[Path]) -> str | None:
+    """What is wrong with the first head --evaluate cannot read (the importer's checks), or None."""
+    from specdec_compile.errors import SpecdecError
+    from specdec_compile.eagle3.checkpoint import read_checkpoint
+    for d in heads:
+        if not (d / "model.safetensors").is_file():
+            return f"{d}: no model.safetensors there"
+        try:
+            read_checkpoint(d)
+        except (SpecdecError, OSError, ValueError) as e:
+            return f"{d}: {str(e).splitlines()[0]}"
+    return None
+
+
+def evaluate_heads(a, cfg: dict, heads: list[Path], log=print) -> dict:
+    """Saved heads (speculators format, e.g. the committed one) on the data's held-out split, with
+    ``evaluate``'s numbers: one teacher-forced pass for the features, shared by heads reading the
+    same layers. A head never trained on any held-out example (the split is by instruction hash)
+    is compared fairly with one trained on more shards."""
+    import torch
+    _, ev = split(store.load(a.data, verify=True, shards=a.shards), cfg["eval_per_mille"])
+    ev = ev[: a.limit] if a.limit else ev
+    lean, tc, _ = target(a)
+    dev, E, seqs = torch.device(a.device), lean.emb.to(torch.bfloat16), sequences(ev, cfg["max_len"])
+    feats: dict = {}
+    out = {}
+    for d in heads:
+        head, ids, aux = load_head(d, tc, E, cfg["aux_ids"])
+        if tuple(aux) not in feats:
+            feats[tuple(aux)] = featurize(lean, seqs, aux, cfg["batch_tokens"])
+        ids = torch.as_tensor(ids, device=dev)
+        data = {"device": dev, "eval_seqs": seqs, "eval_feats": feats[tuple(aux)], "embedding": E,
+                "eval_greedy": [_greedy(a.data, r["shard"]) for r in ev], "draft_ids": ids, "wd_rows": E[ids]}
+        out[str(d)] = {"eval_examples": len(ev), **evaluate(head.to(dev), data, cfg, cfg["ttt_steps"])}
+        log(f"[evaluate] {d}: {json.dumps(out[str(d)])}")
+    return out
+
+
 _MODES: dict = {}
 
 
@@ -461,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=None,
                     help="train on the data's first N shards (default: all; the committed head: 20)")
     ap.add_argument("--limit", type=int, default=None, help="the first N examples only (a smoke test)")
+    ap.add_argument("--evaluate", type=Path, nargs="+", default=None, metavar="HEAD",
+                    help="train nothing: evaluate these saved heads on the data's held-out split")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a CONFIG entry (JSON value)")
     a = ap.parse_args(argv)
     if a.shards is not None:
@@ -469,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"eagle3_train: --shards {a.shards}: {e}", file=sys.stderr)
             return 2
+    why = bad_heads(a.evaluate or [])
+    if why:
+        print(f"eagle3_train: --evaluate {why}", file=sys.stderr)
+        return 2
     if a.gguf and not (a.gguf.is_file() and a.target_sha256):
         print("eagle3_train: --gguf needs the file and --target-sha256", file=sys.stderr)
         return 2
@@ -484,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eagle3_train: --set {k}: not a CONFIG key ({', '.join(CONFIG)})", file=sys.stderr)
             return 2
         cfg[k] = json.loads(v)
+    if a.evaluate:
+        print(json.dumps(evaluate_heads(a, cfg, a.evaluate)), flush=True)
+        return 0
     t0 = time.time()
     data = prepare(a, cfg)
     L = data["tc"]["num_hidden_layers"]

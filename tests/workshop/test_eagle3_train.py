@@ -199,3 +199,42 @@ def test_shards_past_the_data_are_refused_in_one_line(capsys):
     assert tr.main(["--shards", "9999", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("eagle3_train: --shards 9999: the data holds")
+
+
+@pytest.mark.parametrize("nbr", [False, True])
+def test_a_saved_head_loads_back_and_evaluates_as_it_was(tmp_path, nbr):
+    """--evaluate's loader: the head saved in speculators' format reads back (through the importer's
+    checks) with its bfloat16 weights, its draft vocabulary and its aux layers, and evaluate() gives
+    it the numbers the in-memory head gets."""
+    head, emb, ids = _tiny_head(tmp_path, nbr)
+    loaded, ids2, aux = tr.load_head(tmp_path / "ck", TC, emb, [9, 9, 9])
+    assert np.array_equal(ids2, ids) and aux == [1, 2, 4]
+    with torch.no_grad():                                     # what was saved: bfloat16 weights
+        for p in head.parameters():
+            p.copy_(p.bfloat16().float())
+    for (n, p), (n2, p2) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert n == n2 and torch.equal(p, p2), n
+    g = torch.Generator().manual_seed(5)
+    seqs = [([int(t) for t in torch.randint(0, TC["vocab_size"], (n,), generator=g)], p) for n, p in ((20, 5), (14, 3))]
+    feats = [(torch.randn(len(s), 3 * 64, generator=g).half(), torch.randn(len(s), 64, generator=g).half())
+             for s, _ in seqs]
+    t = torch.as_tensor(ids)
+    data = {"device": torch.device("cpu"), "eval_seqs": seqs, "eval_feats": feats, "embedding": emb.bfloat16(),
+            "eval_greedy": [True, True], "draft_ids": t, "wd_rows": emb.bfloat16()[t]}
+    cfg = {**tr.CONFIG, "ttt_steps": 2, "draft_vocab": 150}
+    head.embed, loaded.embed = emb, emb
+    assert tr.evaluate(loaded, data, cfg, 2) == tr.evaluate(head, data, cfg, 2)
+
+
+def test_evaluate_refuses_a_directory_without_a_head(tmp_path, capsys):
+    assert tr.main(["--evaluate", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "no model.safetensors" in err
+
+
+def test_evaluate_refuses_a_broken_head_in_one_line(tmp_path, capsys):
+    _tiny_head(tmp_path)
+    (tmp_path / "ck" / "config.json").write_text("{not json")
+    assert tr.main(["--evaluate", str(tmp_path / "ck"), "--device", "cpu", "--limit", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("eagle3_train: --evaluate ") and "config.json" in err
