@@ -257,3 +257,16 @@ def test_qeff_interface_refused_for_the_openvino_target(fixture_path, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--interface qeff is for --target qaic or ort" in err[0]
     assert not (tmp_path / "q").exists()
+
+
+def test_the_kv_fusion_probe_sees_the_plugins_in_place_cache():
+    """scripts/ov_kv_fusion.py (docs/runtime.md, "What a growing cache would take"): OpenVINO's own
+    ReadValue -> Gather(beam_idx) -> Concat -> SDPA -> Assign compiles to one stateful SDPA node
+    (no MatMul, no Concat left), and ONNX Attention with past/present, made stateful, computes
+    what numpy does over 4 calls, with and without the Gather."""
+    from scripts import ov_kv_fusion as probe
+    core = ov.Core()
+    got = probe.native(core, True)
+    assert got["stateful_sdpa"] == 1 and got["matmul"] == 0 and got["concat"] == 0, got
+    for gather in (False, True):
+        assert probe.onnx_attention(core, gather)["max_abs_err"] < 1e-5
