@@ -33,7 +33,7 @@ from pathlib import Path
 from . import eagle3_data as store
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_VERSION = "1"
+SCRIPT_VERSION = "2"   # 2: --budget-s fits from the pace of steps 10-40; the recipe names its "shards"
 HEAD_DIR = ROOT / "workshop" / "heads" / "smollm2-eagle3"
 
 CONFIG = {
