@@ -79,6 +79,9 @@ def render(report: VerifyReport, file=None) -> None:
         console.print(f"width on {report.backend} at {report.precision}: the rewrite's logits in one call of k+1 "
                       f"tokens against k+1 calls of one differ by {report.backend_width_max_abs_diff:.3e}; top token "
                       f"differs at {report.backend_width_top_token_changes} of {report.k + 1} positions")
+    if report.caches:
+        console.print(f"OpenVINO caches replayed: {' and '.join(report.caches)}"
+                      + (f" (no fused cache: {report.fused_note})" if report.fused_note else ""))
     hidden = f", max |Δ hidden states| = {report.max_hidden_diff:.3e}" if report.max_hidden_diff else ""
     console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
                   f"{report.max_cache_diff:.3e}{hidden} (tolerance {report.tol:g})"

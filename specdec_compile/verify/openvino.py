@@ -2,9 +2,14 @@
 
 ``OpenVinoRewritten`` is the replay's rewritten model (``replay._Rewritten``'s
 interface) run by OpenVINO's CPU plugin the way the runtime runs it: the cache
-pairs made state variables (``MakeStateful``), each call fed only the ids, the
-positions (and a feature draft's features). After each call the replay reads
-the state variables back to compare the cache (a copy made for the check alone).
+kept in state variables (``loader.keep_cache``: the fused cache where the
+attention allows it and the batch is 1, else ``MakeStateful``), each call fed
+only the ids, the positions (and a feature draft's features). After each call
+the replay reads the state variables back to compare the cache (a copy made for
+the check alone). A fused cache holds only the slots written up to the call's
+last valid position; the view the replay compares takes those from the engine
+and keeps the earlier view's slots past them (the fixed cache's stale slots,
+which a grown cache drops): its cache check covers the slots the engine holds.
 
 ``backend_width_dependence``: the rewrite itself on this backend, one call of
 k+1 tokens against k+1 calls of one after the same history: at f32 the top
@@ -19,7 +24,8 @@ import numpy as np
 
 from ..contract import HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS
 from ..errors import SpecdecError
-from ..runtime.backends.openvino.loader import make_stateful, read_and_compile, state_name
+from ..runtime.backends.openvino.fused import Cursor
+from ..runtime.backends.openvino.loader import keep_cache, read_and_compile, state_name
 
 #: verify's backends: auto = openvino for a graph lowered for it, else ort
 BACKENDS = ("auto", "ort", "openvino")
@@ -39,24 +45,45 @@ class OpenVinoRewritten:
     """The replay's rewritten model on OpenVINO; ``base`` (an ORT ``_Rewritten`` of the same
     graph) gives the interface facts (names, role, cache shapes, features)."""
 
-    def __init__(self, base, path: Path, batch: int, precision: str | None = "f32"):
+    def __init__(self, base, path: Path, batch: int, precision: str | None = "f32", cache: str | None = None):
         self.__dict__.update({k: v for k, v in vars(base).items() if k != "sess"})
         self.kv_shape = base.kv_shape     # the cache's declared shape: the same graph's inputs
         if self.qeff:
             raise SpecdecError(f"{path}: an --interface qeff graph; verify it with --backend ort")
         shapes = {n: tuple(s.shape) for n, s in zip(self.names, self.state)}
         extra = {HIDDEN_STATES: self.req.feature_width} if self.feature_dtype is not None else {}
-        self.compiled, self.precision, _ = read_and_compile(
-            path, precision or "f32", 1, lambda m: make_stateful(m, batch, shapes, extra, path))
+        kept = {}
+
+        def prepare(m):
+            kept["cache"], _, cfg = keep_cache(m, batch, list(self.names), shapes, extra, cache, precision or "f32",
+                                               path)
+            return cfg
+
+        self.compiled, self.precision, _ = read_and_compile(path, precision or "f32", 1, prepare)
+        self.cache = kept["cache"]
         self.request = self.compiled.create_infer_request()
         self.request.reset_state()
         self._states = {s.name: s for s in self.request.query_state()}
+        self._shapes = shapes
+        self._cursor = Cursor([str(n) for n in self.names], str(path)) if self.cache == "fused" else None
 
     def reset(self) -> None:
         self.request.reset_state()
+        if self._cursor is not None:
+            self._cursor.reset()
+            self.state = [np.zeros(self._shapes[n], s.dtype) for n, s in zip(self.names, self.state)]
+
+    def _read_state(self) -> list[np.ndarray]:
+        if self._cursor is None:
+            return [np.array(self._states[state_name(n)].state.data, copy=True) for n in self.names]
+        return [self._cursor.contract_view(np.array(self._states[n].state.data), self._shapes[n], before)
+                for n, before in zip(self.names, self.state)]
 
     def run(self, ids: np.ndarray, pos: np.ndarray, feats: np.ndarray | None = None):
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos}
+        if self._cursor is not None:
+            self._cursor.before(self.request, pos)
+            feeds["beam_idx"] = np.zeros(ids.shape[0], np.int32)
         if self.feature_dtype is not None:
             feeds[HIDDEN_STATES] = feats.astype(self.feature_dtype)
         try:
@@ -64,7 +91,7 @@ class OpenVinoRewritten:
         except Exception as e:
             raise SpecdecError(f"the rewrite failed on OpenVINO on a call of {list(ids.shape)}: "
                                f"{' '.join(str(e).split())[:300]}") from None
-        self.state = [np.array(self._states[state_name(n)].state.data, copy=True) for n in self.names]
+        self.state = self._read_state()
         logits = np.array(self.request.get_tensor(LOGITS).data, dtype=np.float32, copy=True)
         want = (ids.shape[0], ids.shape[1] if self.role == "tlm" else 1)
         if logits.shape[:2] != want:
@@ -72,6 +99,32 @@ class OpenVinoRewritten:
                                f"{list(logits.shape)}, expected [{want[0]}, {want[1]}, vocab]")
         hidden = self.request.get_tensor(self.req.output).data.copy() if self.req.output else None
         return logits, hidden
+
+
+def replay_both(replay, base, path: Path, batch: int, precision: str | None):
+    """``replay(rewritten)`` on OpenVINO with the copy path (the graph's own cache write) and, at
+    batch 1 where the attention allows it, again with the fused cache the runtime runs: one report,
+    the fused replay's checks labelled "fused cache: ...", its width check counted with the other."""
+    from dataclasses import replace
+    report = replay(OpenVinoRewritten(base, path, batch, precision, cache="copy"))
+    report.caches = ["copy"]
+    if batch != 1:
+        report.fused_note = f"batch {batch}: the fused cache holds one sequence"
+        return report
+    try:
+        fused = OpenVinoRewritten(base, path, batch, precision, cache="fused")
+    except SpecdecError as e:
+        report.fused_note = str(e).split(": no fused OpenVINO cache: ")[-1]
+        return report
+    other = replay(fused)
+    report.caches.append("fused")
+    report.checks += [replace(c, label=f"fused cache: {c.label}") for c in other.checks]
+    if other.backend_width_max_abs_diff is not None:
+        report.backend_width_max_abs_diff = max(report.backend_width_max_abs_diff or 0.0,
+                                                other.backend_width_max_abs_diff)
+        report.backend_width_top_token_changes = (report.backend_width_top_token_changes or 0) + \
+            other.backend_width_top_token_changes
+    return report
 
 
 def backend_width_dependence(new: OpenVinoRewritten, tokens: np.ndarray, start: int, width: int,

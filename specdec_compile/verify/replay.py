@@ -73,6 +73,11 @@ class VerifyReport:
     precision: str | None = None
     backend_width_max_abs_diff: float | None = None
     backend_width_top_token_changes: int | None = None
+    #: on OpenVINO, the caches replayed: "copy" (the graph's own write, MakeStateful) and, at batch 1
+    #: where the attention allows it, "fused" (what the runtime runs, checks labelled "fused cache: ...");
+    #: ``fused_note``: why the fused cache was not replayed
+    caches: list[str] = field(default_factory=list)
+    fused_note: str | None = None
 
     @property
     def max_logits_diff(self) -> float:
@@ -337,8 +342,10 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
     try:
         new = _Rewritten(Path(rewritten), ctx_len, batch_size, req)
         if backend == "openvino":
-            from .openvino import OpenVinoRewritten
-            new = OpenVinoRewritten(new, Path(rewritten), batch_size, precision)
+            from .openvino import replay_both
+            return replay_both(lambda rw: _replay(orig, rw, rewritten, k=k, prefill_len=prefill_len,
+                                                  ctx_len=ctx_len, batch_size=batch_size, seed=seed, tol=tol,
+                                                  widths=widths), new, Path(rewritten), batch_size, precision)
         return _replay(orig, new, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
                        batch_size=batch_size, seed=seed, tol=tol, widths=widths)
     finally:

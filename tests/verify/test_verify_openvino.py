@@ -1,7 +1,8 @@
 """verify on OpenVINO: a ``--target openvino`` graph is replayed by default on OpenVINO's CPU
-plugin with its cache in state variables (MakeStateful), the state read back after every call;
-the width check then also runs on the rewrite itself. A wrong cache write fails it; batches and
-feature drafts run; a graph of another target is refused in one line."""
+plugin with its cache in state variables, the state read back after every call: the copy path
+(MakeStateful, the graph's own cache write) and, at batch 1 where the attention allows it, the
+fused cache the runtime runs; the width check then also runs on the rewrite itself. A wrong cache
+write fails it; batches and feature drafts run; a graph of another target is refused in one line."""
 from __future__ import annotations
 
 import json
@@ -88,3 +89,24 @@ def test_without_openvino_verify_says_how_to_install(fixture_path, tmp_path, cap
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "pip install 'specdec-compile[openvino]'" in err[0]
     assert cli.main(["verify", str(src), str(model), "--backend", "ort", "--json"]) == 0   # ONNX Runtime reads it
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2", "opt", "gpt_neox", "llama3_rope", "phi3", "gpt2", "codegen"])
+def test_batch_1_replays_the_fused_cache_too(fixture_path, tmp_path, capsys, name):
+    """At batch 1 verify replays the fused cache as well, where the matcher rebuilds the family's
+    attention, and passes it at 1e-4 with the fixed cache's scenario (rollbacks, padding, every
+    width, the width check); elsewhere it says why not and replays the copy path alone."""
+    src = fixture_path(name)
+    model = _compile(src, tmp_path / "tlm", capsys)
+    code, rep = _verify_json([src, model], capsys)
+    assert code == 0 and rep["ok"], rep
+    labels = [c["shape"] for c in rep["shapes"]]
+    fused = [x for x in labels if x.startswith("fused cache: ")]
+    if name in ("gpt2", "codegen"):    # attention the matcher does not rebuild
+        assert rep["caches"] == ["copy"] and rep["fused_note"] and not fused
+    else:
+        assert rep["caches"] == ["copy", "fused"] and rep["fused_note"] is None
+        assert len(fused) == len(labels) // 2 and any("rollback" in x for x in fused)
+        assert rep["backend_width_top_token_changes"] == 0
+    code, rep = _verify_json([src, model, "--batch-size", "2"], capsys)
+    assert code == 0 and rep["caches"] == ["copy"] and "batch 2" in rep["fused_note"]

@@ -1,7 +1,9 @@
 """The OpenVINO backend on real artifacts: the tiny exports compiled with ``--target openvino``,
-run by OpenVINO's CPU plugin with the cache in state variables (MakeStateful). Greedy speculative
-output equals target-only decoding at f32 for DLM, n-gram and feature drafts; the cache never
-crosses to the host per call; every width, the K=0 fallback, batches and the refusals."""
+run by OpenVINO's CPU plugin with the cache in state variables: the fused cache (each attention
+rebuilt as OpenVINO's stateful SDPA, the default where the graph allows it) and the copy path
+(MakeStateful). Greedy speculative output equals target-only decoding at f32 for DLM, n-gram and
+feature drafts; the cache never crosses to the host per call; every width, the K=0 fallback,
+rollbacks, batches and the refusals."""
 from __future__ import annotations
 
 import json
@@ -68,8 +70,10 @@ def test_greedy_dlm_equals_target_only_and_transformers(art, hf_greedy, draft):
         assert (s.metrics["acceptance_rate"] == 1.0) == (draft == "llama_gqa")
 
 
-def test_ngram_draft_equals_target_only_and_ort(art):
-    tlm = f32(art("llama_gqa", "tlm", "--k", 4))
+@pytest.mark.parametrize("cache", ["fused", "copy"])
+def test_ngram_draft_equals_target_only_and_ort(art, cache):
+    tlm = f32(art("llama_gqa", "tlm", "--k", 4), cache=cache)
+    assert tlm.cache_kind == cache
     ort = OrtBackend(art("llama_gqa", "tlm", "--k", 4, target="ort"))
     for prompt in PROMPTS:
         s = SpecDecoder(tlm, None, draft="ngram").generate(prompt, max_new_tokens=40)
@@ -113,13 +117,17 @@ def test_every_width_matches_onnx_runtime(art):
         np.testing.assert_allclose(o.cache(n), r.cache(n), atol=1e-5)
 
 
-def test_the_cache_never_crosses_to_the_host(art):
-    """After MakeStateful the compiled model takes only the ids and positions and gives only the
-    logits: a call cannot pass the cache through host buffers. The state variables hold it."""
-    b = f32(art("llama_gqa", "tlm", "--k", 4))
+@pytest.mark.parametrize("cache", ["fused", "copy"])
+def test_the_cache_never_crosses_to_the_host(art, cache):
+    """The compiled model takes only the ids and positions (the fused cache also OpenVINO's
+    beam_idx, one int32 per row) and gives only the logits: a call cannot pass the cache through
+    host buffers. The state variables hold it."""
+    b = f32(art("llama_gqa", "tlm", "--k", 4), cache=cache)
     ins = sorted(p.get_any_name() for p in b.compiled.inputs)
     outs = sorted(p.get_any_name() for p in b.compiled.outputs)
-    assert ins == ["input_ids", "position_ids"] and outs == ["logits"]
+    assert ins == (["beam_idx"] if cache == "fused" else []) + ["input_ids", "position_ids"] and outs == ["logits"]
+    if cache == "fused":
+        assert b.compiled.input("beam_idx").get_partial_shape().to_shape() == [1]
     assert sorted(b.states()) == sorted(b.kv_names) and len(b.kv_names) == 4
     ids, pos = np.array([[1, 5, 9, 33, 7, 100, 42, 17]]), np.arange(8)[None]
     first = b.run(ids, pos)
@@ -155,22 +163,98 @@ class _RequestSpy:
         return getattr(self.req, name)
 
 
-def test_a_decode_passes_only_ids_and_positions_per_call(art):
+@pytest.mark.parametrize("cache", ["fused", "copy"])
+def test_a_decode_passes_only_ids_and_positions_per_call(art, cache):
     """Decoding (n-gram speculative: widths 1 and 5, rollback of rejected slots) hands the engine
-    only input_ids and position_ids per call; the cache is written inside (the state read back
-    after the calls holds the answer's slots) and what the engine copies is its own: one Assign
-    per cache pair, each of the whole cache (the CPU plugin's double-buffered variables,
-    docs/runtime.md)."""
-    b = f32(art("llama_gqa", "tlm", "--k", 4))
+    only input_ids and position_ids per call (and the fused cache's beam_idx); the cache is written
+    inside (the state read back after the calls holds the answer's slots). Copy path: what the
+    engine copies is its own, one Assign per cache pair, each of the whole cache (the CPU plugin's
+    double-buffered variables, docs/runtime.md). Fused: one stateful SDPA node per layer holds the
+    cache (no Concat, no scatter, no attention MatMul left)."""
+    b = f32(art("llama_gqa", "tlm", "--k", 4), cache=cache)
     spy = b._request = _RequestSpy(b._request)
     out = SpecDecoder(b, None, draft="ngram").generate(PROMPTS[3], max_new_tokens=20).generated_ids
-    assert len(spy.feeds) >= 5 and all(f == ["input_ids", "position_ids"] for f in spy.feeds)
+    feed = (["beam_idx"] if cache == "fused" else []) + ["input_ids", "position_ids"]
+    assert len(spy.feeds) >= 5 and all(f == feed for f in spy.feeds)
     n = len(PROMPTS[3]) + len(out) - 1                  # slots written: the prompt and all but the last token
     kv = b.cache("past_key.0")
     assert (np.abs(kv[0, :, :n]).sum(axis=-1) > 0).all() and np.all(kv[0, :, n + 4 + 1:] == 0)
     rt = b.compiled.get_runtime_model()
-    kinds = [op.get_rt_info()["layerType"].astype(str) for op in rt.get_ordered_ops()]
-    assert kinds.count("MemoryInput") == kinds.count("MemoryOutput") == len(b.kv_names)
+    ops = rt.get_ordered_ops()
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in ops]
+    if cache == "copy":
+        assert kinds.count("MemoryInput") == kinds.count("MemoryOutput") == len(b.kv_names)
+        return
+    layers = len(b.kv_names) // 2
+    stateful = [o for o, k in zip(ops, kinds) if k == "ScaledDotProductAttention" and o.get_input_size() >= 6]
+    assert len(stateful) == kinds.count("ScaledDotProductAttention") == layers
+    assert "ScatterElementsUpdate" not in kinds and "Softmax" not in kinds and kinds.count("MatMul") <= 1
+
+
+def _calls(rng, widths):
+    """A call sequence over a fused cache: prefill (padded), single steps, verifications with
+    rollbacks to a draft in the middle, padding at the right end."""
+    p, out = 0, []
+    for w, v, back in [(8, 8, 0), (1, 1, 0), (4, 4, 2), (4, 3, 0), (1, 1, 1), (2, 2, 0), (8, 5, 0), (4, 4, 3),
+                       (1, 1, 0), (4, 1, 0), (2, 2, 0)]:
+        w = w if w in widths else max(x for x in widths if x <= w)
+        v = min(v, w)
+        p -= back
+        pos = np.full((1, w), -1)
+        pos[0, :v] = np.arange(p, p + v)
+        out.append((rng.integers(0, 200, size=(1, w)), pos, v))
+        p += v
+    return out
+
+
+def test_fused_cache_equals_the_copy_path_through_rollbacks(art):
+    """The default cache is the fused one where the graph allows it; call for call (rollbacks, right
+    padding, every width) its logits equal the copy path's and its cache the fixed cache's slots."""
+    path = art("llama_gqa", "tlm", "--k", 3, "--k-list", "0,1,3")
+    fused, copy = f32(path), f32(path, cache="copy")
+    assert fused.cache_kind == "fused" and fused.model.cache_note is None and copy.cache_kind == "copy"
+    assert fused.exactness()["cache"] == "fused" and "fused cache" in fused.describe()
+    for ids, pos, v in _calls(np.random.default_rng(1), set(fused.seq_lens)):
+        np.testing.assert_allclose(fused.run(ids, pos)[0, :v], copy.run(ids, pos)[0, :v], atol=1e-5)
+        end = int(pos[0, v - 1]) + 1
+        for n in fused.kv_names:
+            np.testing.assert_allclose(fused.cache(n)[:, :, :end], copy.cache(n)[:, :, :end], atol=1e-5)
+
+
+def test_fused_cache_refusals_and_fallbacks(art, fixture_path, tmp_path):
+    """A call that starts past the fused cache's end is refused in one line; a graph the matcher
+    does not rebuild (GPT-2's attention, a batch of 2, a cache write that is not the contract's)
+    runs the copy path and says why, and asking for the fused cache there is refused in one line."""
+    b = f32(art("llama_gqa", "tlm", "--k", 4))
+    b.run(np.arange(1, 9)[None], np.array([[0, 1, 2, 3, -1, -1, -1, -1]]))     # slots 4..7 taken by padding
+    with pytest.raises(SpecdecError, match=r"holds positions 0\.\.3 and the call starts at 5") as e:
+        b.run(np.array([[7, 8, 9, 10]]), np.arange(5, 9)[None])
+    assert "\n" not in str(e.value)
+    b.run(np.array([[7, 8, 9, 10]]), np.arange(4, 8)[None])     # at the end: fine
+    gpt2 = art("gpt2", "tlm", "--k", 4)
+    g = f32(gpt2)
+    assert g.cache_kind == "copy" and g.model.cache_note.startswith("the cache is copied per call (no fused cache:")
+    with pytest.raises(SpecdecError, match="no fused OpenVINO cache: ") as e:
+        f32(gpt2, cache="fused")
+    assert "\n" not in str(e.value)
+    two = f32(art("llama_gqa", "tlm", "--k", 4, "--batch-size", "2"))
+    assert two.cache_kind == "copy" and "batch 2" in two.model.cache_note
+    with pytest.raises(SpecdecError, match="unknown OpenVINO cache 'grown'"):
+        f32(gpt2, cache="grown")
+    # a hand-edited write that adds to the slot: the fused cache would not run that graph's write
+    import shutil
+
+    import onnx
+    src = art("llama_gqa", "tlm", "--k", 4)
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    m = onnx.load(str(bad / "model.onnx"))
+    next(n for n in m.graph.node if n.op_type == "ScatterElements").attribute.append(
+        onnx.helper.make_attribute("reduction", "add"))
+    onnx.save(m, str(bad / "model.onnx"))
+    from specdec_compile.runtime.backends.openvino.loader import load_openvino
+    with pytest.raises(SpecdecError, match="not a plain write along the slots"):
+        load_openvino(bad, precision="f32", cache="fused")
 
 
 def test_batch_2_continuous_batching(art, tmp_path):

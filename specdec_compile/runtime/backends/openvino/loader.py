@@ -3,11 +3,20 @@
 ``load_openvino`` reads the artifact's ``model.onnx`` with OpenVINO's ONNX
 frontend, checks the contract's interface (``ort.loader.check_interface``, the
 ONNX Runtime loader's checks), fixes the batch and the cache shape ``[batch, kv_heads, ctx_len,
-head_dim]``, and applies OpenVINO's ``MakeStateful`` to every
-``past_*.{i}`` / ``past_*.{i}_RetainedState`` pair: the cache becomes state
-variables inside the engine, and the compiled model's inputs are only
-``input_ids``, ``position_ids`` (and a feature draft's features). Nothing here
-runs the model.
+head_dim]``, and keeps the cache in state variables inside the engine, one of two ways
+(``cache=``):
+
+* ``"fused"``: every layer's attention rebuilt as OpenVINO's own stateful SDPA
+  pattern (``fused.fuse_cache``); the CPU plugin then holds a growing cache in
+  place, attention in one kernel per layer, and the runner trims it to roll back;
+* ``"copy"``: OpenVINO's ``MakeStateful`` on every ``past_*.{i}`` /
+  ``past_*.{i}_RetainedState`` pair: the contract's fixed ``ctx_len`` cache, which
+  the plugin copies whole per call (``Assign``).
+
+``None`` (the default) takes ``"fused"`` where the graph's attention is the form
+it rebuilds, else ``"copy"`` and records why. Either way the compiled model's
+inputs are only ``input_ids``, ``position_ids`` (and a feature draft's
+features; the fused cache adds OpenVINO's ``beam_idx``). Nothing here runs the model.
 """
 from __future__ import annotations
 
@@ -54,6 +63,8 @@ class OpenVinoModel:
     precision: str = "f32"              # the inference precision the plugin runs at
     threads: int | None = None
     state_names: dict[str, str] = field(default_factory=dict)     # cache input -> its state variable
+    cache: str = "copy"                 # "fused" (growing, in place) or "copy" (MakeStateful, fixed ctx_len)
+    cache_note: str | None = None       # why the fused cache was not used, when it was not
 
 
 def _port(p) -> SimpleNamespace:
@@ -71,6 +82,9 @@ def _check_target(art: Artifact) -> None:
     from ....artifact.cache_writes import check_cache_writes
     from ....model_io import load_model
     check_cache_writes(load_model(art.model_path), art.target, str(art.model_path))
+
+
+CACHES = ("fused", "copy")
 
 
 def compile_config(core, precision: str | None, threads: int | None) -> dict:
@@ -97,18 +111,9 @@ def make_stateful(model, batch: int, shapes: dict, extra_inputs: dict, where) ->
     """Fix the batch and the cache ``shapes`` (name -> [batch, kv_heads, ctx_len, head_dim]) of an
     OpenVINO model read from a rewritten graph, then make every cache pair a state variable
     (MakeStateful); anything but the ids, positions and ``extra_inputs`` left as an input is refused."""
-    ov = import_openvino()
+    import_openvino()
     from openvino import passes as ovp
-    new = {}
-    for p in model.inputs:
-        n = p.get_any_name()
-        if n in shapes:
-            new[n] = ov.PartialShape(list(shapes[n]))
-        elif n in extra_inputs:
-            new[n] = ov.PartialShape([batch, -1, extra_inputs[n]])
-        else:
-            new[n] = ov.PartialShape([batch, -1])
-    model.reshape(new)
+    fix_shapes(model, batch, shapes, extra_inputs)
     manager = ovp.Manager()
     manager.register_pass(ovp.MakeStateful({n: f"{n}_RetainedState" for n in shapes}))
     manager.run_passes(model)
@@ -120,7 +125,8 @@ def make_stateful(model, batch: int, shapes: dict, extra_inputs: dict, where) ->
 
 def read_and_compile(path, precision: str | None, threads: int | None, prepare=None):
     """(compiled model, its inference precision "f32"/"bf16"/"f16", its thread count): ``path`` read
-    by OpenVINO's ONNX frontend, ``prepare(model)`` applied (checks, MakeStateful), compiled for the CPU."""
+    by OpenVINO's ONNX frontend, ``prepare(model)`` applied (checks, the cache made state; it may
+    return extra CPU properties), compiled for the CPU."""
     ov = import_openvino()
     core = ov.Core()
     cfg = compile_config(core, precision, threads)
@@ -129,7 +135,7 @@ def read_and_compile(path, precision: str | None, threads: int | None, prepare=N
     except Exception as e:
         raise SpecdecError(f"{path}: OpenVINO cannot read it: {' '.join(str(e).split())[:300]}") from None
     if prepare is not None:
-        prepare(model)
+        cfg.update(prepare(model) or {})
     try:
         compiled = core.compile_model(model, "CPU", cfg)
     except Exception as e:
@@ -144,23 +150,75 @@ def state_name(cache_input: str) -> str:
     return f"{cache_input}{cache_input}_RetainedState"
 
 
+def fix_shapes(model, batch: int, shapes: dict, extra_inputs: dict) -> None:
+    """Fix the batch and the cache ``shapes``; ids, positions and features keep a dynamic width."""
+    ov = import_openvino()
+    new = {}
+    for p in model.inputs:
+        n = p.get_any_name()
+        if n in shapes:
+            new[n] = ov.PartialShape(list(shapes[n]))
+        elif n in extra_inputs:
+            new[n] = ov.PartialShape([batch, -1, extra_inputs[n]])
+        else:
+            new[n] = ov.PartialShape([batch, -1])
+    model.reshape(new)
+
+
+def keep_cache(model, batch: int, kv: list[str], shapes: dict, extra_inputs: dict, cache: str | None,
+               precision: str | None, where) -> tuple[str, str | None, dict]:
+    """Make the cache of ``model`` state inside the engine: (``"fused"`` or ``"copy"``, why not fused
+    (None when fused or asked for copy), the CPU properties it needs). ``cache``: "fused" (refused
+    in one line where the attention is not the form fused.py rebuilds), "copy", or None (fused
+    where it can be)."""
+    from .fused import NotFusable, fuse_cache, kv_cache_precision
+    note = None
+    if cache not in (None, *CACHES):
+        raise SpecdecError(f"unknown OpenVINO cache {cache!r} (choose from {', '.join(CACHES)})")
+    if cache != "copy":
+        fix_shapes(model, batch, shapes, extra_inputs)
+        try:
+            fuse_cache(model, kv, shapes, batch)
+            return "fused", None, {"KV_CACHE_PRECISION": kv_cache_precision(precision)}
+        except NotFusable as e:
+            if cache == "fused":
+                raise SpecdecError(f"{where}: no fused OpenVINO cache: {e}") from None
+            note = f"the cache is copied per call (no fused cache: {e})"
+    make_stateful(model, batch, shapes, extra_inputs, where)
+    return "copy", note, {}
+
+
 def load_openvino(artifact, *, precision: str | None = None, threads: int | None = None,
-                  expect_role: str | None = None) -> OpenVinoModel:
-    """Open a ``--target openvino`` artifact (directory or ``Artifact``) on OpenVINO's CPU plugin."""
+                  expect_role: str | None = None, cache: str | None = None) -> OpenVinoModel:
+    """Open a ``--target openvino`` artifact (directory or ``Artifact``) on OpenVINO's CPU plugin.
+    ``cache``: "fused", "copy" or None (fused where the attention allows it, see the module)."""
     import_openvino()
+    if cache is not None and cache not in CACHES:
+        raise SpecdecError(f"unknown OpenVINO cache {cache!r} (choose from {', '.join(CACHES)})")
     art = resolve_artifact(artifact, expect_role, need_model=True)
     _check_target(art)
-    facts = {}
+    facts = {"cache": "copy", "note": None}
 
-    def prepare(model):
+    def prepare(model, want=cache):
         ins = {p.get_any_name(): _port(p) for p in model.inputs}
         outs = {p.get_any_name(): _port(p) for p in model.outputs}
         kv, shapes, dtypes = check_interface(art, ins, outs)
         facts.update(kv=kv, shapes=shapes, dtypes=dtypes, vocab=outs[LOGITS].shape[-1] if outs[LOGITS].shape else None)
-        make_stateful(model, art.batch_size, shapes, art.extra_inputs, art.model_path)
+        facts["cache"], facts["note"], cfg = keep_cache(model, art.batch_size, kv, shapes, art.extra_inputs,
+                                                        want, precision, art.model_path)
+        return cfg
 
-    compiled, got, n_threads = read_and_compile(art.model_path, precision, threads, prepare)
+    try:
+        compiled, got, n_threads = read_and_compile(art.model_path, precision, threads, prepare)
+    except SpecdecError as e:
+        if cache is not None or facts["cache"] != "fused":
+            raise
+        # the rebuilt graph did not compile: the copy path runs the graph as it is
+        compiled, got, n_threads = read_and_compile(art.model_path, precision, threads,
+                                                    lambda m: prepare(m, "copy"))
+        facts["note"] = f"the cache is copied per call (the fused cache did not compile: {str(e)[-200:]})"
     kv = facts["kv"]
+    names = {n: n for n in kv} if facts["cache"] == "fused" else {n: state_name(n) for n in kv}
     return OpenVinoModel(artifact=with_vocab(art, facts["vocab"], "graph's logits"), compiled=compiled, kv_names=kv,
                          kv_shapes=facts["shapes"], kv_dtypes=facts["dtypes"], precision=got, threads=n_threads,
-                         state_names={n: state_name(n) for n in kv})
+                         state_names=names, cache=facts["cache"], cache_note=facts["note"])

@@ -11,6 +11,12 @@ a CPU with AMX or avx512_bf16, else f32). Below f32 a position's logits can
 depend on the width of the call (the GEMMs block differently), so greedy
 speculative output can differ from target-only decoding: ``exact`` says whether
 the backend runs at f32, and ``exactness()`` is what the CLI prints and records.
+
+The fused cache (``OpenVinoModel.cache == "fused"``, see ``fused.py``) grows by
+each call's width, and slot j holds position j only while every call starts
+where the cache ends: a call that starts earlier (the rows a rejected draft
+wrote) first trims the state back to its first position; one that starts
+past the end is refused (the fixed cache would show it the slots in between).
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import numpy as np
 from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
 from ....errors import SpecdecError
 from ..base import Backend
+from .fused import Cursor
 from .loader import OpenVinoModel, load_openvino
 
 
@@ -29,14 +36,15 @@ class OpenVinoBackend(Backend):
     ``Artifact``, or an ``OpenVinoModel`` already loaded by ``load_openvino``.
     ``precision``: "f32", "bf16", "f16" (where the CPU has it) or None (OpenVINO's pick).
     ``threads``: inference threads (default: OpenVINO's, or ``SPECDEC_OV_THREADS``).
+    ``cache``: "fused", "copy" or None (fused where the graph allows it; ``loader``).
     """
 
     kind = "openvino"
 
     def __init__(self, artifact, *, precision: str | None = None, threads: int | None = None,
-                 expect_role: str | None = None):
+                 expect_role: str | None = None, cache: str | None = None):
         model = artifact if isinstance(artifact, OpenVinoModel) else \
-            load_openvino(artifact, precision=precision, threads=threads, expect_role=expect_role)
+            load_openvino(artifact, precision=precision, threads=threads, expect_role=expect_role, cache=cache)
         super().__init__(model.artifact)
         self.model = model
         self.compiled = model.compiled
@@ -46,6 +54,10 @@ class OpenVinoBackend(Backend):
         self.extra_names = list(self.extra_outputs)
         # a feature draft's features in the graph's own float type (a float16 export takes float16)
         self.input_dtypes = {n: self.compiled.input(n).get_element_type().to_dtype() for n in self.extra_inputs}
+        self.cache_kind = model.cache
+        self._cursor = Cursor(list(model.state_names.values()), self.artifact.name) \
+            if model.cache == "fused" else None
+        self._beam = np.zeros(self.batch_size, np.int32)
         self._request = self.compiled.create_infer_request()
         self._request.reset_state()
 
@@ -63,7 +75,7 @@ class OpenVinoBackend(Backend):
             f"OpenVINO runs the TLM at {self.precision}: its logits may depend on the call width, so greedy "
             f"speculative output may differ from target-only decoding (--ov-precision f32 is exact)")
         return {"kind": self.kind, "precision": self.precision, "threads": self.threads,
-                "greedy_equals_target_only": exact, "note": note}
+                "cache": self.cache_kind, "greedy_equals_target_only": exact, "note": note}
 
     def _run(self, ids, pos):
         return self._run_outputs(ids, pos, {n: np.zeros((*ids.shape, w), np.float32)
@@ -71,6 +83,9 @@ class OpenVinoBackend(Backend):
 
     def _run_outputs(self, ids, pos, extra):
         feed = {INPUT_IDS: ids, POSITION_IDS: pos}
+        if self._cursor is not None:
+            self._cursor.before(self._request, pos)
+            feed["beam_idx"] = self._beam
         for n, a in extra.items():
             feed[n] = np.ascontiguousarray(a, dtype=self.input_dtypes[n])
         try:
@@ -86,6 +101,8 @@ class OpenVinoBackend(Backend):
 
     def _reset(self):
         self._request.reset_state()
+        if self._cursor is not None:
+            self._cursor.reset()
 
     def states(self) -> dict[str, object]:
         """Cache input name -> its OpenVINO state variable (for tests)."""
@@ -93,14 +110,19 @@ class OpenVinoBackend(Backend):
         return {n: by_name[v] for n, v in self.model.state_names.items() if v in by_name}
 
     def cache(self, name: str) -> np.ndarray:
-        """A copy of the current cache ``name``, read from its state variable (for tests)."""
+        """A copy of the current cache ``name``, read from its state variable (for tests). A fused
+        cache is given in the contract's shape: the slots it holds up to the last valid position
+        written, zeros past them (the slots a padded token took are not the contract's)."""
         state = self.states().get(name)
         if state is None:
             raise SpecdecError(f"{self.artifact.name}: no cache state {name!r}")
-        return np.array(state.state.data, copy=True)
+        data = np.array(state.state.data, copy=True)
+        if self._cursor is None:
+            return data
+        return self._cursor.contract_view(data, self.model.kv_shapes[name])
 
     def describe(self) -> str:
-        return f"{super().describe()} at {self.precision}, {self.threads} threads"
+        return f"{super().describe()} at {self.precision}, {self.threads} threads, {self.cache_kind} cache"
 
     def close(self):
         self._request = None

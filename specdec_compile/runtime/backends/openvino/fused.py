@@ -1,0 +1,417 @@
+"""The fused cache: each layer's attention rebuilt as OpenVINO's own stateful SDPA pattern.
+
+OpenVINO's CPU plugin keeps a KV cache in place (no per-call copy of the state,
+attention in one kernel) only where it finds, in OpenVINO's own graph::
+
+    ReadValue -> Gather(beam_idx) -> Concat(new k) -> ScaledDotProductAttention
+                                         \\-> Assign
+
+(``StatefulSDPAFusion`` in its CPU transformations). No ONNX graph imports into
+that form (docs/runtime.md, "What a growing cache would take"), so the backend
+builds it after import. ``fuse_cache`` rewrites a ``--target openvino`` graph
+read by OpenVINO's ONNX frontend, before it is compiled:
+
+* per layer, from the lowering's own cache write ``ScatterElementsUpdate(past,
+  slots, Select(valid, new, old))`` it takes the new keys and values, and from
+  the attention that reads the written cache it takes the queries, the scale
+  and the attention's output;
+* it replaces that attention by ``ScaledDotProductAttention(q, Concat(Gather(
+  ReadValue), k_new), ...)`` with an ``Assign`` of the concatenation, the
+  grouped KV heads broadcast the way the plugin's pattern expects;
+* the mask is the contract's, over the grown cache: cache slot j is visible to
+  a query at position p when j <= p. The cache grows by the call's width, so
+  slot j holds position j as long as every call starts where the cache ends;
+  the runner trims the state back to a call's first position first
+  (``trim_states``), which is how a rejected draft is rolled back.
+
+Anything the matcher does not recognise (a softcap, an ALiBi bias, a sliding
+window, a batch above 1, padding inside the attention) leaves the graph as it
+was and returns the reason: the backend then runs the copy path
+(``MakeStateful``), which is exact for every lowering.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: the names grouped_attention gives the reshapes it adds (the only views allowed on the path)
+GQA_PREFIX = "specdec/gqa/"
+
+
+@dataclass
+class FusedCache:
+    """What ``fuse_cache`` built: the state variables, keys first, in layer order."""
+
+    key_states: list[str]
+    value_states: list[str]
+    layers: int
+
+    @property
+    def states(self) -> list[str]:
+        return self.key_states + self.value_states
+
+
+class NotFusable(Exception):
+    """The graph's attention is not the form ``fuse_cache`` rebuilds (the message says where)."""
+
+
+def _type(node) -> str:
+    return node.get_type_name()
+
+
+def _consumers(out) -> list:
+    return [t.get_node() for t in out.get_target_inputs()]
+
+
+def _scalar(value) -> float | None:
+    """The value of a single-element Constant (through a Convert), else None."""
+    node = value.get_node()
+    if _type(node) == "Convert":
+        node = node.input_value(0).get_node()
+    if _type(node) != "Constant":
+        return None
+    data = np.asarray(node.get_data() if hasattr(node, "get_data") else node.data)
+    return float(data.reshape(-1)[0]) if data.size == 1 else None
+
+
+def _strip_scale(value, scale: float):
+    """Walk up Multiply/Divide by a scalar constant: (the value under them, the scale they apply)."""
+    while True:
+        node = value.get_node()
+        if _type(node) not in ("Multiply", "Divide"):
+            return value, scale
+        a, b = node.input_value(0), node.input_value(1)
+        cb = _scalar(b)
+        if cb is None and _type(node) == "Multiply":
+            ca = _scalar(a)
+            if ca is None:
+                return value, scale
+            a, cb = b, ca
+        if cb is None:
+            return value, scale
+        scale = scale * cb if _type(node) == "Multiply" else scale / cb
+        value = a
+
+
+def _only(nodes, kind: str, where: str):
+    got = [n for n in nodes if _type(n) == kind]
+    if len(got) != 1:
+        raise NotFusable(f"{where}: expected one {kind}, found {[_type(n) for n in nodes]}")
+    return got[0]
+
+
+def _one_reader(out, kname: str, what: str):
+    readers = _consumers(out)
+    if len(readers) != 1:
+        raise NotFusable(f"{kname}: the {what} fan out")
+    return readers[0]
+
+
+def _ours(node, kname: str) -> None:
+    """A Reshape or Unsqueeze on the attention path must be grouped_attention's own view."""
+    if not node.get_friendly_name().startswith(GQA_PREFIX):
+        raise NotFusable(f"{kname}: {_type(node)} {node.get_friendly_name()} on the attention path")
+
+
+def _skip(value, kinds=("Convert", "Unsqueeze", "Reshape")):
+    while _type(value.get_node()) in kinds:
+        value = value.get_node().input_value(0)
+    return value
+
+
+def _plain_mask(mask, kname: str) -> float:
+    """The additive mask must be the position_mask pass's causal one, nothing more:
+    Select(GreaterEqual(position_ids, Range(0, n, 1)), 0, a large negative), whose value the
+    rebuilt mask keeps. A sliding window,
+    a bias or anything else on the scores cannot be rebuilt over a grown cache by this module."""
+    sel = _skip(mask, ("Convert",)).get_node()
+    if _type(sel) != "Select":
+        raise NotFusable(f"{kname}: the scores' mask is {_type(sel)}, not the causal position mask")
+    cond = sel.input_value(0).get_node()
+    zero, low = _scalar(sel.input_value(1)), _scalar(sel.input_value(2))
+    if _type(cond) != "GreaterEqual" or zero != 0.0 or low is None or low > -1e4:
+        raise NotFusable(f"{kname}: the scores' mask is not the causal position mask")
+    query = _skip(cond.input_value(0)).get_node()
+    slots = _skip(cond.input_value(1)).get_node()
+    if _type(query) != "Parameter" or "position_ids" not in query.output(0).get_names():
+        raise NotFusable(f"{kname}: the mask's query side is not the positions (a window?)")
+    if _type(slots) != "Range" or _scalar(slots.input_value(0)) != 0 or _scalar(slots.input_value(2)) != 1:
+        raise NotFusable(f"{kname}: the mask's slot side is not Range(0, n, 1)")
+    return low
+
+
+def _cache_write(model, name: str):
+    """The lowering's ScatterElementsUpdate writing cache ``name`` and the new rows it writes."""
+    result = next((o.get_node() for o in model.outputs if name + "_RetainedState" in o.get_names()), None)
+    if result is None:
+        raise NotFusable(f"{name}: no output {name}_RetainedState")
+    scatter = result.input_value(0).get_node()
+    if _type(scatter) != "ScatterElementsUpdate":
+        raise NotFusable(f"{name}: its cache is written by {_type(scatter)}, not the lowering's ScatterElements")
+    # the contract's write, which the grown cache replaces: each valid row at the slot of its position
+    if scatter.get_attributes().get("reduction", "none") != "none" or _scalar(scatter.input_value(3)) != 2:
+        raise NotFusable(f"{name}: its cache write is not a plain write along the slots")
+    slots = _skip(scatter.input_value(1), ("Broadcast", "Unsqueeze", "Convert")).get_node()
+    src = _skip(slots.input_value(1), ("Convert",)).get_node() if _type(slots) == "Select" else None
+    if src is None or _type(src) != "Parameter" or "position_ids" not in src.output(0).get_names():
+        raise NotFusable(f"{name}: its cache write is not at the rows' positions")
+    upd = scatter.input_value(2).get_node()
+    if _type(upd) != "Select":              # Select(valid, new rows, old rows): padding keeps the old rows
+        raise NotFusable(f"{name}: the written rows come from {_type(upd)}, not the lowering's padding Select")
+    return result, scatter, upd.input_value(1)
+
+
+def _layer(model, kname: str, vname: str) -> dict:
+    """The parts of one layer's attention: queries, scale, new keys/values, the output to replace."""
+    k_res, k_scatter, k_new = _cache_write(model, kname)
+    v_res, v_scatter, v_new = _cache_write(model, vname)
+    k_uses = [n for n in _consumers(k_scatter.output(0)) if _type(n) != "Result"]
+    v_uses = [n for n in _consumers(v_scatter.output(0)) if _type(n) != "Result"]
+    if len(k_uses) != 1 or len(v_uses) != 1:
+        raise NotFusable(f"{kname}: the written cache has {len(k_uses)} key and {len(v_uses)} value readers, not one each")
+    # keys: Transpose(0,1,3,2) [* c] -> MatMul(q_side, .)
+    node, scale = k_uses[0], 1.0
+    if _type(node) != "Transpose":
+        raise NotFusable(f"{kname}: the key cache is read by {_type(node)}, not a Transpose")
+    perm = _scalar_list(node.input_value(1))
+    if perm != [0, 1, 3, 2]:
+        raise NotFusable(f"{kname}: the key transpose is {perm}")
+    out = node.output(0)
+    while True:
+        nxt = _consumers(out)
+        if len(nxt) != 1:
+            raise NotFusable(f"{kname}: the keys fan out")
+        node = nxt[0]
+        if _type(node) in ("Multiply", "Divide"):
+            c = _scalar(node.input_value(1)) if node.input_value(0) == out else _scalar(node.input_value(0))
+            if c is None:
+                raise NotFusable(f"{kname}: the keys are multiplied by a tensor")
+            scale = scale * c if _type(node) == "Multiply" else scale / c
+            out = node.output(0)
+            continue
+        break
+    scores = node
+    if _type(scores) != "MatMul" or scores.input_value(1) != out:
+        raise NotFusable(f"{kname}: the keys reach {_type(scores)}, not the scores' MatMul")
+    if scores.get_attributes().get("transpose_a") or scores.get_attributes().get("transpose_b"):
+        raise NotFusable(f"{kname}: a transposed scores MatMul")
+    q, scale = _strip_scale(scores.input_value(0), scale)
+    grouped = _type(q.get_node()) == "Reshape"
+    if grouped:                              # grouped_attention: q [B,Hq,S,D] viewed as [B,Hkv,G*S,D]
+        _ours(q.get_node(), kname)
+        q = q.get_node().input_value(0)
+        q, scale = _strip_scale(q, scale)
+    # scores -> [our Reshape] -> Add(the plain mask) -> Softmax -> [NaN guard] -> [our Reshape] -> MatMul(., V)
+    out = scores.output(0)
+    mask = None
+    while True:
+        node = _one_reader(out, kname, "scores")
+        t = _type(node)
+        if t == "Reshape":
+            _ours(node, kname)
+        elif t == "Add" and mask is None:
+            mask = node.input_value(1) if node.input_value(0) == out else node.input_value(0)
+            masked = _plain_mask(mask, kname)
+        elif t == "Softmax":
+            break
+        else:
+            raise NotFusable(f"{kname}: {t} between the scores and the softmax (a softcap or a bias)")
+        out = node.output(0)
+    if mask is None:
+        raise NotFusable(f"{kname}: no additive mask on the scores")
+    softmax = node
+    if softmax.get_attributes().get("axis") not in (-1, 3):
+        raise NotFusable(f"{kname}: softmax over axis {softmax.get_attributes().get('axis')}")
+    out = softmax.output(0)
+    while True:
+        readers = _consumers(out)
+        guard = [n for n in readers if _type(n) == "IsNaN"]
+        rest = [n for n in readers if _type(n) != "IsNaN"]
+        if len(rest) != 1 or len(guard) > 1:
+            raise NotFusable(f"{kname}: the probabilities fan out")
+        node = rest[0]
+        t = _type(node)
+        if t == "Select" and guard and node.input_value(0) == guard[0].output(0) and node.input_value(2) == out:
+            pass                             # the export's NaN guard: softmax of a fully masked row
+        elif t == "Reshape":
+            _ours(node, kname)
+        elif t == "MatMul":
+            break
+        else:
+            raise NotFusable(f"{kname}: {t} between the softmax and the values")
+        out = node.output(0)
+    pv = node
+    if pv.input_value(0) != out or any(pv.get_attributes().get(a) for a in ("transpose_a", "transpose_b")):
+        raise NotFusable(f"{kname}: the probabilities are not the plain left operand of the values' MatMul")
+    vin = pv.input_value(1)
+    if _type(vin.get_node()) == "Unsqueeze":
+        _ours(vin.get_node(), kname)
+        vin = vin.get_node().input_value(0)
+    if vin != v_scatter.output(0):
+        raise NotFusable(f"{vname}: the values' MatMul does not read the written value cache")
+    out = pv.output(0)
+    if grouped:
+        node = _one_reader(out, kname, "grouped output")
+        if _type(node) != "Reshape":
+            raise NotFusable(f"{kname}: the grouped output is not reshaped back to heads")
+        _ours(node, kname)
+        out = node.output(0)
+    return dict(q=q, scale=scale, masked=masked, k_new=k_new, v_new=v_new, out=out, results=(k_res, v_res),
+                params=(k_scatter.input_value(0).get_node(), v_scatter.input_value(0).get_node()))
+
+
+def _scalar_list(value) -> list[int] | None:
+    node = value.get_node()
+    if _type(node) != "Constant":
+        return None
+    return [int(x) for x in np.asarray(node.get_data()).reshape(-1)]
+
+
+def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCache:
+    """Rebuild every layer's attention of ``model`` (read from a ``--target openvino`` graph) as
+    OpenVINO's stateful SDPA pattern. Raises ``NotFusable`` with the reason and leaves ``model``
+    untouched when any layer is not the form it rebuilds."""
+    import openvino as ov
+    import openvino.opset13 as op
+    from openvino.op.util import Variable, VariableInfo
+
+    if batch != 1:
+        raise NotFusable(f"batch {batch}: the fused cache holds one sequence")
+    keys = [n for n in kv_names if n.startswith("past_key.")]
+    pairs = [(k, "past_value." + k[len("past_key."):]) for k in keys]
+    if len(pairs) * 2 != len(kv_names) or any(v not in kv_names for _, v in pairs):
+        raise NotFusable("the cache is not key/value pairs")
+    layers = [_layer(model, k, v) for k, v in pairs]        # all matched before anything changes
+    pos = next(p for p in model.get_parameters() if "position_ids" in p.output(0).get_names())
+
+    beam = op.parameter([batch], np.int32, name="beam_idx")
+    beam.output(0).set_names({"beam_idx"})
+    # the mask over the grown cache: slot j visible to a query at position p when j <= p
+    first = layers[0]
+    state_len = None
+    sinks, key_states, value_states = [], [], []
+    for (kname, vname), lay in zip(pairs, layers):
+        cats = {}
+        for name, new in ((kname, lay["k_new"]), (vname, lay["v_new"])):
+            b, h, _, d = shapes[name]
+            info = VariableInfo()
+            info.data_shape = ov.PartialShape([b, h, -1, d])
+            info.data_type = new.get_element_type()
+            info.variable_id = name
+            var = Variable(info)
+            init = op.broadcast(op.constant(np.array(0, dtype=new.get_element_type().to_dtype())),
+                                op.constant(np.array([b, h, 0, d], np.int64)))
+            rv = op.read_value(init, var)
+            if state_len is None:
+                state_len = op.gather(op.shape_of(rv, "i64"), op.constant(np.array([2], np.int64)),
+                                      op.constant(np.int64(0)))
+            cat = op.concat([op.gather(rv, beam, op.constant(np.int64(0))), new], 2)
+            sinks.append(op.assign(cat, var))
+            cats[name] = (cat, h, d)
+            (key_states if name == kname else value_states).append(name)
+        hq = lay["out"].get_partial_shape()[1]      # the attention's output [B, Hq, S, D]
+        if not hq.is_static:
+            raise NotFusable(f"{kname}: the attention's heads are not static")
+        hq = hq.get_length()
+        kv = []
+        for name in (kname, vname):
+            cat, h, d = cats[name]
+            if hq % h:
+                raise NotFusable(f"{kname}: {hq} query heads over {h} KV heads")
+            if hq == h:
+                kv.append(cat.output(0))
+                continue
+            g = hq // h
+            un = op.unsqueeze(cat, op.constant(np.array([2], np.int64)))
+            bc = op.broadcast(un, op.constant(np.array([1, 1, g, 1, 1], np.int64)), broadcast_spec="bidirectional")
+            kv.append(op.reshape(bc, op.constant(np.array([batch, hq, -1, d], np.int64)), False).output(0))
+        lay["kv"] = kv
+    # one mask for every layer: [B, 1, S, L + S] additive
+    seq = op.gather(op.shape_of(pos, "i64"), op.constant(np.array([1], np.int64)), op.constant(np.int64(0)))
+    total = op.add(state_len, seq)
+    slots = op.range(op.constant(np.int64(0)), op.squeeze(total, op.constant(np.array([0], np.int64))),
+                     op.constant(np.int64(1)), "i64")
+    qpos = op.unsqueeze(pos, op.constant(np.array([1, 3], np.int64)))         # [B, 1, S, 1]
+    visible = op.greater_equal(qpos, slots)
+    ftype = first["q"].get_element_type()
+    if len({lay["masked"] for lay in layers}) != 1:
+        raise NotFusable("the layers' masks hide slots with different values")
+    mask = op.select(visible, op.constant(np.array(0, ftype.to_dtype())),
+                     op.constant(np.array(first["masked"], ftype.to_dtype())))
+    for lay in layers:
+        sdpa = op.scaled_dot_product_attention(lay["q"], lay["kv"][0], lay["kv"][1], mask,
+                                               op.constant(np.array(lay["scale"], ftype.to_dtype())),
+                                               causal=False)
+        for t in list(lay["out"].get_target_inputs()):
+            t.replace_source_output(sdpa.output(0))
+    for lay in layers:
+        for r in lay["results"]:
+            model.remove_result(r)
+        for p in lay["params"]:
+            model.remove_parameter(p)
+    model.add_parameters([beam])
+    model.add_sinks(sinks)
+    model.validate_nodes_and_infer_types()
+    return FusedCache(key_states=key_states, value_states=value_states, layers=len(layers))
+
+
+def kv_cache_precision(precision: str | None) -> str:
+    """The cache's precision for an inference ``precision`` (None: the CPU plugin's pick): the same.
+    The plugin's own default quantizes a fused cache to u8, which the copy path never does."""
+    if precision is None:
+        import openvino as ov
+        got = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+        precision = got.get_type_name() if hasattr(got, "get_type_name") else str(got)
+    return precision
+
+
+class Cursor:
+    """Where a fused cache ends, call by call: before each call it trims the state back to the
+    call's first position (a rollback, or the slots a padded token took) and refuses a call that
+    starts past the last valid position written plus one (the fixed cache would show that call the
+    slots in between, which a grown cache does not hold as the contract has them)."""
+
+    def __init__(self, states: list[str], name: str):
+        self.states, self.name = states, name
+        self.length = 0          # slots the state holds
+        self.valid = 0           # slots below the last valid (non-padding) position written
+
+    def before(self, request, pos) -> None:
+        from ....errors import SpecdecError
+        first = int(pos[0, 0])
+        if first < 0 or first > self.valid:     # past the valid slots: a gap, or slots padding took
+            raise SpecdecError(f"{self.name}: the fused OpenVINO cache holds positions 0..{self.valid - 1} and "
+                               f"the call starts at {first}; it must start at or before the cache's end "
+                               f"(load it with cache='copy' for other calls)")
+        if first < self.length:
+            trim_states(request, first, self.states)
+        self.length = first + pos.shape[1]
+        self.valid = first + int(np.count_nonzero(pos[0] >= 0))
+
+    def reset(self) -> None:
+        self.length = self.valid = 0
+
+    def contract_view(self, data: np.ndarray, shape, before: np.ndarray | None = None) -> np.ndarray:
+        """A state read back ([B, H, length, D]) in the contract's fixed shape: the slots below
+        ``valid`` from the engine; past them the fixed cache's stale slots, which a grown cache
+        does not hold: ``before`` (the previous view) where given, else zeros."""
+        full = np.zeros(shape, data.dtype) if before is None else before.copy()
+        n = min(self.valid, data.shape[2])
+        full[:, :, :n] = data[:, :, :n]
+        return full
+
+
+def trim_states(request, length: int, states: list[str]) -> None:
+    """Cut every cache state of ``request`` back to its first ``length`` slots (rolls back the
+    rows a call wrote past where the next call starts)."""
+    import openvino as ov
+    for s in request.query_state():
+        if s.name not in states:
+            continue
+        t = s.state
+        shape = list(t.shape)
+        if shape[2] <= length:
+            continue
+        end = shape[:2] + [length] + shape[3:]
+        s.state = ov.Tensor(t, [0, 0, 0, 0], end)
