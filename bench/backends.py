@@ -42,11 +42,12 @@ MT_NEW = 64           # new tokens per MT-bench first turn in its width check (a
 
 
 def compile_both(export: Path, out: Path, log=print) -> dict[str, Path]:
-    from specdec_compile import cli
+    from specdec_compile import cli, passes
     dirs = {}
     for target in ("ort", "openvino"):
         d = out / f"tlm-{target}"
-        if not (d / "manifest.json").is_file():
+        want = [p.name for p in passes.select("tlm", target)]
+        if not (d / "manifest.json").is_file() or json.loads((d / "manifest.json").read_text()).get("passes") != want:
             log(f"compiling {export} for --target {target} -> {d}")
             code = cli.main([str(export), "--role", "tlm", "--target", target, "--k", str(K), "--k-list", K_LIST,
                              "--prefill-len", str(PL), "--ctx-len", str(CTX), "-o", str(d), "--force"])
@@ -146,6 +147,9 @@ def _backends(dirs: dict, threads: int) -> list:
     for prec in dict.fromkeys(("f32", default_precision())):
         rows.append(("openvino", prec, lambda prec=prec: OpenVinoBackend(dirs["openvino"], precision=prec,
                                                                           threads=threads)))
+        if prec == "f32":    # the copy path (MakeStateful) beside the fused cache, at f32
+            rows.append(("openvino-copy", prec, lambda: OpenVinoBackend(dirs["openvino"], precision="f32",
+                                                                         threads=threads, cache="copy")))
     return rows
 
 
@@ -154,6 +158,8 @@ def _measure_row(b, kind, prec, prompts, new):
     b.warmup()
     base, base_rate = _decode(b, prompts, None, new)
     row = {"backend": kind, "precision": prec, "target_only_tok_s": base_rate}
+    if hasattr(b, "cache_kind"):
+        row["cache"] = b.cache_kind
     for draft in ("ngram", "suffix"):
         got, rate = _decode(b, prompts, draft, new)
         row[f"{draft}_tok_s"] = rate
@@ -295,13 +301,14 @@ def markdown(res: dict) -> str:
         return "\n".join(markdown(r) for r in res["runs"])
     lines = [f"backends: {res['model']}, {res['prompts']} prompts x {res['max_new_tokens']} new tokens, greedy, "
              f"{res['threads']} thread(s), k {res['k']}, ctx {res['ctx_len']}", "",
-             "| backend | precision | target-only tok/s | n-gram tok/s (x) | suffix tok/s (x) | spec == target-only "
-             "| width flips | flips vs f32 |", "|---|---|---|---|---|---|---|---|"]
+             "| backend | precision | cache | target-only tok/s | n-gram tok/s (x) | suffix tok/s (x) | spec == target-only "
+             "| width flips | flips vs f32 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         eq = all(r["ngram_greedy_equal"]) and all(r["suffix_greedy_equal"])
         wf = f"{r['width_flips']}/{r['positions']}" if "width_flips" in r else "-"
         vf = f"{r['vs_f32_flips']}/{r['vs_f32_positions']}" if "vs_f32_flips" in r else "-"
-        lines.append(f"| {r['backend']} | {r['precision']} | {r['target_only_tok_s']:.1f} | {r['ngram_tok_s']:.1f} "
+        lines.append(f"| {r['backend']} | {r['precision']} | {r.get('cache', '-')} | {r['target_only_tok_s']:.1f} | "
+                     f"{r['ngram_tok_s']:.1f} "
                      f"({r['ngram_speedup']:.2f}) | {r['suffix_tok_s']:.1f} ({r['suffix_speedup']:.2f}) | "
                      f"{'yes' if eq else 'NO'} | {wf} | {vf} |")
     lines += _mtbench_width_lines(res.get("mtbench_width")) + _genai_lines(res["genai"]) + _goal_lines(res)

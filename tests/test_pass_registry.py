@@ -63,11 +63,13 @@ def test_pass_order_is_derived_from_the_registry():
     qaic_only = {p.name for p in REGISTRY if p.targets == ("qaic",)}
     ort_only = {p.name for p in REGISTRY if p.targets == ("ort",)}
     ort_openvino = {p.name for p in REGISTRY if p.targets == ("ort", "openvino")}
-    assert ort_openvino == {"grouped_attention", "share_shapes", "gather_rotate_half"}, \
+    assert ort_openvino == {"grouped_attention", "share_shapes"}, \
         "the ort passes that also serve OpenVINO (no per-call copy of the grouped cache)"
     assert {"rotary_tables", "dense_experts", "flatten_to_reshape", "castlike_to_cast",
             "greater_compares", "drop_nan_guards", "tile_to_expand", "clamp_gather_positions"} == qaic_only, "the qaic legalizations are the only qaic-restricted entries"
-    assert {"fuse_rotary"} == ort_only, "fuse_rotary (ONNX Runtime's RotaryEmbedding kernel) is ort's alone"
+    assert {"fuse_rotary", "gather_rotate_half"} == ort_only, \
+        "fuse_rotary (ONNX Runtime's RotaryEmbedding kernel) and gather_rotate_half (OpenVINO fuses the export's " \
+        "rotary form into its RoPE node instead) are ort's alone"
     ort_only |= ort_openvino
     qeff_only = {p.name for p in REGISTRY if p.interfaces == ("qeff",)}
     assert qeff_only == {"batch_index", "logits_to_keep"}, "--interface qeff's passes are its only entries"
@@ -76,7 +78,8 @@ def test_pass_order_is_derived_from_the_registry():
         assert passes.select(role, "qaic") == tuple(p for p in default if p.name not in ort_only)
         assert passes.select(role, "ort") == tuple(p for p in default if p.name not in qaic_only)
         # OpenVINO: the target-neutral passes, the lowering, and the ort passes it shares
-        assert passes.select(role, "openvino") == tuple(p for p in default if p.name not in qaic_only | {"fuse_rotary"})
+        assert passes.select(role, "openvino") == tuple(p for p in default if p.name not in qaic_only | {
+            "fuse_rotary", "gather_rotate_half"})
         qeff = {p.name for p in passes.select(role, "ort", "qeff")} - {p.name for p in default}
         assert qeff == ({"batch_index", "logits_to_keep"} if role == "tlm" else {"batch_index"})
     with pytest.raises(SpecdecError, match="unknown target 'cpu'"):

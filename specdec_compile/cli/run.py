@@ -44,6 +44,10 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                         "the run says so otherwise)")
     p.add_argument("--ov-threads", type=int, default=None, metavar="N",
                    help="--backend openvino: inference threads per model (default: OpenVINO's)")
+    p.add_argument("--ov-cache", choices=("fused", "copy"), default=None,
+                   help="--backend openvino: fused (each attention rebuilt as OpenVINO's stateful SDPA, the "
+                        "cache grown in place; refused where the graph's attention is not that form) or copy "
+                        "(MakeStateful, the fixed cache copied per call); default: fused where it can be")
     p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
     p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
     p.add_argument("--ort-threads", type=int, default=None, metavar="N",
@@ -302,7 +306,8 @@ def _check_min_prob(args) -> None:
 
 
 def _check_backend_args(args) -> None:
-    for flag, value in (("--ov-precision", args.ov_precision), ("--ov-threads", args.ov_threads)):
+    for flag, value in (("--ov-precision", args.ov_precision), ("--ov-threads", args.ov_threads),
+                        ("--ov-cache", args.ov_cache)):
         if value is not None and args.backend != "openvino":
             raise SpecdecError(f"{flag} is for --backend openvino")
     if args.ov_threads is not None and args.ov_threads < 1:
@@ -377,7 +382,7 @@ def _open(args):
     if args.backend == "ort":
         kw.update(ort_thread_options(args.ort_threads, two_models=dlm_art is not None))
     if args.backend == "openvino":
-        kw.update(precision=args.ov_precision, threads=args.ov_threads)
+        kw.update(precision=args.ov_precision, threads=args.ov_threads, cache=args.ov_cache)
     tlm = open_backend(tlm_art, args.backend, expect_role="tlm", device_ids=tlm_dev, **kw)
     dlm = None
     if dlm_art is not None:

@@ -21,9 +21,10 @@ business: when the detection gives it nothing to do (no mask sites; later: an
 export that already has position_ids, no sliding window, no ALiBi), it returns
 the graph unchanged. A target-only legalization (qaic: CastLike -> Cast, ...)
 is an entry with ``targets=("qaic",)``; ``openvino`` runs the entries for every target and
-the three ``ort`` passes that read the cache as it is and share shape arithmetic
-(``grouped_attention``, ``share_shapes``, ``gather_rotate_half``: no per-call copy of the
-cache for the grouped heads); a pass for a model feature is an entry
+the two ``ort`` passes that read the cache as it is and share shape arithmetic
+(``grouped_attention``, ``share_shapes``: no per-call copy of the cache for the grouped
+heads), not ``gather_rotate_half`` (OpenVINO fuses the export's rotary form into one RoPE
+node, and a Gather in its place stops that); a pass for a model feature is an entry
 for every target that no-ops on models without the feature. A pass called
 directly runs as asked: the roles/targets of its entry are the pipeline's
 selection rule, not a check inside the pass.
@@ -199,8 +200,9 @@ REGISTRY: tuple[Pass, ...] = (
          "each rotary `rotate_half(x) * sin` left (two Slices, a Neg, a Concat and a Mul) becomes "
          "`Gather(x, permutation) * (sin * sign)`: `-x[j] * s` is `x[j] * -s` bit for bit, and the signed "
          "sin is computed once per call for every layer (Cohere's interleaved pairs too). Made only where the "
-         "form is exactly that and the sin operand is `d` wide; anything else is left as it is, with the reason",
-         targets=("ort", "openvino")),
+         "form is exactly that and the sin operand is `d` wide; anything else is left as it is, with the reason. "
+         "Not for openvino: there the export's form is what OpenVINO's CPU plugin fuses into its RoPE node",
+         targets=("ort",)),
     Pass("dense_experts", dense_experts,
          "Hugging Face's sparse MoE routing (each expert's tokens picked with a data-dependent `NonZero`) "
          "becomes dense where it is exactly that form: every expert runs on every token and its output is "

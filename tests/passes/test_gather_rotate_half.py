@@ -184,5 +184,5 @@ def test_no_rotate_half_is_a_no_op(fixture_path):
 def test_needs_only_a_context():
     with pytest.raises(TypeError, match="PassContext"):
         passes.gather_rotate_half(None, None)
-    assert passes.get("gather_rotate_half").targets == ("ort", "openvino")
+    assert passes.get("gather_rotate_half").targets == ("ort",)      # openvino fuses the export's form
     assert dataclasses.is_dataclass(PassContext())

@@ -298,6 +298,17 @@ def test_cli_backend_openvino(art, capsys):
     code, out2, _ = run(["--tlm", str(t), "--target-only", "--backend", "openvino", "--ov-precision", "f32",
                          "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "12", "--json"], capsys)
     assert json.loads(out2)["results"][0]["generated_ids"] == rec["results"][0]["generated_ids"]
+    assert rec["backend"]["cache"] == "fused" and rec["backend"]["cache_note"] is None
+    code, out3, err = run(["--tlm", str(t), "--target-only", "--backend", "openvino", "--ov-precision", "f32",
+                           "--ov-cache", "copy", "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "12", "--json"],
+                          capsys)
+    assert code == 0, err
+    rec3 = json.loads(out3)
+    assert rec3["backend"]["cache"] == "copy" and rec3["results"][0]["generated_ids"] == rec["results"][0]["generated_ids"]
+    refused(["--tlm", str(art("gpt2", "tlm", "--k", 4)), "--target-only", "--backend", "openvino", "--ov-cache",
+             "fused", "--prompt-ids", "1,2"], capsys, "no fused OpenVINO cache: ")
+    refused(["--tlm", str(t), "--target-only", "--ov-cache", "copy", "--prompt-ids", "1,2"], capsys,
+            "--ov-cache is for --backend openvino")
 
 
 def test_cli_says_when_greedy_may_differ(art, capsys):

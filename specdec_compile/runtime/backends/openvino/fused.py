@@ -47,10 +47,6 @@ class FusedCache:
     value_states: list[str]
     layers: int
 
-    @property
-    def states(self) -> list[str]:
-        return self.key_states + self.value_states
-
 
 class NotFusable(Exception):
     """The graph's attention is not the form ``fuse_cache`` rebuilds (the message says where)."""
@@ -92,13 +88,6 @@ def _strip_scale(value, scale: float):
             return value, scale
         scale = scale * cb if _type(node) == "Multiply" else scale / cb
         value = a
-
-
-def _only(nodes, kind: str, where: str):
-    got = [n for n in nodes if _type(n) == kind]
-    if len(got) != 1:
-        raise NotFusable(f"{where}: expected one {kind}, found {[_type(n) for n in nodes]}")
-    return got[0]
 
 
 def _one_reader(out, kname: str, what: str):
@@ -374,6 +363,7 @@ class Cursor:
 
     def __init__(self, states: list[str], name: str):
         self.states, self.name = states, name
+        self._handles = None     # (request, its cache states' handles)
         self.length = 0          # slots the state holds
         self.valid = 0           # slots below the last valid (non-padding) position written
 
@@ -385,7 +375,9 @@ class Cursor:
                                f"the call starts at {first}; it must start at or before the cache's end "
                                f"(load it with cache='copy' for other calls)")
         if first < self.length:
-            trim_states(request, first, self.states)
+            if self._handles is None or self._handles[0] is not request:     # the state handles, once
+                self._handles = (request, [h for h in request.query_state() if h.name in self.states])
+            trim_states(self._handles[1], first)
         self.length = first + pos.shape[1]
         self.valid = first + int(np.count_nonzero(pos[0] >= 0))
 
@@ -402,16 +394,12 @@ class Cursor:
         return full
 
 
-def trim_states(request, length: int, states: list[str]) -> None:
-    """Cut every cache state of ``request`` back to its first ``length`` slots (rolls back the
-    rows a call wrote past where the next call starts)."""
+def trim_states(handles, length: int) -> None:
+    """Cut each cache state (``VariableState`` handles) back to its first ``length`` slots: the
+    state read out, a view of its first slots set back (GenAI's own rollback)."""
     import openvino as ov
-    for s in request.query_state():
-        if s.name not in states:
-            continue
-        t = s.state
+    for h in handles:
+        t = h.state
         shape = list(t.shape)
-        if shape[2] <= length:
-            continue
-        end = shape[:2] + [length] + shape[3:]
-        s.state = ov.Tensor(t, [0, 0, 0, 0], end)
+        if shape[2] > length:
+            h.state = ov.Tensor(t, [0] * len(shape), shape[:2] + [length] + shape[3:])

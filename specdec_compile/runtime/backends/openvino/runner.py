@@ -75,7 +75,8 @@ class OpenVinoBackend(Backend):
             f"OpenVINO runs the TLM at {self.precision}: its logits may depend on the call width, so greedy "
             f"speculative output may differ from target-only decoding (--ov-precision f32 is exact)")
         return {"kind": self.kind, "precision": self.precision, "threads": self.threads,
-                "cache": self.cache_kind, "greedy_equals_target_only": exact, "note": note}
+                "cache": self.cache_kind, "cache_note": self.model.cache_note if self.model else None,
+                "greedy_equals_target_only": exact, "note": note}
 
     def _run(self, ids, pos):
         return self._run_outputs(ids, pos, {n: np.zeros((*ids.shape, w), np.float32)
