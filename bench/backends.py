@@ -6,9 +6,13 @@ SmolLM2-135M-Instruct's export (``make demo``'s) compiled twice, ``--target ort`
 openvino`` (k 4, widths 1/2/3/5 with the K=0 fallback, prefill 64, ctx 256), run on the demo's
 prompts (chat template, greedy, 128 new tokens), one thread per model:
 
-* per backend and precision: target-only and n-gram (prompt lookup) decoding, tokens/s (wall, all
-  prompts), the speedup over that backend's own target-only, and whether the speculative text
-  equals target-only's on every prompt (``greedy_equal``);
+* per backend and precision: target-only, n-gram (prompt lookup), suffix and, with the committed
+  EAGLE-3 head (``workshop/heads/smollm2-eagle3``, imported for each target beside its TLM with the
+  hidden states it reads), ``eagle3-hybrid`` (prompt lookup first, the head otherwise: MT-bench's
+  best draft) decoding, tokens/s (wall, all prompts), the speedup over that backend's own
+  target-only, and whether the speculative text equals target-only's on every prompt
+  (``greedy_equal``); OpenVINO with its default cache (``openvino``: fused at f32, the copy path
+  below it) and with the other one (``openvino-copy``, ``openvino-fused``);
 * per OpenVINO precision, the width check over the same texts (OpenVINO f32's target-only answers):
   each prompt and answer re-scored in calls of k+1 tokens against calls of one; ``width_flips``:
   positions whose top token differs, of ``positions``; ``vs_f32_flips``: positions whose top token
@@ -38,6 +42,7 @@ import numpy as np
 from . import ovgenai
 
 K, K_LIST, PL, CTX, NEW = 4, "0,1,2,4", 64, 256, 128
+DRAFTS = ("ngram", "suffix", "eagle3-hybrid")
 MT_NEW = 64           # new tokens per MT-bench first turn in its width check (as bench/mtbench.py's turns)
 
 
@@ -57,9 +62,23 @@ def compile_both(export: Path, out: Path, log=print) -> dict[str, Path]:
     return dirs
 
 
-def _decode(backend, prompts, draft: str | None, new: int = NEW):
+def compile_eagle3s(export: Path, out: Path, head: Path, log=print) -> dict | str:
+    """{target: (TLM with the head's hidden states, the imported head)} for ort and openvino, or a
+    line saying why there is none (no head)."""
+    from demo.compiling import compile_eagle3
+    if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
+        return f"no EAGLE-3 head at {head}"
+    return {t: compile_eagle3(export, head, out / f"eagle3-{t}", k=K, k_list=[int(x) for x in K_LIST.split(",")],
+                              prefill_len=PL, ctx_len=CTX, log=log, target=t)[:2] for t in ("ort", "openvino")}
+
+
+def _decode(backend, prompts, draft: str | None, new: int = NEW, dlm=None):
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
-    dec = TargetOnlyDecoder(backend) if draft is None else SpecDecoder(backend, None, draft=draft)
+    from .mtbench import NGRAM_MAX
+    if draft == "eagle3-hybrid":
+        dec = SpecDecoder(backend, dlm, draft="hybrid", ngram_max=NGRAM_MAX)
+    else:
+        dec = TargetOnlyDecoder(backend) if draft is None else SpecDecoder(backend, None, draft=draft)
     t0 = time.perf_counter()
     outs = [dec.generate(p, max_new_tokens=new).generated_ids for p in prompts]
     wall = time.perf_counter() - t0
@@ -139,37 +158,59 @@ def default_precision() -> str:
     return got.get_type_name() if hasattr(got, "get_type_name") else str(got)
 
 
-def _backends(dirs: dict, threads: int) -> list:
-    """(backend kind, precision, maker): ORT f32, OpenVINO f32, and OpenVINO at the precision it
-    picks here when that is not f32 (bf16 on a CPU with avx512_bf16 or AMX)."""
+def _backends(dirs: dict, threads: int, e3: dict | str | None = None) -> list:
+    """(backend kind, precision, maker, EAGLE-3 pair maker or None): ORT f32, OpenVINO f32 and
+    OpenVINO at the precision it picks here when that is not f32 (bf16 on a CPU with avx512_bf16 or
+    AMX), each with its default cache (``openvino``) and then the other (``openvino-copy`` /
+    ``openvino-fused``)."""
     from specdec_compile.runtime import OpenVinoBackend, OrtBackend
-    rows = [("ort", "f32", lambda: OrtBackend(dirs["ort"], intra_op_threads=threads))]
+    e3 = e3 if isinstance(e3, dict) else {}
+
+    def pair(target, make):
+        return (lambda: (make(e3[target][0]), make(e3[target][1]))) if target in e3 else None
+
+    ort = lambda d: OrtBackend(d, intra_op_threads=threads)       # noqa: E731
+    rows = [("ort", "f32", lambda: ort(dirs["ort"]), pair("ort", ort))]
     for prec in dict.fromkeys(("f32", default_precision())):
-        rows.append(("openvino", prec, lambda prec=prec: OpenVinoBackend(dirs["openvino"], precision=prec,
-                                                                          threads=threads)))
-        if prec == "f32":    # the copy path (MakeStateful) beside the fused cache, at f32
-            rows.append(("openvino-copy", prec, lambda: OpenVinoBackend(dirs["openvino"], precision="f32",
-                                                                         threads=threads, cache="copy")))
+        ov = lambda d, prec=prec, cache=None: OpenVinoBackend(d, precision=prec, threads=threads, cache=cache)  # noqa: E731
+        rows.append(("openvino", prec, lambda ov=ov: ov(dirs["openvino"]), pair("openvino", ov)))
+        # the other cache beside the default one (fused at f32, copy below it)
+        other = "copy" if prec == "f32" else "fused"
+        alt = lambda d, ov=ov, other=other: ov(d, cache=other)     # noqa: E731
+        rows.append((f"openvino-{other}", prec, lambda alt=alt: alt(dirs["openvino"]), pair("openvino", alt)))
     return rows
 
 
-def _measure_row(b, kind, prec, prompts, new):
-    """One backend's row: target-only, n-gram and suffix; (the row, target-only's ids)."""
+def _measure_row(b, kind, prec, prompts, new, e3=None):
+    """One backend's row: target-only, n-gram, suffix and (``e3``: the EAGLE-3 pair's maker)
+    eagle3-hybrid; (the row, target-only's ids)."""
     b.warmup()
     base, base_rate = _decode(b, prompts, None, new)
     row = {"backend": kind, "precision": prec, "target_only_tok_s": base_rate}
     if hasattr(b, "cache_kind"):
         row["cache"] = b.cache_kind
-    for draft in ("ngram", "suffix"):
-        got, rate = _decode(b, prompts, draft, new)
+
+    def put(draft, got, rate):
         row[f"{draft}_tok_s"] = rate
         row[f"{draft}_speedup"] = rate / base_rate
         row[f"{draft}_greedy_equal"] = [g == t for g, t in zip(got, base)]
+
+    for draft in ("ngram", "suffix"):
+        put(draft, *_decode(b, prompts, draft, new))
+    if e3 is not None:
+        tlm, head = e3()
+        tlm.warmup()
+        head.warmup()
+        put("eagle3-hybrid", *_decode(tlm, prompts, "eagle3-hybrid", new, dlm=head))
+        row["eagle3_caches"] = [getattr(x, "cache_kind", None) for x in (tlm, head)]
+        tlm.close()
+        head.close()
     return row, base
 
 
 def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: int = 4, log=print,
-        new: int = NEW, hf: Path | None = None, width_check: bool = True, mt_per_category: int = 2) -> dict:
+        new: int = NEW, hf: Path | None = None, width_check: bool = True, mt_per_category: int = 2,
+        head: Path | None = None) -> dict:
     """The rows at ``threads`` threads; GenAI's beside them when ``hf`` (the checkpoint ``export``
     was made from) is given; the width checks when ``width_check`` (MT-bench's with
     ``mt_per_category`` questions per category; 0: not run)."""
@@ -178,14 +219,15 @@ def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: i
     from specdec_compile.runtime.tokenizer import load_tokenizer
 
     dirs = compile_both(export, out, log)
+    e3 = compile_eagle3s(export, out, head, log) if head is not None else "no EAGLE-3 head given"
     tok = load_tokenizer(str(tokenizer))
     prompts = [chat_ids(tok, t) for t in prompt_sets.DEMO_PROMPTS[:n_prompts]]
     res = {"model": str(export), "threads": threads, "k": K, "ctx_len": CTX, "max_new_tokens": new,
-           "prompts": len(prompts), "rows": []}
+           "prompts": len(prompts), "rows": [], "eagle3": e3 if isinstance(e3, str) else str(head)}
     ref = None            # OpenVINO f32's target-only texts and their width-1 top tokens: what bf16 re-scores
-    for kind, prec, make in _backends(dirs, threads):
+    for kind, prec, make, e3_make in _backends(dirs, threads, e3):
         b = make()
-        row, base = _measure_row(b, kind, prec, prompts, new)
+        row, base = _measure_row(b, kind, prec, prompts, new, e3_make)
         if kind == "openvino" and ref is None:
             ref = (base, None)
         if kind == "openvino" and width_check:
@@ -224,7 +266,8 @@ def goals(res: dict) -> dict | None:
         row = ov[prec]
         # the fastest draft whose greedy output equals target-only on every prompt (the goal's
         # condition), else the fastest, flagged
-        draft = max(("ngram", "suffix"), key=lambda d: (all(row[f"{d}_greedy_equal"]), row[f"{d}_tok_s"]))
+        draft = max((d for d in DRAFTS if f"{d}_tok_s" in row),
+                    key=lambda d: (all(row[f"{d}_greedy_equal"]), row[f"{d}_tok_s"]))
         out[f"best_spec_{prec}"] = {"ours": row[f"{draft}_tok_s"], "draft": draft, "precision": prec,
                                     "greedy_equal_target_only": all(row[f"{draft}_greedy_equal"]),
                                     "genai": best_genai["tok_s"], "genai_run": f"{best_genai['mode']} at "
@@ -246,8 +289,9 @@ def run_section(real_out: Path, out: Path, threads: list[int] | int, n_prompts: 
     export, tokenizer, hf = real_out / "export" / "tlm" / "model.onnx", real_out / "tokenizer", real_out / "hf" / "tlm"
     if not export.is_file() or not tokenizer.is_dir():
         return f"skipped: no SmolLM2 export in {real_out} (make demo builds it)"
+    from .mtbench import DEFAULT_HEAD
     runs = [run(export, tokenizer, out, t, n_prompts, log, new, hf if hf.is_dir() else None, width_check=i == 0,
-                mt_per_category=mt_per_category)
+                mt_per_category=mt_per_category, head=DEFAULT_HEAD)
             for i, t in enumerate([threads] if isinstance(threads, int) else threads)]
     return {"runs": runs}
 
@@ -301,15 +345,18 @@ def markdown(res: dict) -> str:
         return "\n".join(markdown(r) for r in res["runs"])
     lines = [f"backends: {res['model']}, {res['prompts']} prompts x {res['max_new_tokens']} new tokens, greedy, "
              f"{res['threads']} thread(s), k {res['k']}, ctx {res['ctx_len']}", "",
-             "| backend | precision | cache | target-only tok/s | n-gram tok/s (x) | suffix tok/s (x) | spec == target-only "
-             "| width flips | flips vs f32 |", "|---|---|---|---|---|---|---|---|---|"]
+             "| backend | precision | cache | target-only tok/s | n-gram tok/s (x) | suffix tok/s (x) | "
+             "eagle3-hybrid tok/s (x) | spec == target-only | width flips | flips vs f32 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        eq = all(r["ngram_greedy_equal"]) and all(r["suffix_greedy_equal"])
+        eq = all(all(r[f"{d}_greedy_equal"]) for d in DRAFTS if f"{d}_greedy_equal" in r)
+        e3 = (f"{r['eagle3-hybrid_tok_s']:.1f} ({r['eagle3-hybrid_speedup']:.2f})"
+              if "eagle3-hybrid_tok_s" in r else "-")
         wf = f"{r['width_flips']}/{r['positions']}" if "width_flips" in r else "-"
         vf = f"{r['vs_f32_flips']}/{r['vs_f32_positions']}" if "vs_f32_flips" in r else "-"
         lines.append(f"| {r['backend']} | {r['precision']} | {r.get('cache', '-')} | {r['target_only_tok_s']:.1f} | "
                      f"{r['ngram_tok_s']:.1f} "
-                     f"({r['ngram_speedup']:.2f}) | {r['suffix_tok_s']:.1f} ({r['suffix_speedup']:.2f}) | "
+                     f"({r['ngram_speedup']:.2f}) | {r['suffix_tok_s']:.1f} ({r['suffix_speedup']:.2f}) | {e3} | "
                      f"{'yes' if eq else 'NO'} | {wf} | {vf} |")
     lines += _mtbench_width_lines(res.get("mtbench_width")) + _genai_lines(res["genai"]) + _goal_lines(res)
     return "\n".join(lines) + "\n"
@@ -329,10 +376,13 @@ def main(argv=None) -> int:
     ap.add_argument("--mtbench-per-category", type=int, default=2,
                     help="MT-bench's width check: first turns per category (0: not run)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--head", type=Path, default=None,
+                    help="the EAGLE-3 head for the eagle3-hybrid rows (default workshop/heads/smollm2-eagle3)")
     a = ap.parse_args(argv)
+    from .mtbench import DEFAULT_HEAD
     hf = a.hf if a.hf.is_dir() else None
     res = {"runs": [run(a.export, a.tokenizer, a.out, t, a.prompts, new=a.max_new_tokens, hf=hf, width_check=i == 0,
-                        mt_per_category=a.mtbench_per_category)
+                        mt_per_category=a.mtbench_per_category, head=a.head or DEFAULT_HEAD)
                     for i, t in enumerate(a.threads)]}
     print(markdown(res))
     if a.json:

@@ -104,14 +104,15 @@ def head_sha(head: Path) -> str:
 
 
 def compile_eagle3(export: Path, head: Path, out: Path, *, k: int, k_list: list[int], prefill_len: int,
-                   ctx_len: int, log=print) -> tuple[Path, Path, dict]:
+                   ctx_len: int, log=print, target: str = "ort") -> tuple[Path, Path, dict]:
     """A ``speculators`` EAGLE-3 head imported by ``specdec-compile import-head`` against ``export``
     and the TLM compiled with the ``--hidden-states`` the import names, both under ``out``/eagle3-SHA
     (SHA: the head's model.safetensors sha256; cached: the stamp holds the head's files, the export's
-    sha256, the options and the compiler's sources). Returns (the TLM, the head, what was imported)."""
+    sha256, the options and the compiler's sources), lowered for ``target``. Returns (the TLM, the
+    head, what was imported)."""
     sha = head_sha(head)
     base = out / f"eagle3-{sha[:16]}"
-    common = ["--target", "ort", "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
+    common = ["--target", target, "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
     t_head = compile_artifact(head, base / "head", ["--tlm", str(export), "--k", str(k), *common, "--quiet"],
                               log=log, subcommand="import-head",
                               key_files=(head / "config.json", head / "model.safetensors", export))

@@ -90,6 +90,13 @@ def test_goals_and_table():
     assert (b["draft"], b["greedy_equal_target_only"]) == ("ngram", False)
     res["goals"] = backends.goals(res)
     assert "(ngram, greedy == target-only: NO)" in backends.markdown(res)
+    # the EAGLE-3 hybrid row: a draft like the others, picked when it is the fastest exact one
+    res["rows"][1].update({"eagle3-hybrid_tok_s": 120.0, "eagle3-hybrid_speedup": 1.71,
+                           "eagle3-hybrid_greedy_equal": [True]})
+    b = backends.goals(res)["best_spec_bf16"]
+    assert (b["draft"], b["ours"], b["greedy_equal_target_only"]) == ("eagle3-hybrid", 120.0, True)
+    md = backends.markdown(res)
+    assert "| 120.0 (1.71) | NO |" in md and "| 66.0 (1.32) | - | yes |" in md
     assert backends.goals(_res("not measured: x")) is None
     assert "OpenVINO GenAI: not measured: x" in backends.markdown(_res("not measured: x"))
 

@@ -285,6 +285,9 @@ def test_precision_option_and_exactness_record(art):
     assert b.precision == low and not b.exact and rec["greedy_equals_target_only"] is False
     assert low in rec["note"] and "\n" not in rec["note"]
     assert b.exactness(speculative=False)["greedy_equals_target_only"] is True
+    # below f32 the default cache is the copy path (a fused cache's rollback costs more there); asked for, fused
+    assert b.cache_kind == "copy" and "the default below f32" in rec["cache_note"]
+    assert OpenVinoBackend(path, precision=low, threads=1, cache="fused").cache_kind == "fused"
 
 
 def test_cli_backend_openvino(art, capsys):

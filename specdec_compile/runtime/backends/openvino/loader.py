@@ -85,6 +85,9 @@ def _check_target(art: Artifact) -> None:
 
 
 CACHES = ("fused", "copy")
+#: why the default below f32 is the copy path (measured, docs/runtime.md): there a rollback's trim of
+#: the fused cache (the state read out, converted and set back) costs more than a step saves
+DEFAULT_CACHE = "the cache is copied per call (the default below f32, where the fused cache's rollback costs more)"
 
 
 def compile_config(core, precision: str | None, threads: int | None) -> dict:
@@ -169,12 +172,14 @@ def keep_cache(model, batch: int, kv: list[str], shapes: dict, extra_inputs: dic
                precision: str | None, where) -> tuple[str, str | None, dict]:
     """Make the cache of ``model`` state inside the engine: (``"fused"`` or ``"copy"``, why not fused
     (None when fused or asked for copy), the CPU properties it needs). ``cache``: "fused" (refused
-    in one line where the attention is not the form fused.py rebuilds), "copy", or None (fused
-    where it can be)."""
+    in one line where the attention is not the form fused.py rebuilds), "copy", or None: fused
+    where it can be at f32, copy below f32 (``DEFAULT_CACHE``)."""
     from .fused import NotFusable, fuse_cache, kv_cache_precision
     note = None
     if cache not in (None, *CACHES):
         raise SpecdecError(f"unknown OpenVINO cache {cache!r} (choose from {', '.join(CACHES)})")
+    if cache is None and kv_cache_precision(precision) != "f32":
+        cache, note = "copy", DEFAULT_CACHE
     if cache != "copy":
         fix_shapes(model, batch, shapes, extra_inputs)
         try:
