@@ -97,6 +97,15 @@ def test_goals_and_table():
     assert (b["draft"], b["ours"], b["greedy_equal_target_only"]) == ("eagle3-hybrid", 120.0, True)
     md = backends.markdown(res)
     assert "| 120.0 (1.71) | NO |" in md and "| 66.0 (1.32) | - | yes |" in md
+    # the other cache's row counts too (either is the backend, --ov-cache): the faster, named
+    res["rows"][0]["cache"] = "fused"
+    res["rows"].append({**res["rows"][0], "backend": "openvino-copy", "cache": "copy", "target_only_tok_s": 55.0,
+                        "suffix_tok_s": 70.0})
+    gl = backends.goals(res)
+    assert (gl["f32_target_only"]["ours"], gl["f32_target_only"]["cache"]) == (55.0, "copy")
+    assert (gl["best_spec_f32"]["ours"], gl["best_spec_f32"]["cache"]) == (70.0, "copy")
+    res["goals"] = gl
+    assert "goal: OpenVINO f32 target-only, copy cache / GenAI" in backends.markdown(res)
     assert backends.goals(_res("not measured: x")) is None
     assert "OpenVINO GenAI: not measured: x" in backends.markdown(_res("not measured: x"))
 
@@ -206,3 +215,18 @@ def test_mtbench_width_without_the_questions_one_line(monkeypatch):
     monkeypatch.setattr(mtbench, "questions", lambda: (_ for _ in ()).throw(SystemExit("mtbench: not installed")))
     got = backends.mtbench_width("dir", _Tok(), 1, 2)
     assert got == "not measured: mtbench: not installed"
+
+
+def test_a_head_the_fused_cache_does_not_rebuild_keeps_the_default_cache():
+    from specdec_compile.errors import SpecdecError
+
+    def fused(d):
+        raise SpecdecError(f"{d}: no fused OpenVINO cache: past_key.0: the key cache is read by MatMul")
+
+    assert backends._fused_or_default(fused, lambda d: ("default", d), "h") == ("default", "h")
+
+    def broken(d):
+        raise SpecdecError(f"{d}: OpenVINO cannot compile it")
+
+    with pytest.raises(SpecdecError, match="cannot compile"):
+        backends._fused_or_default(broken, lambda d: d, "h")

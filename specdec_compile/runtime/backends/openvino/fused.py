@@ -6,9 +6,9 @@ attention in one kernel) only where it finds, in OpenVINO's own graph::
     ReadValue -> Gather(beam_idx) -> Concat(new k) -> ScaledDotProductAttention
                                          \\-> Assign
 
-(``StatefulSDPAFusion`` in its CPU transformations). No ONNX graph imports into
-that form (docs/runtime.md, "What a growing cache would take"), so the backend
-builds it after import. ``fuse_cache`` rewrites a ``--target openvino`` graph
+(``StatefulSDPAFusion`` in its CPU transformations). No ONNX graph we tried
+imports into that form (``scripts/ov_kv_fusion.py``), so the backend builds it
+after import. ``fuse_cache`` rewrites a ``--target openvino`` graph
 read by OpenVINO's ONNX frontend, before it is compiled:
 
 * per layer, from the lowering's own cache write ``ScatterElementsUpdate(past,
@@ -21,13 +21,14 @@ read by OpenVINO's ONNX frontend, before it is compiled:
 * the mask is the contract's, over the grown cache: cache slot j is visible to
   a query at position p when j <= p. The cache grows by the call's width, so
   slot j holds position j as long as every call starts where the cache ends;
-  the runner trims the state back to a call's first position first
+  ``Cursor`` trims the state back to a call's first position first
   (``trim_states``), which is how a rejected draft is rolled back.
 
 Anything the matcher does not recognise (a softcap, an ALiBi bias, a sliding
-window, a batch above 1, padding inside the attention) leaves the graph as it
-was and returns the reason: the backend then runs the copy path
-(``MakeStateful``), which is exact for every lowering.
+window, a batch above 1, a cache write that is not the contract's, views that
+are not ``grouped_attention``'s) raises ``NotFusable`` with the reason before
+the graph is changed: the backend then runs the copy path (``MakeStateful``),
+which runs every lowering as it is.
 """
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ head_dim]``, and keeps the cache in state variables inside the engine, one of tw
   ``past_*.{i}_RetainedState`` pair: the contract's fixed ``ctx_len`` cache, which
   the plugin copies whole per call (``Assign``).
 
-``None`` (the default) takes ``"fused"`` where the graph's attention is the form
-it rebuilds, else ``"copy"`` and records why. Either way the compiled model's
+``None`` (the default) takes ``"fused"`` at f32 where the graph's attention is the
+form it rebuilds, else ``"copy"`` and records why (below f32 a rollback of the
+fused cache costs more than its steps save: docs/runtime.md). Either way the compiled model's
 inputs are only ``input_ids``, ``position_ids`` (and a feature draft's
 features; the fused cache adds OpenVINO's ``beam_idx``). Nothing here runs the model.
 """
@@ -196,7 +197,7 @@ def keep_cache(model, batch: int, kv: list[str], shapes: dict, extra_inputs: dic
 def load_openvino(artifact, *, precision: str | None = None, threads: int | None = None,
                   expect_role: str | None = None, cache: str | None = None) -> OpenVinoModel:
     """Open a ``--target openvino`` artifact (directory or ``Artifact``) on OpenVINO's CPU plugin.
-    ``cache``: "fused", "copy" or None (fused where the attention allows it, see the module)."""
+    ``cache``: "fused", "copy" or None (fused at f32 where the attention allows it, see the module)."""
     import_openvino()
     if cache is not None and cache not in CACHES:
         raise SpecdecError(f"unknown OpenVINO cache {cache!r} (choose from {', '.join(CACHES)})")

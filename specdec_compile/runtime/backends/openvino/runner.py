@@ -15,8 +15,9 @@ the backend runs at f32, and ``exactness()`` is what the CLI prints and records.
 The fused cache (``OpenVinoModel.cache == "fused"``, see ``fused.py``) grows by
 each call's width, and slot j holds position j only while every call starts
 where the cache ends: a call that starts earlier (the rows a rejected draft
-wrote) first trims the state back to its first position; one that starts
-past the end is refused (the fixed cache would show it the slots in between).
+wrote, or padding took) first trims the state back to its first position; one
+that starts past the last valid position written plus one is refused (the fixed
+cache would show it the slots in between).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class OpenVinoBackend(Backend):
     ``Artifact``, or an ``OpenVinoModel`` already loaded by ``load_openvino``.
     ``precision``: "f32", "bf16", "f16" (where the CPU has it) or None (OpenVINO's pick).
     ``threads``: inference threads (default: OpenVINO's, or ``SPECDEC_OV_THREADS``).
-    ``cache``: "fused", "copy" or None (fused where the graph allows it; ``loader``).
+    ``cache``: "fused", "copy" or None (fused at f32 where the graph allows it, else copy; ``loader``).
     """
 
     kind = "openvino"
