@@ -152,15 +152,12 @@ def _cache_write(model, name: str):
     return result, scatter, upd.input_value(1)
 
 
-def _layer(model, kname: str, vname: str) -> dict:
-    """The parts of one layer's attention: queries, scale, new keys/values, the output to replace."""
-    k_res, k_scatter, k_new = _cache_write(model, kname)
-    v_res, v_scatter, v_new = _cache_write(model, vname)
+def _keys_to_scores(k_scatter, kname: str):
+    """From the written key cache to the scores' MatMul: Transpose(0,1,3,2), scalar scales.
+    Returns (the MatMul, the scale on the key side)."""
     k_uses = [n for n in _consumers(k_scatter.output(0)) if _type(n) != "Result"]
-    v_uses = [n for n in _consumers(v_scatter.output(0)) if _type(n) != "Result"]
-    if len(k_uses) != 1 or len(v_uses) != 1:
-        raise NotFusable(f"{kname}: the written cache has {len(k_uses)} key and {len(v_uses)} value readers, not one each")
-    # keys: Transpose(0,1,3,2) [* c] -> MatMul(q_side, .)
+    if len(k_uses) != 1:
+        raise NotFusable(f"{kname}: the written key cache has {len(k_uses)} readers, not one")
     node, scale = k_uses[0], 1.0
     if _type(node) != "Transpose":
         raise NotFusable(f"{kname}: the key cache is read by {_type(node)}, not a Transpose")
@@ -169,50 +166,45 @@ def _layer(model, kname: str, vname: str) -> dict:
         raise NotFusable(f"{kname}: the key transpose is {perm}")
     out = node.output(0)
     while True:
-        nxt = _consumers(out)
-        if len(nxt) != 1:
-            raise NotFusable(f"{kname}: the keys fan out")
-        node = nxt[0]
-        if _type(node) in ("Multiply", "Divide"):
-            c = _scalar(node.input_value(1)) if node.input_value(0) == out else _scalar(node.input_value(0))
-            if c is None:
-                raise NotFusable(f"{kname}: the keys are multiplied by a tensor")
-            scale = scale * c if _type(node) == "Multiply" else scale / c
-            out = node.output(0)
-            continue
-        break
-    scores = node
-    if _type(scores) != "MatMul" or scores.input_value(1) != out:
-        raise NotFusable(f"{kname}: the keys reach {_type(scores)}, not the scores' MatMul")
-    if scores.get_attributes().get("transpose_a") or scores.get_attributes().get("transpose_b"):
+        node = _one_reader(out, kname, "keys")
+        if _type(node) not in ("Multiply", "Divide"):
+            break
+        c = _scalar(node.input_value(1)) if node.input_value(0) == out else _scalar(node.input_value(0))
+        if c is None:
+            raise NotFusable(f"{kname}: the keys are multiplied by a tensor")
+        scale = scale * c if _type(node) == "Multiply" else scale / c
+        out = node.output(0)
+    if _type(node) != "MatMul" or node.input_value(1) != out:
+        raise NotFusable(f"{kname}: the keys reach {_type(node)}, not the scores' MatMul")
+    if node.get_attributes().get("transpose_a") or node.get_attributes().get("transpose_b"):
         raise NotFusable(f"{kname}: a transposed scores MatMul")
-    q, scale = _strip_scale(scores.input_value(0), scale)
-    grouped = _type(q.get_node()) == "Reshape"
-    if grouped:                              # grouped_attention: q [B,Hq,S,D] viewed as [B,Hkv,G*S,D]
-        _ours(q.get_node(), kname)
-        q = q.get_node().input_value(0)
-        q, scale = _strip_scale(q, scale)
-    # scores -> [our Reshape] -> Add(the plain mask) -> Softmax -> [NaN guard] -> [our Reshape] -> MatMul(., V)
-    out = scores.output(0)
-    mask = None
+    return node, scale
+
+
+def _scores_to_softmax(scores, kname: str):
+    """scores -> [our Reshape] -> Add(the plain mask) -> Softmax: (the Softmax, the mask's value)."""
+    out, masked = scores.output(0), None
     while True:
         node = _one_reader(out, kname, "scores")
         t = _type(node)
         if t == "Reshape":
             _ours(node, kname)
-        elif t == "Add" and mask is None:
-            mask = node.input_value(1) if node.input_value(0) == out else node.input_value(0)
-            masked = _plain_mask(mask, kname)
+        elif t == "Add" and masked is None:
+            masked = _plain_mask(node.input_value(1) if node.input_value(0) == out else node.input_value(0), kname)
         elif t == "Softmax":
             break
         else:
             raise NotFusable(f"{kname}: {t} between the scores and the softmax (a softcap or a bias)")
         out = node.output(0)
-    if mask is None:
+    if masked is None:
         raise NotFusable(f"{kname}: no additive mask on the scores")
-    softmax = node
-    if softmax.get_attributes().get("axis") not in (-1, 3):
-        raise NotFusable(f"{kname}: softmax over axis {softmax.get_attributes().get('axis')}")
+    if node.get_attributes().get("axis") not in (-1, 3):
+        raise NotFusable(f"{kname}: softmax over axis {node.get_attributes().get('axis')}")
+    return node, masked
+
+
+def _softmax_to_values(softmax, v_scatter, kname: str, vname: str):
+    """Softmax -> [the NaN guard] -> [our Reshape] -> MatMul(., the written value cache): the MatMul."""
     out = softmax.output(0)
     while True:
         readers = _consumers(out)
@@ -231,16 +223,31 @@ def _layer(model, kname: str, vname: str) -> dict:
         else:
             raise NotFusable(f"{kname}: {t} between the softmax and the values")
         out = node.output(0)
-    pv = node
-    if pv.input_value(0) != out or any(pv.get_attributes().get(a) for a in ("transpose_a", "transpose_b")):
+    if node.input_value(0) != out or any(node.get_attributes().get(a) for a in ("transpose_a", "transpose_b")):
         raise NotFusable(f"{kname}: the probabilities are not the plain left operand of the values' MatMul")
-    vin = pv.input_value(1)
+    vin = node.input_value(1)
     if _type(vin.get_node()) == "Unsqueeze":
         _ours(vin.get_node(), kname)
         vin = vin.get_node().input_value(0)
     if vin != v_scatter.output(0):
         raise NotFusable(f"{vname}: the values' MatMul does not read the written value cache")
-    out = pv.output(0)
+    return node
+
+
+def _layer(model, kname: str, vname: str) -> dict:
+    """The parts of one layer's attention: queries, scale, new keys/values, the output to replace."""
+    k_res, k_scatter, k_new = _cache_write(model, kname)
+    v_res, v_scatter, v_new = _cache_write(model, vname)
+    if len([n for n in _consumers(v_scatter.output(0)) if _type(n) != "Result"]) != 1:
+        raise NotFusable(f"{vname}: the written value cache has other readers than the attention")
+    scores, scale = _keys_to_scores(k_scatter, kname)
+    q, scale = _strip_scale(scores.input_value(0), scale)
+    grouped = _type(q.get_node()) == "Reshape"
+    if grouped:                              # grouped_attention: q [B,Hq,S,D] viewed as [B,Hkv,G*S,D]
+        _ours(q.get_node(), kname)
+        q, scale = _strip_scale(q.get_node().input_value(0), scale)
+    softmax, masked = _scores_to_softmax(scores, kname)
+    out = _softmax_to_values(softmax, v_scatter, kname, vname).output(0)
     if grouped:
         node = _one_reader(out, kname, "grouped output")
         if _type(node) != "Reshape":
@@ -258,13 +265,55 @@ def _scalar_list(value) -> list[int] | None:
     return [int(x) for x in np.asarray(node.get_data()).reshape(-1)]
 
 
+def _state(op, name: str, new, shape, beam):
+    """One cache variable: ReadValue (empty at first) -> Gather(beam_idx) -> Concat(new rows), and the
+    Assign of the concatenation. Returns (the concatenation, the Assign, the ReadValue)."""
+    import openvino as ov
+    from openvino.op.util import Variable, VariableInfo
+    b, h, _, d = shape
+    info = VariableInfo()
+    info.data_shape = ov.PartialShape([b, h, -1, d])
+    info.data_type = new.get_element_type()
+    info.variable_id = name
+    var = Variable(info)
+    init = op.broadcast(op.constant(np.array(0, dtype=new.get_element_type().to_dtype())),
+                        op.constant(np.array([b, h, 0, d], np.int64)))
+    rv = op.read_value(init, var)
+    cat = op.concat([op.gather(rv, beam, op.constant(np.int64(0))), new], 2)
+    return cat, op.assign(cat, var), rv
+
+
+def _heads(op, cat, h: int, hq: int, batch: int, d: int, kname: str):
+    """The grown K or V for ``hq`` query heads: itself, or its KV heads repeated the way the plugin's
+    stateful SDPA pattern reads grouped heads (Unsqueeze, Broadcast, Reshape)."""
+    if hq % h:
+        raise NotFusable(f"{kname}: {hq} query heads over {h} KV heads")
+    if hq == h:
+        return cat.output(0)
+    un = op.unsqueeze(cat, op.constant(np.array([2], np.int64)))
+    bc = op.broadcast(un, op.constant(np.array([1, 1, hq // h, 1, 1], np.int64)), broadcast_spec="bidirectional")
+    return op.reshape(bc, op.constant(np.array([batch, hq, -1, d], np.int64)), False).output(0)
+
+
+def _grown_mask(op, pos, state_len, layers):
+    """One additive mask [B, 1, S, L + S] for every layer: slot j visible to a query at position p
+    when j <= p, hidden with the lowering's own value."""
+    if len({lay["masked"] for lay in layers}) != 1:
+        raise NotFusable("the layers' masks hide slots with different values")
+    seq = op.gather(op.shape_of(pos, "i64"), op.constant(np.array([1], np.int64)), op.constant(np.int64(0)))
+    total = op.add(state_len, seq)
+    slots = op.range(op.constant(np.int64(0)), op.squeeze(total, op.constant(np.array([0], np.int64))),
+                     op.constant(np.int64(1)), "i64")
+    visible = op.greater_equal(op.unsqueeze(pos, op.constant(np.array([1, 3], np.int64))), slots)
+    ftype = layers[0]["q"].get_element_type().to_dtype()
+    return op.select(visible, op.constant(np.array(0, ftype)), op.constant(np.array(layers[0]["masked"], ftype)))
+
+
 def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCache:
     """Rebuild every layer's attention of ``model`` (read from a ``--target openvino`` graph) as
     OpenVINO's stateful SDPA pattern. Raises ``NotFusable`` with the reason and leaves ``model``
     untouched when any layer is not the form it rebuilds."""
-    import openvino as ov
     import openvino.opset13 as op
-    from openvino.op.util import Variable, VariableInfo
 
     if batch != 1:
         raise NotFusable(f"batch {batch}: the fused cache holds one sequence")
@@ -274,65 +323,27 @@ def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCac
         raise NotFusable("the cache is not key/value pairs")
     layers = [_layer(model, k, v) for k, v in pairs]        # all matched before anything changes
     pos = next(p for p in model.get_parameters() if "position_ids" in p.output(0).get_names())
-
     beam = op.parameter([batch], np.int32, name="beam_idx")
     beam.output(0).set_names({"beam_idx"})
-    # the mask over the grown cache: slot j visible to a query at position p when j <= p
-    first = layers[0]
-    state_len = None
-    sinks, key_states, value_states = [], [], []
+    state_len, sinks = None, []
     for (kname, vname), lay in zip(pairs, layers):
-        cats = {}
-        for name, new in ((kname, lay["k_new"]), (vname, lay["v_new"])):
-            b, h, _, d = shapes[name]
-            info = VariableInfo()
-            info.data_shape = ov.PartialShape([b, h, -1, d])
-            info.data_type = new.get_element_type()
-            info.variable_id = name
-            var = Variable(info)
-            init = op.broadcast(op.constant(np.array(0, dtype=new.get_element_type().to_dtype())),
-                                op.constant(np.array([b, h, 0, d], np.int64)))
-            rv = op.read_value(init, var)
-            if state_len is None:
-                state_len = op.gather(op.shape_of(rv, "i64"), op.constant(np.array([2], np.int64)),
-                                      op.constant(np.int64(0)))
-            cat = op.concat([op.gather(rv, beam, op.constant(np.int64(0))), new], 2)
-            sinks.append(op.assign(cat, var))
-            cats[name] = (cat, h, d)
-            (key_states if name == kname else value_states).append(name)
         hq = lay["out"].get_partial_shape()[1]      # the attention's output [B, Hq, S, D]
         if not hq.is_static:
             raise NotFusable(f"{kname}: the attention's heads are not static")
-        hq = hq.get_length()
-        kv = []
-        for name in (kname, vname):
-            cat, h, d = cats[name]
-            if hq % h:
-                raise NotFusable(f"{kname}: {hq} query heads over {h} KV heads")
-            if hq == h:
-                kv.append(cat.output(0))
-                continue
-            g = hq // h
-            un = op.unsqueeze(cat, op.constant(np.array([2], np.int64)))
-            bc = op.broadcast(un, op.constant(np.array([1, 1, g, 1, 1], np.int64)), broadcast_spec="bidirectional")
-            kv.append(op.reshape(bc, op.constant(np.array([batch, hq, -1, d], np.int64)), False).output(0))
-        lay["kv"] = kv
-    # one mask for every layer: [B, 1, S, L + S] additive
-    seq = op.gather(op.shape_of(pos, "i64"), op.constant(np.array([1], np.int64)), op.constant(np.int64(0)))
-    total = op.add(state_len, seq)
-    slots = op.range(op.constant(np.int64(0)), op.squeeze(total, op.constant(np.array([0], np.int64))),
-                     op.constant(np.int64(1)), "i64")
-    qpos = op.unsqueeze(pos, op.constant(np.array([1, 3], np.int64)))         # [B, 1, S, 1]
-    visible = op.greater_equal(qpos, slots)
-    ftype = first["q"].get_element_type()
-    if len({lay["masked"] for lay in layers}) != 1:
-        raise NotFusable("the layers' masks hide slots with different values")
-    mask = op.select(visible, op.constant(np.array(0, ftype.to_dtype())),
-                     op.constant(np.array(first["masked"], ftype.to_dtype())))
+        lay["kv"] = []
+        for name, new in ((kname, lay["k_new"]), (vname, lay["v_new"])):
+            cat, assign, rv = _state(op, name, new, shapes[name], beam)
+            sinks.append(assign)
+            if state_len is None:                   # the grown cache's length, before this call
+                state_len = op.gather(op.shape_of(rv, "i64"), op.constant(np.array([2], np.int64)),
+                                      op.constant(np.int64(0)))
+            _, h, _, d = shapes[name]
+            lay["kv"].append(_heads(op, cat, h, hq.get_length(), batch, d, kname))
+    mask = _grown_mask(op, pos, state_len, layers)
     for lay in layers:
-        sdpa = op.scaled_dot_product_attention(lay["q"], lay["kv"][0], lay["kv"][1], mask,
-                                               op.constant(np.array(lay["scale"], ftype.to_dtype())),
-                                               causal=False)
+        sdpa = op.scaled_dot_product_attention(
+            lay["q"], lay["kv"][0], lay["kv"][1], mask,
+            op.constant(np.array(lay["scale"], lay["q"].get_element_type().to_dtype())), causal=False)
         for t in list(lay["out"].get_target_inputs()):
             t.replace_source_output(sdpa.output(0))
     for lay in layers:
@@ -343,7 +354,7 @@ def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCac
     model.add_parameters([beam])
     model.add_sinks(sinks)
     model.validate_nodes_and_infer_types()
-    return FusedCache(key_states=key_states, value_states=value_states, layers=len(layers))
+    return FusedCache(key_states=keys, value_states=[v for _, v in pairs], layers=len(layers))
 
 
 def kv_cache_precision(precision: str | None) -> str:
