@@ -82,8 +82,7 @@ class OpenVinoRewritten:
     def run(self, ids: np.ndarray, pos: np.ndarray, feats: np.ndarray | None = None):
         feeds = {INPUT_IDS: ids, POSITION_IDS: pos}
         if self._cursor is not None:
-            self._cursor.before(self.request, pos)
-            feeds["beam_idx"] = np.zeros(ids.shape[0], np.int32)
+            feeds.update(self._cursor.feeds(self.request, pos))
         if self.feature_dtype is not None:
             feeds[HIDDEN_STATES] = feats.astype(self.feature_dtype)
         try:

@@ -21,6 +21,7 @@ from specdec_compile.runtime import (FeatureDraft, OrtBackend, SamplingParams, S
 
 ov = pytest.importorskip("openvino")
 from specdec_compile.runtime import OpenVinoBackend  # noqa: E402
+from specdec_compile.runtime.backends.openvino.fused import SLOT_POSITIONS, STALE, Cursor  # noqa: E402
 
 PL, CL = 8, 64
 PROMPTS = [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20], [1, 2, 3, 4, 5, 6, 7, 8], [7] * 17, [9, 4]]
@@ -120,14 +121,16 @@ def test_every_width_matches_onnx_runtime(art):
 @pytest.mark.parametrize("cache", ["fused", "copy"])
 def test_the_cache_never_crosses_to_the_host(art, cache):
     """The compiled model takes only the ids and positions (the fused cache also OpenVINO's
-    beam_idx, one int32 per row) and gives only the logits: a call cannot pass the cache through
-    host buffers. The state variables hold it."""
+    beam_idx, one int32 per row, and the position each slot holds, one int per slot) and gives only
+    the logits: a call cannot pass the cache through host buffers. The state variables hold it."""
     b = f32(art("llama_gqa", "tlm", "--k", 4), cache=cache)
     ins = sorted(p.get_any_name() for p in b.compiled.inputs)
     outs = sorted(p.get_any_name() for p in b.compiled.outputs)
-    assert ins == (["beam_idx"] if cache == "fused" else []) + ["input_ids", "position_ids"] and outs == ["logits"]
+    fused_ins = ["beam_idx", "input_ids", "position_ids", SLOT_POSITIONS]
+    assert ins == (fused_ins if cache == "fused" else ["input_ids", "position_ids"]) and outs == ["logits"]
     if cache == "fused":
         assert b.compiled.input("beam_idx").get_partial_shape().to_shape() == [1]
+        assert str(b.compiled.input(SLOT_POSITIONS).get_partial_shape()) == "[1,?]"
     assert sorted(b.states()) == sorted(b.kv_names) and len(b.kv_names) == 4
     ids, pos = np.array([[1, 5, 9, 33, 7, 100, 42, 17]]), np.arange(8)[None]
     first = b.run(ids, pos)
@@ -166,7 +169,7 @@ class _RequestSpy:
 @pytest.mark.parametrize("cache", ["fused", "copy"])
 def test_a_decode_passes_only_ids_and_positions_per_call(art, cache):
     """Decoding (n-gram speculative: widths 1 and 5, rollback of rejected slots) hands the engine
-    only input_ids and position_ids per call (and the fused cache's beam_idx); the cache is written
+    only input_ids and position_ids per call (and the fused cache's beam_idx and slot positions); the cache is written
     inside (the state read back after the calls holds the answer's slots). Copy path: what the
     engine copies is its own, one Assign per cache pair, each of the whole cache (the CPU plugin's
     double-buffered variables, docs/runtime.md). Fused: one stateful SDPA node per layer holds the
@@ -174,7 +177,8 @@ def test_a_decode_passes_only_ids_and_positions_per_call(art, cache):
     b = f32(art("llama_gqa", "tlm", "--k", 4), cache=cache)
     spy = b._request = _RequestSpy(b._request)
     out = SpecDecoder(b, None, draft="ngram").generate(PROMPTS[3], max_new_tokens=20).generated_ids
-    feed = (["beam_idx"] if cache == "fused" else []) + ["input_ids", "position_ids"]
+    feed = ["beam_idx", "input_ids", "position_ids", SLOT_POSITIONS] if cache == "fused" else \
+        ["input_ids", "position_ids"]
     assert len(spy.feeds) >= 5 and all(f == feed for f in spy.feeds)
     n = len(PROMPTS[3]) + len(out) - 1                  # slots written: the prompt and all but the last token
     kv = b.cache("past_key.0")
@@ -207,18 +211,50 @@ def _calls(rng, widths):
     return out
 
 
-def test_fused_cache_equals_the_copy_path_through_rollbacks(art):
+@pytest.mark.parametrize("stale_limit", [None, 0, 2])
+def test_fused_cache_equals_the_copy_path_through_rollbacks(art, stale_limit):
     """The default cache is the fused one where the graph allows it; call for call (rollbacks, right
-    padding, every width) its logits equal the copy path's and its cache the fixed cache's slots."""
+    padding, every width) its logits equal the copy path's and its cache the fixed cache's slots,
+    whether the rolled-back slots stay masked (the default limit: never compacted here), are trimmed
+    at once (0) or are gathered out from between valid slots (2)."""
     path = art("llama_gqa", "tlm", "--k", 3, "--k-list", "0,1,3")
-    fused, copy = f32(path), f32(path, cache="copy")
+    fused, copy = f32(path, stale_limit=stale_limit), f32(path, cache="copy")
     assert fused.cache_kind == "fused" and fused.model.cache_note is None and copy.cache_kind == "copy"
     assert fused.exactness()["cache"] == "fused" and "fused cache" in fused.describe()
+    cur, stale_seen = fused._cursor, 0
     for ids, pos, v in _calls(np.random.default_rng(1), set(fused.seq_lens)):
         np.testing.assert_allclose(fused.run(ids, pos)[0, :v], copy.run(ids, pos)[0, :v], atol=1e-5)
         end = int(pos[0, v - 1]) + 1
         for n in fused.kv_names:
             np.testing.assert_allclose(fused.cache(n)[:, :, :end], copy.cache(n)[:, :, :end], atol=1e-5)
+        held = cur.slots[cur.slots != STALE]
+        assert np.array_equal(held, np.arange(cur.valid)) and cur.length == fused.states()["past_key.0"].state.shape[2]
+        stale_seen = max(stale_seen, cur.length - cur.valid)
+    if stale_limit is None:
+        assert cur.compactions == 0 and stale_seen > 2       # every rollback masked, none compacted
+    else:
+        assert cur.compactions >= 3 and stale_seen <= stale_limit + max(fused.seq_lens)
+
+
+def test_the_cursor_marks_rollbacks_stale_and_refuses_gaps():
+    """Slot bookkeeping without an engine: a call's first position marks that position and every
+    later one stale; padded rows are stale from the start; a call past the last valid position + 1
+    and a negative limit are refused in one line."""
+    cur = Cursor(["k"], "tlm", stale_limit=100)
+    S = STALE
+    f = cur.feeds(None, np.array([[0, 1, 2, -1]]))
+    assert f["beam_idx"].tolist() == [0] and f[SLOT_POSITIONS].tolist() == [[0, 1, 2, S]] and cur.valid == 3
+    f = cur.feeds(None, np.array([[3, 4, 5]]))
+    assert f[SLOT_POSITIONS].tolist() == [[0, 1, 2, S, 3, 4, 5]]
+    f = cur.feeds(None, np.array([[4, 5]]))                  # positions 4 and 5 rejected: written again
+    assert f[SLOT_POSITIONS].tolist() == [[0, 1, 2, S, 3, S, S, 4, 5]] and cur.valid == 6
+    data = np.arange(9, dtype=np.float32).reshape(1, 1, 9, 1)
+    assert cur.contract_view(data, (1, 1, 8, 1))[0, 0, :, 0].tolist() == [0, 1, 2, 4, 7, 8, 0, 0]
+    with pytest.raises(SpecdecError, match=r"^tlm: the fused OpenVINO cache holds positions 0\.\.5 and the call "
+                                           r"starts at 7"):
+        cur.feeds(None, np.array([[7]]))
+    with pytest.raises(SpecdecError, match="stale-slot limit must be >= 0"):
+        Cursor(["k"], "tlm", stale_limit=-1)
 
 
 def test_fused_cache_refusals_and_fallbacks(art, fixture_path, tmp_path):

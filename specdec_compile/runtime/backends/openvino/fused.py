@@ -36,6 +36,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ....errors import SpecdecError
+
+#: the input the fused graph reads the position of each cache slot from ([B, slots] int64)
+SLOT_POSITIONS = "specdec_slot_positions"
+#: the position a slot holds once rolled back (or written by padding): past every query's position
+STALE = np.iinfo(np.int32).max    # the CPU plugin runs int64 tensors as int32
+#: stale slots a fused cache keeps (masked) before it is compacted: a compaction reads the state out
+#: and sets it back (a few ms, more below f32), a stale slot costs attention over one more key
+STALE_LIMIT = 48
+
 #: the names grouped_attention gives the reshapes it adds (the only views allowed on the path)
 GQA_PREFIX = "specdec/gqa/"
 
@@ -267,7 +277,7 @@ def _scalar_list(value) -> list[int] | None:
 
 def _state(op, name: str, new, shape, beam):
     """One cache variable: ReadValue (empty at first) -> Gather(beam_idx) -> Concat(new rows), and the
-    Assign of the concatenation. Returns (the concatenation, the Assign, the ReadValue)."""
+    Assign of the concatenation. Returns (the concatenation, the Assign)."""
     import openvino as ov
     from openvino.op.util import Variable, VariableInfo
     b, h, _, d = shape
@@ -280,7 +290,7 @@ def _state(op, name: str, new, shape, beam):
                         op.constant(np.array([b, h, 0, d], np.int64)))
     rv = op.read_value(init, var)
     cat = op.concat([op.gather(rv, beam, op.constant(np.int64(0))), new], 2)
-    return cat, op.assign(cat, var), rv
+    return cat, op.assign(cat, var)
 
 
 def _heads(op, cat, h: int, hq: int, batch: int, d: int, kname: str):
@@ -295,16 +305,14 @@ def _heads(op, cat, h: int, hq: int, batch: int, d: int, kname: str):
     return op.reshape(bc, op.constant(np.array([batch, hq, -1, d], np.int64)), False).output(0)
 
 
-def _grown_mask(op, pos, state_len, layers):
-    """One additive mask [B, 1, S, L + S] for every layer: slot j visible to a query at position p
-    when j <= p, hidden with the lowering's own value."""
+def _grown_mask(op, pos, slots, layers):
+    """One additive mask [B, 1, S, T] for every layer: a slot holding position j (``slots`` [B, T],
+    the runtime's ``Cursor.slots``) visible to a query at position p when j <= p, hidden with the
+    lowering's own value. A rolled-back or padded slot holds ``STALE``, which no query sees."""
     if len({lay["masked"] for lay in layers}) != 1:
         raise NotFusable("the layers' masks hide slots with different values")
-    seq = op.gather(op.shape_of(pos, "i64"), op.constant(np.array([1], np.int64)), op.constant(np.int64(0)))
-    total = op.add(state_len, seq)
-    slots = op.range(op.constant(np.int64(0)), op.squeeze(total, op.constant(np.array([0], np.int64))),
-                     op.constant(np.int64(1)), "i64")
-    visible = op.greater_equal(op.unsqueeze(pos, op.constant(np.array([1, 3], np.int64))), slots)
+    visible = op.greater_equal(op.unsqueeze(pos, op.constant(np.array([1, 3], np.int64))),
+                               op.unsqueeze(slots, op.constant(np.array([1, 2], np.int64))))
     ftype = layers[0]["q"].get_element_type().to_dtype()
     return op.select(visible, op.constant(np.array(0, ftype)), op.constant(np.array(layers[0]["masked"], ftype)))
 
@@ -325,21 +333,20 @@ def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCac
     pos = next(p for p in model.get_parameters() if "position_ids" in p.output(0).get_names())
     beam = op.parameter([batch], np.int32, name="beam_idx")
     beam.output(0).set_names({"beam_idx"})
-    state_len, sinks = None, []
+    slots = op.parameter([batch, -1], np.int64, name=SLOT_POSITIONS)
+    slots.output(0).set_names({SLOT_POSITIONS})
+    sinks = []
     for (kname, vname), lay in zip(pairs, layers):
         hq = lay["out"].get_partial_shape()[1]      # the attention's output [B, Hq, S, D]
         if not hq.is_static:
             raise NotFusable(f"{kname}: the attention's heads are not static")
         lay["kv"] = []
         for name, new in ((kname, lay["k_new"]), (vname, lay["v_new"])):
-            cat, assign, rv = _state(op, name, new, shapes[name], beam)
+            cat, assign = _state(op, name, new, shapes[name], beam)
             sinks.append(assign)
-            if state_len is None:                   # the grown cache's length, before this call
-                state_len = op.gather(op.shape_of(rv, "i64"), op.constant(np.array([2], np.int64)),
-                                      op.constant(np.int64(0)))
             _, h, _, d = shapes[name]
             lay["kv"].append(_heads(op, cat, h, hq.get_length(), batch, d, kname))
-    mask = _grown_mask(op, pos, state_len, layers)
+    mask = _grown_mask(op, pos, slots, layers)
     for lay in layers:
         sdpa = op.scaled_dot_product_attention(
             lay["q"], lay["kv"][0], lay["kv"][1], mask,
@@ -351,7 +358,7 @@ def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCac
             model.remove_result(r)
         for p in lay["params"]:
             model.remove_parameter(p)
-    model.add_parameters([beam])
+    model.add_parameters([beam, slots])
     model.add_sinks(sinks)
     model.validate_nodes_and_infer_types()
     return FusedCache(key_states=keys, value_states=[v for _, v in pairs], layers=len(layers))
@@ -368,50 +375,75 @@ def kv_cache_precision(precision: str | None) -> str:
 
 
 class Cursor:
-    """Where a fused cache ends, call by call: before each call it trims the state back to the
-    call's first position (a rollback, or the slots a padded token took) and refuses a call that
-    starts past the last valid position written plus one (the fixed cache would show that call the
+    """Which position each slot of a fused cache holds, call by call (``slots``; ``STALE`` where a
+    rejected draft or a padded token wrote). Before a call, ``feeds`` marks the slots at and past
+    the call's first position stale (the rollback: the rows stay in the engine, the mask hides
+    them), compacts the state once more than ``stale_limit`` slots are stale (``compact_states``:
+    the state read out and set back without them; 0 compacts at every rollback, which is a trim),
+    and gives the call's ``beam_idx`` and ``specdec_slot_positions``. A call that starts past the
+    last valid position written plus one is refused (the fixed cache would show that call the
     slots in between, which a grown cache does not hold as the contract has them)."""
 
-    def __init__(self, states: list[str], name: str):
+    def __init__(self, states: list[str], name: str, stale_limit: int | None = None):
         self.states, self.name = states, name
+        self.stale_limit = STALE_LIMIT if stale_limit is None else int(stale_limit)
+        if self.stale_limit < 0:
+            raise SpecdecError(f"{name}: the fused cache's stale-slot limit must be >= 0 (got {stale_limit})")
         self._handles = None     # (request, its cache states' handles)
-        self.length = 0          # slots the state holds
-        self.valid = 0           # slots below the last valid (non-padding) position written
+        self.slots = np.empty(0, np.int64)
+        self.valid = 0           # positions 0..valid-1 are held, each by one slot
+        self.compactions = 0     # how often the state was read out and set back (for the bench)
 
-    def before(self, request, pos) -> None:
-        from ....errors import SpecdecError
+    @property
+    def length(self) -> int:
+        """Slots the state holds (valid or stale)."""
+        return len(self.slots)
+
+    def feeds(self, request, pos) -> dict:
+        """The call's extra inputs (``beam_idx``, ``specdec_slot_positions``); the state rolled back
+        to the call's first position first."""
         first = int(pos[0, 0])
         if first < 0 or first > self.valid:     # past the valid slots: a gap, or slots padding took
             raise SpecdecError(f"{self.name}: the fused OpenVINO cache holds positions 0..{self.valid - 1} and "
                                f"the call starts at {first}; it must start at or before the cache's end "
                                f"(load it with cache='copy' for other calls)")
-        if first < self.length:
+        self.slots[self.slots >= first] = STALE
+        live = np.flatnonzero(self.slots != STALE)
+        if len(self.slots) - len(live) > self.stale_limit:
             if self._handles is None or self._handles[0] is not request:     # the state handles, once
                 self._handles = (request, [h for h in request.query_state() if h.name in self.states])
-            trim_states(self._handles[1], first)
-        self.length = first + pos.shape[1]
-        self.valid = first + int(np.count_nonzero(pos[0] >= 0))
+            compact_states(self._handles[1], live)
+            self.slots = self.slots[live]
+            self.compactions += 1
+        row = pos[0]
+        self.slots = np.concatenate([self.slots, np.where(row >= 0, row, STALE).astype(np.int64)])
+        self.valid = first + int(np.count_nonzero(row >= 0))
+        return {"beam_idx": np.zeros(pos.shape[0], np.int32), SLOT_POSITIONS: self.slots[None]}
 
     def reset(self) -> None:
-        self.length = self.valid = 0
+        self.slots = np.empty(0, np.int64)
+        self.valid = 0
 
     def contract_view(self, data: np.ndarray, shape, before: np.ndarray | None = None) -> np.ndarray:
-        """A state read back ([B, H, length, D]) in the contract's fixed shape: the slots below
-        ``valid`` from the engine; past them the fixed cache's stale slots, which a grown cache
-        does not hold: ``before`` (the previous view) where given, else zeros."""
+        """A state read back ([B, H, slots, D]) in the contract's fixed shape: position p from the
+        slot that holds it, for p below ``valid``; past them the fixed cache's stale slots, which a
+        grown cache does not hold: ``before`` (the previous view) where given, else zeros."""
         full = np.zeros(shape, data.dtype) if before is None else before.copy()
-        n = min(self.valid, data.shape[2])
-        full[:, :, :n] = data[:, :, :n]
+        held = np.flatnonzero(self.slots[:data.shape[2]] < self.valid)
+        full[:, :, self.slots[held]] = data[:, :, held]
         return full
 
 
-def trim_states(handles, length: int) -> None:
-    """Cut each cache state (``VariableState`` handles) back to its first ``length`` slots: the
-    state read out, a view of its first slots set back (GenAI's own rollback)."""
+def compact_states(handles, live: np.ndarray) -> None:
+    """Keep only the ``live`` slots of each cache state (``VariableState`` handles). A prefix is a
+    view of the state set back (GenAI's own trim); slots in between are gathered out."""
     import openvino as ov
+    prefix = bool(np.array_equal(live, np.arange(len(live))))
     for h in handles:
         t = h.state
         shape = list(t.shape)
-        if shape[2] > length:
-            h.state = ov.Tensor(t, [0] * len(shape), shape[:2] + [length] + shape[3:])
+        if prefix:
+            if shape[2] > len(live):
+                h.state = ov.Tensor(t, [0] * len(shape), shape[:2] + [len(live)] + shape[3:])
+        else:
+            h.state = ov.Tensor(np.ascontiguousarray(np.asarray(t.data)[:, :, live]))

@@ -13,11 +13,11 @@ speculative output can differ from target-only decoding: ``exact`` says whether
 the backend runs at f32, and ``exactness()`` is what the CLI prints and records.
 
 The fused cache (``OpenVinoModel.cache == "fused"``, see ``fused.py``) grows by
-each call's width, and slot j holds position j only while every call starts
-where the cache ends: a call that starts earlier (the rows a rejected draft
-wrote, or padding took) first trims the state back to its first position; one
-that starts past the last valid position written plus one is refused (the fixed
-cache would show it the slots in between).
+each call's width; ``fused.Cursor`` knows which position each slot holds. A call
+that starts earlier than the cache ends (the rows a rejected draft wrote, or
+padding took) marks those slots stale, hidden by the mask, and the state is
+compacted once enough are stale; a call that starts past the last valid position
+written plus one is refused (the fixed cache would show it the slots in between).
 """
 from __future__ import annotations
 
@@ -38,12 +38,14 @@ class OpenVinoBackend(Backend):
     ``precision``: "f32", "bf16", "f16" (where the CPU has it) or None (OpenVINO's pick).
     ``threads``: inference threads (default: OpenVINO's, or ``SPECDEC_OV_THREADS``).
     ``cache``: "fused", "copy" or None (fused at f32 where the graph allows it, else copy; ``loader``).
+    ``stale_limit``: rolled-back slots a fused cache keeps masked before it compacts them
+    (``fused.Cursor``; default ``fused.STALE_LIMIT``, 0: trim at every rollback).
     """
 
     kind = "openvino"
 
     def __init__(self, artifact, *, precision: str | None = None, threads: int | None = None,
-                 expect_role: str | None = None, cache: str | None = None):
+                 expect_role: str | None = None, cache: str | None = None, stale_limit: int | None = None):
         model = artifact if isinstance(artifact, OpenVinoModel) else \
             load_openvino(artifact, precision=precision, threads=threads, expect_role=expect_role, cache=cache)
         super().__init__(model.artifact)
@@ -56,9 +58,8 @@ class OpenVinoBackend(Backend):
         # a feature draft's features in the graph's own float type (a float16 export takes float16)
         self.input_dtypes = {n: self.compiled.input(n).get_element_type().to_dtype() for n in self.extra_inputs}
         self.cache_kind = model.cache
-        self._cursor = Cursor(list(model.state_names.values()), self.artifact.name) \
+        self._cursor = Cursor(list(model.state_names.values()), self.artifact.name, stale_limit) \
             if model.cache == "fused" else None
-        self._beam = np.zeros(self.batch_size, np.int32)
         self._request = self.compiled.create_infer_request()
         self._request.reset_state()
 
@@ -86,8 +87,7 @@ class OpenVinoBackend(Backend):
     def _run_outputs(self, ids, pos, extra):
         feed = {INPUT_IDS: ids, POSITION_IDS: pos}
         if self._cursor is not None:
-            self._cursor.before(self._request, pos)
-            feed["beam_idx"] = self._beam
+            feed.update(self._cursor.feeds(self._request, pos))
         for n, a in extra.items():
             feed[n] = np.ascontiguousarray(a, dtype=self.input_dtypes[n])
         try:
