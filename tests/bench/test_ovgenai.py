@@ -65,16 +65,20 @@ def _res(genai):
                       "ngram_greedy_equal": [False], "suffix_tok_s": 90.0}]}
 
 
+def _genai_rows():
+    return {"python": "p", "ir": "i", "openvino_genai": "v", "cpu_default_precision": "bf16",
+            "num_assistant_tokens": 4, "max_ngram_size": 3, "rows": [
+                {"precision": "f32", "mode": "target", "runs_at": "f32", "tok_s": 40.0, "greedy_equal_ours_f32": [True]},
+                {"precision": "f32", "mode": "prompt_lookup", "runs_at": "f32", "tok_s": 45.0,
+                 "greedy_equal_ours_f32": [True]},
+                {"precision": None, "mode": "target", "runs_at": "bf16", "tok_s": 75.0,
+                 "greedy_equal_ours_f32": [False]},
+                {"precision": None, "mode": "prompt_lookup", "runs_at": "bf16", "tok_s": 80.0,
+                 "greedy_equal_ours_f32": [False]}]}
+
+
 def test_goals_and_table():
-    g = {"python": "p", "ir": "i", "openvino_genai": "v", "cpu_default_precision": "bf16", "num_assistant_tokens": 4,
-         "max_ngram_size": 3, "rows": [
-             {"precision": "f32", "mode": "target", "runs_at": "f32", "tok_s": 40.0, "greedy_equal_ours_f32": [True]},
-             {"precision": "f32", "mode": "prompt_lookup", "runs_at": "f32", "tok_s": 45.0,
-              "greedy_equal_ours_f32": [True]},
-             {"precision": None, "mode": "target", "runs_at": "bf16", "tok_s": 75.0, "greedy_equal_ours_f32": [False]},
-             {"precision": None, "mode": "prompt_lookup", "runs_at": "bf16", "tok_s": 80.0,
-              "greedy_equal_ours_f32": [False]}]}
-    res = _res(g)
+    res = _res(_genai_rows())
     gl = backends.goals(res)
     assert gl["f32_target_only"]["ratio"] == pytest.approx(50 / 40)
     b = gl["best_spec_bf16"]          # OpenVINO's pick here: its fastest draft whose output equals target-only
@@ -108,6 +112,57 @@ def test_goals_and_table():
     assert "goal: OpenVINO f32 target-only, copy cache / GenAI" in backends.markdown(res)
     assert backends.goals(_res("not measured: x")) is None
     assert "OpenVINO GenAI: not measured: x" in backends.markdown(_res("not measured: x"))
+
+
+def test_paired_rounds_alternate_and_decide_the_first_goal(monkeypatch):
+    """Ours and GenAI's f32 target-only alternate (ours first), one GenAI run per round; the first
+    goal takes the medians; a worker that fails gives one line and the backend is still closed."""
+    from specdec_compile import runtime
+    order, ours, theirs = [], iter([30.0, 31.0, 29.0]), iter([33.0, 31.0, 35.0])
+
+    class FakeBackend:
+        cache_kind = "fused"
+
+        def __init__(self, d, **kw):
+            order.append(("load", kw["precision"], kw["threads"]))
+
+        def warmup(self):
+            pass
+
+        def close(self):
+            order.append("close")
+
+    def worker(python, req):
+        order.append(("genai", req["runs"], req["threads"]))
+        return {"runs": [{"tok_s": next(theirs)}]}
+
+    monkeypatch.setattr(runtime, "OpenVinoBackend", FakeBackend)
+    monkeypatch.setattr(backends, "_decode", lambda b, p, d, n: (order.append(("ours", d)), ([], next(ours)))[1])
+    monkeypatch.setattr(ovgenai, "genai_python", lambda: ("py", "fake"))
+    monkeypatch.setattr(ovgenai, "run_worker", worker)
+    p = backends.paired_target_only("ov", "ir", PROMPTS, 8, 2, rounds=3, log=lambda m: None)
+    one = [("ours", None), ("genai", [{"precision": "f32", "mode": "target"}], 2)]
+    assert order == [("load", "f32", 2)] + one * 3 + ["close"]
+    assert (p["ours"], p["genai"], p["ours_median"], p["genai_median"]) == ([30, 31, 29], [33, 31, 35], 30, 33)
+    res = _res(_genai_rows())
+    res["paired_f32_target_only"] = p
+    f = backends.goals(res)["f32_target_only"]
+    assert f["ratio"] == pytest.approx(30 / 33) and f["measured"] == "median of 3 alternated rounds"
+    res["goals"] = backends.goals(res)
+    md = backends.markdown(res)
+    assert "(median of 3 alternated rounds) = 30.0 / 33.0 = 0.91 (goal >= 0.95)" in md
+    assert "paired rounds, tok/s: ours 30.0, 31.0, 29.0; GenAI 33.0, 31.0, 35.0" in md
+
+    def fails(python, req):
+        raise RuntimeError("the GenAI worker failed: boom")
+    monkeypatch.setattr(ovgenai, "run_worker", fails)
+    order.clear()
+    ours = iter([30.0])
+    assert backends.paired_target_only("ov", "ir", PROMPTS, 8, 1, rounds=2) == \
+        "not measured: the GenAI worker failed: boom"
+    assert order[-1] == "close"
+    monkeypatch.setattr(ovgenai, "genai_python", lambda: (None, "openvino-genai is not installed"))
+    assert backends.paired_target_only("ov", "ir", PROMPTS, 8, 1) == "not measured: openvino-genai is not installed"
 
 
 # --------------------------------------------------------------------------- with OpenVINO GenAI

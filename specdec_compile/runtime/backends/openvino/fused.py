@@ -18,11 +18,13 @@ read by OpenVINO's ONNX frontend, before it is compiled:
 * it replaces that attention by ``ScaledDotProductAttention(q, Concat(Gather(
   ReadValue), k_new), ...)`` with an ``Assign`` of the concatenation, the
   grouped KV heads broadcast the way the plugin's pattern expects;
-* the mask is the contract's, over the grown cache: cache slot j is visible to
-  a query at position p when j <= p. The cache grows by the call's width, so
-  slot j holds position j as long as every call starts where the cache ends;
-  ``Cursor`` trims the state back to a call's first position first
-  (``trim_states``), which is how a rejected draft is rolled back.
+* the mask is the contract's, over the grown cache: a slot holding position j
+  is visible to a query at position p when j <= p. The graph reads which
+  position each slot holds from one more input (``specdec_slot_positions``,
+  kept by ``Cursor``), so a rejected draft is rolled back without touching the
+  state: its slots are marked ``STALE`` and hidden, the next call appends
+  after them, and once ``STALE_LIMIT`` slots are stale the state is compacted
+  (read out and set back without them, ``compact_states``).
 
 Anything the matcher does not recognise (a softcap, an ALiBi bias, a sliding
 window, a batch above 1, a cache write that is not the contract's, views that
