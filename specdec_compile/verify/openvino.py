@@ -24,7 +24,7 @@ import numpy as np
 
 from ..contract import HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS
 from ..errors import SpecdecError
-from ..runtime.backends.openvino.fused import Cursor
+from ..runtime.backends.openvino.fused import Cursor, default_stale_limit, state_array
 from ..runtime.backends.openvino.loader import keep_cache, read_and_compile, state_name
 
 #: verify's backends: auto = openvino for a graph lowered for it, else ort
@@ -65,7 +65,8 @@ class OpenVinoRewritten:
         self.request.reset_state()
         self._states = {s.name: s for s in self.request.query_state()}
         self._shapes = shapes
-        self._cursor = Cursor([str(n) for n in self.names], str(path)) if self.cache == "fused" else None
+        self._cursor = Cursor([str(n) for n in self.names], str(path), default_stale_limit(self.precision)) \
+            if self.cache == "fused" else None
 
     def reset(self) -> None:
         self.request.reset_state()
@@ -76,7 +77,7 @@ class OpenVinoRewritten:
     def _read_state(self) -> list[np.ndarray]:
         if self._cursor is None:
             return [np.array(self._states[state_name(n)].state.data, copy=True) for n in self.names]
-        return [self._cursor.contract_view(np.array(self._states[n].state.data), self._shapes[n], before)
+        return [self._cursor.contract_view(state_array(self._states[n].state), self._shapes[n], before)
                 for n, before in zip(self.names, self.state)]
 
     def run(self, ids: np.ndarray, pos: np.ndarray, feats: np.ndarray | None = None):

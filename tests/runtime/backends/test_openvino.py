@@ -321,9 +321,53 @@ def test_precision_option_and_exactness_record(art):
     assert b.precision == low and not b.exact and rec["greedy_equals_target_only"] is False
     assert low in rec["note"] and "\n" not in rec["note"]
     assert b.exactness(speculative=False)["greedy_equals_target_only"] is True
-    # below f32 the default cache is the copy path (a fused cache's rollback costs more there); asked for, fused
-    assert b.cache_kind == "copy" and "the default below f32" in rec["cache_note"]
-    assert OpenVinoBackend(path, precision=low, threads=1, cache="fused").cache_kind == "fused"
+    # below f32 too the default cache is the fused one, trimmed at every rollback, its state held at that precision
+    assert b.cache_kind == "fused" and rec["cache_note"] is None and b._cursor.stale_limit == 0
+    assert b.states()["past_key.0"].state.element_type.get_type_name() == low
+    assert OpenVinoBackend(path, precision=low, threads=1, cache="copy").cache_kind == "copy"
+    assert OpenVinoBackend(path, precision=low, threads=1, cache="fused", stale_limit=4)._cursor.stale_limit == 4
+
+
+def _width_invariance(b, widths, rng):
+    """A position's logits from calls of each width (rollbacks of the last two rows) against calls of
+    one: (the largest difference, rows compared)."""
+    seq = rng.integers(0, 200, 60)
+    b.reset()
+    b.run(seq[None, :8], np.arange(8)[None])
+    ref = {p: b.run(seq[None, p:p + 1], np.array([[p]]))[0, 0] for p in range(8, 60)}
+    worst, rows = 0.0, 0
+    for w in widths:
+        b.reset()
+        b.run(seq[None, :8], np.arange(8)[None])
+        p, keep = 8, max(1, w - 2)
+        while p + w <= 60:
+            ids = seq[p:p + w].copy()
+            ids[keep:] = 7                           # rejected drafts: written, then rolled back
+            out = b.run(ids[None], np.arange(p, p + w)[None])[0]
+            worst = max([worst] + [float(np.abs(out[i] - ref[p + i]).max()) for i in range(keep)])
+            rows, p = rows + keep, p + keep
+    return worst, rows
+
+
+def test_a_trimmed_fused_cache_gives_every_width_the_same_logits(art, fixture_path):
+    """A fused cache trimmed at every rollback holds the same slots a width-1 decode holds, and a
+    position's logits are the same bit for bit at every compiled width, at f32 and (where the CPU
+    has it) bf16, for two families; the masked rollback (the f32 default) is within float32
+    rounding of them."""
+    caps = set(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    precs = ["f32"] + (["bf16"] if "BF16" in caps else [])
+    for fam in ("llama_gqa", "qwen2"):
+        path = art(fam, "tlm", "--k", 4, "--k-list", "0,1,2,4")
+        for prec in precs:
+            b = OpenVinoBackend(path, precision=prec, threads=1, stale_limit=0)
+            assert b.cache_kind == "fused"
+            widths = [w for w in b.seq_lens if 1 < w <= 5]
+            worst, rows = _width_invariance(b, widths, np.random.default_rng(0))
+            assert worst == 0.0 and rows > 40, (fam, prec, worst)
+        masked = OpenVinoBackend(path, precision="f32", threads=1)
+        assert masked._cursor.stale_limit > 0
+        worst, rows = _width_invariance(masked, [5], np.random.default_rng(0))
+        assert worst < 1e-4, (fam, worst)
 
 
 def test_cli_backend_openvino(art, capsys):

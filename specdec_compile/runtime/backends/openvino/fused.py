@@ -277,22 +277,29 @@ def _scalar_list(value) -> list[int] | None:
     return [int(x) for x in np.asarray(node.get_data()).reshape(-1)]
 
 
-def _state(op, name: str, new, shape, beam):
+def _state(op, name: str, new, shape, beam, held=None):
     """One cache variable: ReadValue (empty at first) -> Gather(beam_idx) -> Concat(new rows), and the
-    Assign of the concatenation. Returns (the concatenation, the Assign)."""
+    Assign of the concatenation. ``held``: the variable's element type when it is not the rows'
+    (the cache's precision below f32), with a Convert on each side, which the plugin's pattern
+    takes in: the state is then handed out and back in that type, without a conversion of the
+    whole cache per rollback. Returns (the concatenation, the Assign)."""
     import openvino as ov
     from openvino.op.util import Variable, VariableInfo
     b, h, _, d = shape
+    rows = new.get_element_type()
+    held = held or rows
     info = VariableInfo()
     info.data_shape = ov.PartialShape([b, h, -1, d])
-    info.data_type = new.get_element_type()
+    info.data_type = held
     info.variable_id = name
     var = Variable(info)
-    init = op.broadcast(op.constant(np.array(0, dtype=new.get_element_type().to_dtype())),
+    init = op.broadcast(op.convert(op.constant(np.array(0, np.float32)), held),
                         op.constant(np.array([b, h, 0, d], np.int64)))
-    rv = op.read_value(init, var)
-    cat = op.concat([op.gather(rv, beam, op.constant(np.int64(0))), new], 2)
-    return cat, op.assign(cat, var)
+    past = op.read_value(init, var)
+    if held != rows:
+        past = op.convert(past, rows)
+    cat = op.concat([op.gather(past, beam, op.constant(np.int64(0))), new], 2)
+    return cat, op.assign(cat if held == rows else op.convert(cat, held), var)
 
 
 def _heads(op, cat, h: int, hq: int, batch: int, d: int, kname: str):
@@ -319,10 +326,12 @@ def _grown_mask(op, pos, slots, layers):
     return op.select(visible, op.constant(np.array(0, ftype)), op.constant(np.array(layers[0]["masked"], ftype)))
 
 
-def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCache:
+def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int, precision: str = "f32") -> FusedCache:
     """Rebuild every layer's attention of ``model`` (read from a ``--target openvino`` graph) as
-    OpenVINO's stateful SDPA pattern. Raises ``NotFusable`` with the reason and leaves ``model``
-    untouched when any layer is not the form it rebuilds."""
+    OpenVINO's stateful SDPA pattern, the state variables held at ``precision`` ("f32", "bf16",
+    "f16": the cache's, ``kv_cache_precision``). Raises ``NotFusable`` with the reason and leaves
+    ``model`` untouched when any layer is not the form it rebuilds."""
+    import openvino as ov
     import openvino.opset13 as op
 
     if batch != 1:
@@ -332,6 +341,7 @@ def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCac
     if len(pairs) * 2 != len(kv_names) or any(v not in kv_names for _, v in pairs):
         raise NotFusable("the cache is not key/value pairs")
     layers = [_layer(model, k, v) for k, v in pairs]        # all matched before anything changes
+    held = {"f32": ov.Type.f32, "bf16": ov.Type.bf16, "f16": ov.Type.f16}[precision]
     pos = next(p for p in model.get_parameters() if "position_ids" in p.output(0).get_names())
     beam = op.parameter([batch], np.int32, name="beam_idx")
     beam.output(0).set_names({"beam_idx"})
@@ -344,7 +354,7 @@ def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int) -> FusedCac
             raise NotFusable(f"{kname}: the attention's heads are not static")
         lay["kv"] = []
         for name, new in ((kname, lay["k_new"]), (vname, lay["v_new"])):
-            cat, assign = _state(op, name, new, shapes[name], beam)
+            cat, assign = _state(op, name, new, shapes[name], beam, held)
             sinks.append(assign)
             _, h, _, d = shapes[name]
             lay["kv"].append(_heads(op, cat, h, hq.get_length(), batch, d, kname))
@@ -374,6 +384,25 @@ def kv_cache_precision(precision: str | None) -> str:
         got = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
         precision = got.get_type_name() if hasattr(got, "get_type_name") else str(got)
     return precision
+
+
+def default_stale_limit(precision: str) -> int:
+    """The stale slots a fused cache keeps masked by default at an inference ``precision``:
+    ``STALE_LIMIT`` at f32, where keys in other slots change a position's logits by float32
+    rounding only (as a call's width does on ONNX Runtime); 0 below f32, where they change them
+    visibly while a trimmed cache keeps a position's logits the same at every call width
+    (measured: docs/runtime.md, *What a rollback costs*)."""
+    return STALE_LIMIT if precision == "f32" else 0
+
+
+def state_array(tensor) -> np.ndarray:
+    """A copy of a state tensor's values (a bf16 state, which OpenVINO hands out as float16 bits,
+    widened to float32)."""
+    import openvino as ov
+    data = np.asarray(tensor.data)
+    if tensor.element_type == ov.Type.bf16:
+        return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.array(data, copy=True)
 
 
 class Cursor:
@@ -447,5 +476,6 @@ def compact_states(handles, live: np.ndarray) -> None:
         if prefix:
             if shape[2] > len(live):
                 h.state = ov.Tensor(t, [0] * len(shape), shape[:2] + [len(live)] + shape[3:])
-        else:
-            h.state = ov.Tensor(np.ascontiguousarray(np.asarray(t.data)[:, :, live]))
+        else:                               # the raw elements gathered, in the state's own type
+            kept = np.ascontiguousarray(np.asarray(t.data)[:, :, live])
+            h.state = ov.Tensor(kept, list(kept.shape), t.element_type)

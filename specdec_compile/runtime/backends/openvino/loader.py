@@ -13,11 +13,11 @@ head_dim]``, and keeps the cache in state variables inside the engine, one of tw
   ``past_*.{i}_RetainedState`` pair: the contract's fixed ``ctx_len`` cache, which
   the plugin copies whole per call (``Assign``).
 
-``None`` (the default) takes ``"fused"`` at f32 where the graph's attention is the
-form it rebuilds, else ``"copy"`` and records why (below f32 a rollback of the
-fused cache costs more than its steps save: docs/runtime.md). Either way the compiled model's
+``None`` (the default) takes ``"fused"`` where the graph's attention is the
+form it rebuilds, else ``"copy"`` and records why. Either way the compiled model's
 inputs are only ``input_ids``, ``position_ids`` (and a feature draft's
-features; the fused cache adds OpenVINO's ``beam_idx``). Nothing here runs the model.
+features; the fused cache adds OpenVINO's ``beam_idx`` and the slots' positions).
+Nothing here runs the model.
 """
 from __future__ import annotations
 
@@ -86,9 +86,6 @@ def _check_target(art: Artifact) -> None:
 
 
 CACHES = ("fused", "copy")
-#: why the default below f32 is the copy path (measured, docs/runtime.md): there a rollback's trim of
-#: the fused cache (the state read out, converted and set back) costs more than a step saves
-DEFAULT_CACHE = "the cache is copied per call (the default below f32, where the fused cache's rollback costs more)"
 
 
 def compile_config(core, precision: str | None, threads: int | None) -> dict:
@@ -174,18 +171,17 @@ def keep_cache(model, batch: int, kv: list[str], shapes: dict, extra_inputs: dic
     """Make the cache of ``model`` state inside the engine: (``"fused"`` or ``"copy"``, why not fused
     (None when fused or asked for copy), the CPU properties it needs). ``cache``: "fused" (refused
     in one line where the attention is not the form fused.py rebuilds), "copy", or None: fused
-    where it can be at f32, copy below f32 (``DEFAULT_CACHE``)."""
+    where it can be, else copy."""
     from .fused import NotFusable, fuse_cache, kv_cache_precision
     note = None
     if cache not in (None, *CACHES):
         raise SpecdecError(f"unknown OpenVINO cache {cache!r} (choose from {', '.join(CACHES)})")
-    if cache is None and kv_cache_precision(precision) != "f32":
-        cache, note = "copy", DEFAULT_CACHE
     if cache != "copy":
         fix_shapes(model, batch, shapes, extra_inputs)
+        held = kv_cache_precision(precision)
         try:
-            fuse_cache(model, kv, shapes, batch)
-            return "fused", None, {"KV_CACHE_PRECISION": kv_cache_precision(precision)}
+            fuse_cache(model, kv, shapes, batch, held)
+            return "fused", None, {"KV_CACHE_PRECISION": held}
         except NotFusable as e:
             if cache == "fused":
                 raise SpecdecError(f"{where}: no fused OpenVINO cache: {e}") from None
@@ -197,7 +193,7 @@ def keep_cache(model, batch: int, kv: list[str], shapes: dict, extra_inputs: dic
 def load_openvino(artifact, *, precision: str | None = None, threads: int | None = None,
                   expect_role: str | None = None, cache: str | None = None) -> OpenVinoModel:
     """Open a ``--target openvino`` artifact (directory or ``Artifact``) on OpenVINO's CPU plugin.
-    ``cache``: "fused", "copy" or None (fused at f32 where the attention allows it, see the module)."""
+    ``cache``: "fused", "copy" or None (fused where the attention allows it, see the module)."""
     import_openvino()
     if cache is not None and cache not in CACHES:
         raise SpecdecError(f"unknown OpenVINO cache {cache!r} (choose from {', '.join(CACHES)})")

@@ -26,7 +26,7 @@ import numpy as np
 from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
 from ....errors import SpecdecError
 from ..base import Backend
-from .fused import Cursor
+from .fused import Cursor, default_stale_limit, state_array
 from .loader import OpenVinoModel, load_openvino
 
 
@@ -39,7 +39,8 @@ class OpenVinoBackend(Backend):
     ``threads``: inference threads (default: OpenVINO's, or ``SPECDEC_OV_THREADS``).
     ``cache``: "fused", "copy" or None (fused at f32 where the graph allows it, else copy; ``loader``).
     ``stale_limit``: rolled-back slots a fused cache keeps masked before it compacts them
-    (``fused.Cursor``; default ``fused.STALE_LIMIT``, 0: trim at every rollback).
+    (``fused.Cursor``; 0: trimmed at every rollback; default ``fused.default_stale_limit``:
+    ``fused.STALE_LIMIT`` at f32, 0 below f32).
     """
 
     kind = "openvino"
@@ -58,7 +59,8 @@ class OpenVinoBackend(Backend):
         # a feature draft's features in the graph's own float type (a float16 export takes float16)
         self.input_dtypes = {n: self.compiled.input(n).get_element_type().to_dtype() for n in self.extra_inputs}
         self.cache_kind = model.cache
-        self._cursor = Cursor(list(model.state_names.values()), self.artifact.name, stale_limit) \
+        self._cursor = Cursor(list(model.state_names.values()), self.artifact.name,
+                              default_stale_limit(model.precision) if stale_limit is None else stale_limit) \
             if model.cache == "fused" else None
         self._request = self.compiled.create_infer_request()
         self._request.reset_state()
@@ -118,7 +120,7 @@ class OpenVinoBackend(Backend):
         state = self.states().get(name)
         if state is None:
             raise SpecdecError(f"{self.artifact.name}: no cache state {name!r}")
-        data = np.array(state.state.data, copy=True)
+        data = state_array(state.state)
         if self._cursor is None:
             return data
         return self._cursor.contract_view(data, self.model.kv_shapes[name])
