@@ -11,8 +11,9 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
   hidden states it reads), ``eagle3-hybrid`` (prompt lookup first, the head otherwise: MT-bench's
   best draft) decoding, tokens/s (wall, all prompts), the speedup over that backend's own
   target-only, and whether the speculative text equals target-only's on every prompt
-  (``greedy_equal``); OpenVINO with its default cache (``openvino``: fused at f32, the copy path
-  below it) and with the other one (``openvino-copy``, ``openvino-fused``);
+  (``greedy_equal``); OpenVINO with its default cache (``openvino``: fused where the graph allows
+  it, rolled back by masking at f32 and by trimming below f32) and with the copy path
+  (``openvino-copy``);
 * per OpenVINO precision, the width check over the same texts (OpenVINO f32's target-only answers):
   each prompt and answer re-scored in calls of k+1 tokens against calls of one; ``width_flips``:
   positions whose top token differs, of ``positions``; ``vs_f32_flips``: positions whose top token
@@ -163,40 +164,25 @@ def default_precision() -> str:
     return got.get_type_name() if hasattr(got, "get_type_name") else str(got)
 
 
-def _fused_or_default(fused, default, d):
-    """``fused(d)``, or ``default(d)`` where the graph's attention is not the form the fused cache rebuilds."""
-    from specdec_compile.errors import SpecdecError
-    try:
-        return fused(d)
-    except SpecdecError as e:
-        if "no fused OpenVINO cache" not in str(e):
-            raise
-        return default(d)
-
-
 def _backends(dirs: dict, threads: int, e3: dict | str | None = None) -> list:
     """(backend kind, precision, maker, EAGLE-3 pair maker or None): ORT f32, OpenVINO f32 and
     OpenVINO at the precision it picks here when that is not f32 (bf16 on a CPU with avx512_bf16 or
-    AMX), each with its default cache (``openvino``) and then the other (``openvino-copy`` /
-    ``openvino-fused``)."""
+    AMX), each with its default cache (``openvino``: fused where the graph allows it; the EAGLE-3
+    head's attention is not that form and keeps the copy path) and then the copy path
+    (``openvino-copy``)."""
     from specdec_compile.runtime import OpenVinoBackend, OrtBackend
     e3 = e3 if isinstance(e3, dict) else {}
 
-    def pair(target, make, make_head=None):
-        make_head = make_head or make
-        return (lambda: (make(e3[target][0]), make_head(e3[target][1]))) if target in e3 else None
+    def pair(target, make):
+        return (lambda: (make(e3[target][0]), make(e3[target][1]))) if target in e3 else None
 
     ort = lambda d: OrtBackend(d, intra_op_threads=threads)       # noqa: E731
     rows = [("ort", "f32", lambda: ort(dirs["ort"]), pair("ort", ort))]
     for prec in dict.fromkeys(("f32", default_precision())):
-        ov = lambda d, prec=prec, cache=None: OpenVinoBackend(d, precision=prec, threads=threads, cache=cache)  # noqa: E731
-        rows.append(("openvino", prec, lambda ov=ov: ov(dirs["openvino"]), pair("openvino", ov)))
-        # the other cache beside the default one (fused at f32, copy below it)
-        other = "copy" if prec == "f32" else "fused"
-        alt = lambda d, ov=ov, other=other: ov(d, cache=other)     # noqa: E731
-        # the head's own attention may not be the fused form: there it keeps the default cache
-        head = alt if other == "copy" else (lambda d, ov=ov, alt=alt: _fused_or_default(alt, ov, d))
-        rows.append((f"openvino-{other}", prec, lambda alt=alt: alt(dirs["openvino"]), pair("openvino", alt, head)))
+        for kind, cache in (("openvino", None), ("openvino-copy", "copy")):
+            ov = lambda d, prec=prec, cache=cache: OpenVinoBackend(d, precision=prec, threads=threads,  # noqa: E731
+                                                                   cache=cache)
+            rows.append((kind, prec, lambda ov=ov: ov(dirs["openvino"]), pair("openvino", ov)))
     return rows
 
 

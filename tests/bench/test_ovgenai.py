@@ -270,18 +270,3 @@ def test_mtbench_width_without_the_questions_one_line(monkeypatch):
     monkeypatch.setattr(mtbench, "questions", lambda: (_ for _ in ()).throw(SystemExit("mtbench: not installed")))
     got = backends.mtbench_width("dir", _Tok(), 1, 2)
     assert got == "not measured: mtbench: not installed"
-
-
-def test_a_head_the_fused_cache_does_not_rebuild_keeps_the_default_cache():
-    from specdec_compile.errors import SpecdecError
-
-    def fused(d):
-        raise SpecdecError(f"{d}: no fused OpenVINO cache: past_key.0: the key cache is read by MatMul")
-
-    assert backends._fused_or_default(fused, lambda d: ("default", d), "h") == ("default", "h")
-
-    def broken(d):
-        raise SpecdecError(f"{d}: OpenVINO cannot compile it")
-
-    with pytest.raises(SpecdecError, match="cannot compile"):
-        backends._fused_or_default(broken, lambda d: d, "h")

@@ -75,9 +75,12 @@ class OpenVinoBackend(Backend):
         speculative output is guaranteed equal to target-only decoding (f32, or no speculation),
         and the one line to say when it is not (None when it is)."""
         exact = self.exact or not speculative
+        trimmed = self._cursor is not None and self._cursor.stale_limit == 0
+        why = ("with the fused cache trimmed, a position's logits were the same at every call width where "
+               "measured, but nothing guarantees it" if trimmed else "its logits may depend on the call width")
         note = None if exact else (
-            f"OpenVINO runs the TLM at {self.precision}: its logits may depend on the call width, so greedy "
-            f"speculative output may differ from target-only decoding (--ov-precision f32 is exact)")
+            f"OpenVINO runs the TLM at {self.precision}: {why}, so greedy speculative output may differ from "
+            f"target-only decoding (--ov-precision f32 is exact)")
         return {"kind": self.kind, "precision": self.precision, "threads": self.threads,
                 "cache": self.cache_kind, "cache_note": self.model.cache_note if self.model else None,
                 "greedy_equals_target_only": exact, "note": note}
