@@ -11,7 +11,9 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
   hidden states it reads), ``eagle3-hybrid`` (prompt lookup first, the head otherwise: MT-bench's
   best draft) decoding, tokens/s (wall, all prompts), the speedup over that backend's own
   target-only, and whether the speculative text equals target-only's on every prompt
-  (``greedy_equal``); OpenVINO with its default cache (``openvino``: fused where the graph allows
+  (``greedy_equal``; for eagle3-hybrid, the target-only text of its own TLM, the same model with
+  the head's hidden states as outputs, and ``eagle3_tlm_equals_target_only``: that text against
+  the plain TLM's); OpenVINO with its default cache (``openvino``: fused where the graph allows
   it, rolled back by masking at f32 and by trimming below f32) and with the copy path
   (``openvino-copy``);
 * per OpenVINO precision, the width check over the same texts (OpenVINO f32's target-only answers):
@@ -195,10 +197,10 @@ def _measure_row(b, kind, prec, prompts, new, e3=None):
     if hasattr(b, "cache_kind"):
         row["cache"] = b.cache_kind
 
-    def put(draft, got, rate):
+    def put(draft, got, rate, ref=base):
         row[f"{draft}_tok_s"] = rate
         row[f"{draft}_speedup"] = rate / base_rate
-        row[f"{draft}_greedy_equal"] = [g == t for g, t in zip(got, base)]
+        row[f"{draft}_greedy_equal"] = [g == t for g, t in zip(got, ref)]
 
     for draft in ("ngram", "suffix"):
         put(draft, *_decode(b, prompts, draft, new))
@@ -206,7 +208,11 @@ def _measure_row(b, kind, prec, prompts, new, e3=None):
         tlm, head = e3()
         tlm.warmup()
         head.warmup()
-        put("eagle3-hybrid", *_decode(tlm, prompts, "eagle3-hybrid", new, dlm=head))
+        # the pair's TLM (the same model with the head's hidden states as outputs) decoding alone: what
+        # its speculative text must equal (below f32 its logits can differ from the plain TLM's)
+        own = _decode(tlm, prompts, None, new)[0]
+        put("eagle3-hybrid", *_decode(tlm, prompts, "eagle3-hybrid", new, dlm=head), ref=own)
+        row["eagle3_tlm_equals_target_only"] = [a == b for a, b in zip(own, base)]
         row["eagle3_caches"] = [getattr(x, "cache_kind", None) for x in (tlm, head)]
         tlm.close()
         head.close()

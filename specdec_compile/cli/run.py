@@ -47,8 +47,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ov-cache", choices=("fused", "copy"), default=None,
                    help="--backend openvino: fused (each attention rebuilt as OpenVINO's stateful SDPA, the "
                         "cache grown in place; refused where the graph's attention is not that form) or copy "
-                        "(MakeStateful, the fixed cache copied per call); default: fused at f32 where the graph "
-                        "allows it, copy below f32")
+                        "(MakeStateful, the fixed cache copied per call); default: fused where the graph "
+                        "allows it, else copy")
     p.add_argument("--tlm-device-ids", metavar="IDS", help="device ids of the TLM, e.g. 0 or 0,1")
     p.add_argument("--dlm-device-ids", metavar="IDS", help="device ids of the DLM")
     p.add_argument("--ort-threads", type=int, default=None, metavar="N",

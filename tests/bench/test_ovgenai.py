@@ -270,3 +270,29 @@ def test_mtbench_width_without_the_questions_one_line(monkeypatch):
     monkeypatch.setattr(mtbench, "questions", lambda: (_ for _ in ()).throw(SystemExit("mtbench: not installed")))
     got = backends.mtbench_width("dir", _Tok(), 1, 2)
     assert got == "not measured: mtbench: not installed"
+
+
+def test_a_row_holds_eagle3_to_its_own_tlm(monkeypatch):
+    """eagle3-hybrid's text is compared with its own TLM's target-only text (that TLM also gives the
+    head's hidden states, and below f32 its logits can differ from the plain TLM's), which is
+    compared with the plain TLM's in its own field; the other drafts with the plain TLM's."""
+    texts = {("plain", None): [[1], [2]], ("plain", "ngram"): [[1], [2]], ("plain", "suffix"): [[1], [9]],
+             ("e3", None): [[1], [3]], ("e3", "eagle3-hybrid"): [[1], [3]]}
+
+    class B:
+        cache_kind = "fused"
+
+        def __init__(self, name):
+            self.name = name
+
+        def warmup(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(backends, "_decode", lambda b, prompts, draft, new, dlm=None: (texts[b.name, draft], 10.0))
+    row, base = backends._measure_row(B("plain"), "openvino", "bf16", [[5], [6]], 8, lambda: (B("e3"), B("head")))
+    assert base == [[1], [2]] and row["ngram_greedy_equal"] == [True, True]
+    assert row["suffix_greedy_equal"] == [True, False] and row["eagle3-hybrid_greedy_equal"] == [True, True]
+    assert row["eagle3_tlm_equals_target_only"] == [True, False] and row["eagle3_caches"] == ["fused", "fused"]
