@@ -65,7 +65,7 @@ class OpenVinoRewritten:
         self.request.reset_state()
         self._states = {s.name: s for s in self.request.query_state()}
         self._shapes = shapes
-        self._cursor = Cursor([str(n) for n in self.names], str(path), default_stale_limit(self.precision)) \
+        self._cursor = Cursor([str(n) for n in self.names], str(path), default_stale_limit(self.precision, 1)) \
             if self.cache == "fused" else None
 
     def reset(self) -> None:

@@ -21,7 +21,7 @@ from specdec_compile.runtime import (FeatureDraft, OrtBackend, SamplingParams, S
 
 ov = pytest.importorskip("openvino")
 from specdec_compile.runtime import OpenVinoBackend  # noqa: E402
-from specdec_compile.runtime.backends.openvino.fused import SLOT_POSITIONS, STALE, Cursor  # noqa: E402
+from specdec_compile.runtime.backends.openvino.fused import SLOT_POSITIONS, STALE, STALE_LIMIT, Cursor  # noqa: E402
 
 PL, CL = 8, 64
 PROMPTS = [[1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55], [1, 150, 20], [1, 2, 3, 4, 5, 6, 7, 8], [7] * 17, [9, 4]]
@@ -326,6 +326,9 @@ def test_precision_option_and_exactness_record(art):
     assert b.states()["past_key.0"].state.element_type.get_type_name() == low
     assert OpenVinoBackend(path, precision=low, threads=1, cache="copy").cache_kind == "copy"
     assert OpenVinoBackend(path, precision=low, threads=1, cache="fused", stale_limit=4)._cursor.stale_limit == 4
+    # on more threads a trimmed cache does not keep the logits either (docs/runtime.md): masked, as at f32
+    assert OpenVinoBackend(path, precision=low, threads=2)._cursor.stale_limit == STALE_LIMIT
+    assert f32(path)._cursor.stale_limit == STALE_LIMIT
 
 
 def _width_invariance(b, widths, rng):

@@ -386,13 +386,13 @@ def kv_cache_precision(precision: str | None) -> str:
     return precision
 
 
-def default_stale_limit(precision: str) -> int:
-    """The stale slots a fused cache keeps masked by default at an inference ``precision``:
-    ``STALE_LIMIT`` at f32, where keys in other slots change a position's logits by float32
-    rounding only (as a call's width does on ONNX Runtime); 0 below f32, where they change them
-    visibly while a trimmed cache keeps a position's logits the same at every call width
-    (measured: docs/runtime.md, *What a rollback costs*)."""
-    return STALE_LIMIT if precision == "f32" else 0
+def default_stale_limit(precision: str, threads: int) -> int:
+    """The stale slots a fused cache keeps masked by default: 0 (trimmed at every rollback) below
+    f32 on one thread, where a trimmed cache kept a position's logits the same bit for bit at
+    every call width and a masked one changed them visibly; ``STALE_LIMIT`` elsewhere: at f32 either
+    is within float32 rounding, and on more threads the plugin splits attention by the call's
+    width, so that neither keeps them (measured: docs/runtime.md, *What a rollback costs*)."""
+    return 0 if precision != "f32" and threads == 1 else STALE_LIMIT
 
 
 def state_array(tensor) -> np.ndarray:

@@ -40,7 +40,7 @@ class OpenVinoBackend(Backend):
     ``cache``: "fused", "copy" or None (fused at f32 where the graph allows it, else copy; ``loader``).
     ``stale_limit``: rolled-back slots a fused cache keeps masked before it compacts them
     (``fused.Cursor``; 0: trimmed at every rollback; default ``fused.default_stale_limit``:
-    ``fused.STALE_LIMIT`` at f32, 0 below f32).
+    0 below f32 on one thread, else ``fused.STALE_LIMIT``).
     """
 
     kind = "openvino"
@@ -60,7 +60,7 @@ class OpenVinoBackend(Backend):
         self.input_dtypes = {n: self.compiled.input(n).get_element_type().to_dtype() for n in self.extra_inputs}
         self.cache_kind = model.cache
         self._cursor = Cursor(list(model.state_names.values()), self.artifact.name,
-                              default_stale_limit(model.precision) if stale_limit is None else stale_limit) \
+                              default_stale_limit(model.precision, model.threads) if stale_limit is None else stale_limit) \
             if model.cache == "fused" else None
         self._request = self.compiled.create_infer_request()
         self._request.reset_state()
