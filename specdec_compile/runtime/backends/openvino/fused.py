@@ -341,7 +341,9 @@ def fuse_cache(model, kv_names: list[str], shapes: dict, batch: int, precision: 
     if len(pairs) * 2 != len(kv_names) or any(v not in kv_names for _, v in pairs):
         raise NotFusable("the cache is not key/value pairs")
     layers = [_layer(model, k, v) for k, v in pairs]        # all matched before anything changes
-    held = {"f32": ov.Type.f32, "bf16": ov.Type.bf16, "f16": ov.Type.f16}[precision]
+    held = {"f32": ov.Type.f32, "bf16": ov.Type.bf16, "f16": ov.Type.f16}.get(precision)
+    if held is None:
+        raise NotFusable(f"no cache state at {precision!r} (f32, bf16 or f16)")
     pos = next(p for p in model.get_parameters() if "position_ids" in p.output(0).get_names())
     beam = op.parameter([batch], np.int32, name="beam_idx")
     beam.output(0).set_names({"beam_idx"})
