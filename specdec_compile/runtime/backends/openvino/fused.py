@@ -24,7 +24,9 @@ read by OpenVINO's ONNX frontend, before it is compiled:
   kept by ``Cursor``), so a rejected draft is rolled back without touching the
   state: its slots are marked ``STALE`` and hidden, the next call appends
   after them, and once ``STALE_LIMIT`` slots are stale the state is compacted
-  (read out and set back without them, ``compact_states``).
+  (read out and set back without them, ``compact_states``). With a limit of 0
+  every rollback is a trim, so every call holds the slots a width-1 decode
+  holds (``default_stale_limit`` says where that is the default, and why).
 
 Anything the matcher does not recognise (a softcap, an ALiBi bias, a sliding
 window, a batch above 1, a cache write that is not the contract's, views that

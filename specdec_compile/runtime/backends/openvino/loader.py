@@ -8,7 +8,7 @@ head_dim]``, and keeps the cache in state variables inside the engine, one of tw
 
 * ``"fused"``: every layer's attention rebuilt as OpenVINO's own stateful SDPA
   pattern (``fused.fuse_cache``); the CPU plugin then holds a growing cache in
-  place, attention in one kernel per layer; a rollback masks the rejected slots;
+  place, attention in one kernel per layer; a rollback masks or trims the rejected slots;
 * ``"copy"``: OpenVINO's ``MakeStateful`` on every ``past_*.{i}`` /
   ``past_*.{i}_RetainedState`` pair: the contract's fixed ``ctx_len`` cache, which
   the plugin copies whole per call (``Assign``).

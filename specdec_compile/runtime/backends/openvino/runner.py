@@ -16,7 +16,8 @@ The fused cache (``OpenVinoModel.cache == "fused"``, see ``fused.py``) grows by
 each call's width; ``fused.Cursor`` knows which position each slot holds. A call
 that starts earlier than the cache ends (the rows a rejected draft wrote, or
 padding took) marks those slots stale, hidden by the mask, and the state is
-compacted once enough are stale; a call that starts past the last valid position
+compacted once enough are stale (or, with ``stale_limit`` 0, trimmed back to the
+call's first position at once); a call that starts past the last valid position
 written plus one is refused (the fixed cache would show it the slots in between).
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ class OpenVinoBackend(Backend):
     ``Artifact``, or an ``OpenVinoModel`` already loaded by ``load_openvino``.
     ``precision``: "f32", "bf16", "f16" (where the CPU has it) or None (OpenVINO's pick).
     ``threads``: inference threads (default: OpenVINO's, or ``SPECDEC_OV_THREADS``).
-    ``cache``: "fused", "copy" or None (fused at f32 where the graph allows it, else copy; ``loader``).
+    ``cache``: "fused", "copy" or None (fused where the graph allows it, else copy; ``loader``).
     ``stale_limit``: rolled-back slots a fused cache keeps masked before it compacts them
     (``fused.Cursor``; 0: trimmed at every rollback; default ``fused.default_stale_limit``:
     0 below f32 on one thread, else ``fused.STALE_LIMIT``).
