@@ -14,7 +14,7 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
   (``greedy_equal``; for eagle3-hybrid, the target-only text of its own TLM, the same model with
   the head's hidden states as outputs, and ``eagle3_tlm_equals_target_only``: that text against
   the plain TLM's); OpenVINO with its default cache (``openvino``: fused where the graph allows
-  it, rolled back by masking at f32 and by trimming below f32) and with the copy path
+  it, rolled back by trimming below f32 on one thread, else by masking) and with the copy path
   (``openvino-copy``);
 * per OpenVINO precision, the width check over the same texts (OpenVINO f32's target-only answers):
   each prompt and answer re-scored in calls of k+1 tokens against calls of one; ``width_flips``:
