@@ -28,11 +28,15 @@ prompts (chat template, greedy, 128 new tokens), one thread per model:
   and prompt lookup, at f32 and at the CPU plugin's default precision, on an OpenVINO IR of the same
   checkpoint, the same prompt ids and new tokens, greedy; ``greedy_equal_ours_f32``: its ids equal
   our OpenVINO f32 target-only ids, per prompt;
-* ``paired_f32_target_only``: after GenAI's runs, our OpenVINO f32 target-only and GenAI's, alternated
-  three times (``--paired-rounds``), with the median of each side: the two are minutes apart in the
-  rows above, and this machine drifts by more than the goal's margin in that time;
-* ``goals`` (issue 34): our OpenVINO f32 target-only over GenAI's f32 target-only (goal >= 0.95; the
-  paired medians where measured, else the rows), and
+* ``paired_f32_target_only`` and ``paired_best_spec`` (``paired``): after GenAI's runs, each goal's
+  two sides again, each in a fresh process (ours: bench/ov_worker.py; GenAI's: its worker),
+  alternated four times with the order swapped every round (``--paired-rounds``), with the median
+  of each side. The rows above are minutes apart from GenAI's runs, and this machine drifts by more
+  than the goals' margins in that time; and ours in this process against GenAI in a fresh one
+  compared unlike processes (bench/ov_worker.py). The best-speculative pair is our best draft at
+  the precision OpenVINO picks, as ``goals`` chooses it from the rows, against GenAI's best run;
+* ``goals`` (issue 34), each from the paired medians where measured, else from the rows: our OpenVINO
+  f32 target-only over GenAI's f32 target-only (goal >= 0.95), and
   our best speculative decoding on OpenVINO at the precision OpenVINO picks over GenAI's best run
   (goal >= 1.2): the faster draft whose greedy output equals our target-only there on every prompt,
   else the faster one, flagged.
@@ -41,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,7 +57,8 @@ from . import ovgenai
 K, K_LIST, PL, CTX, NEW = 4, "0,1,2,4", 64, 256, 128
 DRAFTS = ("ngram", "suffix", "eagle3-hybrid")
 MT_NEW = 64           # new tokens per MT-bench first turn in its width check (as bench/mtbench.py's turns)
-PAIRED_ROUNDS = 3     # target-only f32, ours and GenAI's, alternated this many times for the first goal
+PAIRED_ROUNDS = 4     # each goal's pair, ours and GenAI's in fresh processes, alternated this many times
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def compile_both(export: Path, out: Path, log=print) -> dict[str, Path]:
@@ -260,38 +267,68 @@ def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: i
     res["genai"] = "not measured: no Hugging Face checkpoint given (--hf)" if hf is None else \
         ovgenai.measure(hf, out / "genai-ir", prompts, new, threads, K, ref[0], log)
     if isinstance(res["genai"], dict) and paired_rounds:
-        res["paired_f32_target_only"] = paired_target_only(dirs["openvino"], res["genai"]["ir"], prompts, new, threads,
-                                                           paired_rounds, log)
+        _paired_runs(res, dirs, e3, prompts, new, threads, paired_rounds, log)
     res["goals"] = goals(res)
     return res
 
 
-def paired_target_only(ov_dir: Path, ir: str, prompts, new: int, threads: int, rounds: int = PAIRED_ROUNDS,
-                       log=print) -> dict | str:
-    """Our OpenVINO f32 target-only (its default cache) and GenAI's f32 target-only on its IR
-    ``ir``, alternated ``rounds`` times (ours, GenAI's, ours, ...), so that a drift of the machine
-    between the rows and GenAI's runs (minutes apart) does not decide the ratio: per side the
-    tokens/s of each round and their median. A string (one line) when GenAI cannot run."""
-    from specdec_compile.runtime import OpenVinoBackend
+def _ours_worker(request: dict) -> dict:
+    """One run of ours in a fresh process (bench/ov_worker.py), under this Python."""
+    return ovgenai.run_worker(sys.executable, request, args=["-m", "bench.ov_worker"], cwd=ROOT)
+
+
+def paired(ours: dict, theirs: dict, prompts, new: int, threads: int, rounds: int = PAIRED_ROUNDS,
+           what: str = "f32 target-only", log=print) -> dict | str:
+    """Ours (an ov_worker request: artifact, precision, cache, draft, eagle3) and GenAI's (one
+    ovgenai_worker run: precision, mode) on the same ``prompts``, each in a fresh process, alternated
+    ``rounds`` times with the order swapped every round (ours first in the odd rounds): per side the
+    tokens/s of each round and their median. Both sides are started the same way from the same
+    process, so that neither the drift of the machine over minutes nor the state of the bench's
+    process (bench/ov_worker.py says what it changed) decides the ratio. A string (one line) when
+    either side cannot run."""
     python, which = ovgenai.genai_python()
     if python is None:
         return f"not measured: {which}"
-    b = OpenVinoBackend(ov_dir, precision="f32", threads=threads)
-    b.warmup()
-    ours, genai = [], []
+    ours_req = {**ours, "threads": threads, "prompts": prompts, "max_new_tokens": new}
+    their_req = {"ir": theirs["ir"], "prompts": prompts, "max_new_tokens": new, "threads": threads,
+                 "runs": [{"precision": theirs["precision"], "mode": theirs["mode"]}],
+                 "num_assistant_tokens": K, "max_ngram_size": ovgenai.MAX_NGRAM}
+    got = {"ours": [], "genai": []}
+    cache = None
     try:
-        for _ in range(rounds):
-            ours.append(_decode(b, prompts, None, new)[1])
-            ans = ovgenai.run_worker(python, {"ir": ir, "prompts": prompts, "max_new_tokens": new, "threads": threads,
-                                              "runs": [{"precision": "f32", "mode": "target"}]})
-            genai.append(ans["runs"][0]["tok_s"])
-            log(f"[backends] paired f32 target-only, round {len(ours)}: ours {ours[-1]:.1f}, GenAI {genai[-1]:.1f} tok/s")
-    except (RuntimeError, OSError) as e:
+        for i in range(rounds):
+            for side in (("ours", "genai") if i % 2 == 0 else ("genai", "ours")):
+                if side == "ours":
+                    ans = _ours_worker(ours_req)
+                    got["ours"].append(ans["tok_s"])
+                    cache = ans["cache"]
+                else:
+                    got["genai"].append(ovgenai.run_worker(python, their_req)["runs"][0]["tok_s"])
+            log(f"[backends] paired {what}, round {i + 1}: ours {got['ours'][-1]:.1f}, GenAI {got['genai'][-1]:.1f} tok/s")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         return f"not measured: {' '.join(str(e).split())[:300]}"
-    finally:
-        b.close()
-    return {"rounds": rounds, "cache": b.cache_kind, "ours": ours, "genai": genai,
-            "ours_median": float(np.median(ours)), "genai_median": float(np.median(genai))}
+    return {"what": what, "rounds": rounds, "cache": cache, "ours": got["ours"], "genai": got["genai"],
+            "ours_median": float(np.median(got["ours"])), "genai_median": float(np.median(got["genai"])),
+            "measured": f"medians of {rounds} alternated rounds, each side in a fresh process"}
+
+
+def _paired_runs(res: dict, dirs: dict, e3, prompts, new: int, threads: int, rounds: int, log) -> None:
+    """The two goals' pairs, after the rows and GenAI's runs: f32 target-only against GenAI's, and
+    our best speculative decoding at the precision OpenVINO picks (as ``goals`` chooses it from the
+    rows) against GenAI's best run."""
+    g = res["genai"]
+    res["paired_f32_target_only"] = paired({"artifact": str(dirs["openvino"]), "precision": "f32"},
+                                           {"ir": g["ir"], "precision": "f32", "mode": "target"},
+                                           prompts, new, threads, rounds, "f32 target-only", log)
+    pick = goals(res)
+    b = pick[f"best_spec_{pick['picked_precision']}"]
+    best = max(g["rows"], key=lambda r: r["tok_s"])
+    ours = {"artifact": str(dirs["openvino"]), "precision": b["precision"], "draft": b["draft"],
+            "cache": "copy" if b["backend"] == "openvino-copy" else None,
+            "eagle3": [str(p) for p in e3["openvino"]] if b["draft"] == "eagle3-hybrid" else None}
+    res["paired_best_spec"] = paired(ours, {"ir": g["ir"], "precision": best["precision"], "mode": best["mode"]},
+                                     prompts, new, threads, rounds, f"best speculative ({b['draft']} at {b['precision']}, "
+                                     f"{b['backend']}) against GenAI's {best['mode']} at {best['runs_at']}", log)
 
 
 def goals(res: dict) -> dict | None:
@@ -308,25 +345,24 @@ def goals(res: dict) -> dict | None:
     pick = g["cpu_default_precision"] if g["cpu_default_precision"] in ov else "f32"
     best_genai = max(g["rows"], key=lambda r: r["tok_s"])
     base = max(ov["f32"], key=lambda r: r["target_only_tok_s"])
-    paired = res.get("paired_f32_target_only")
-    if isinstance(paired, dict):      # the alternated rounds' medians, where they were measured
-        out = {"f32_target_only": {"ours": paired["ours_median"], "cache": paired["cache"],
-                                   "genai": paired["genai_median"], "goal": 0.95,
-                                   "measured": f"median of {paired['rounds']} alternated rounds"}}
-    else:
-        out = {"f32_target_only": {"ours": base["target_only_tok_s"], "cache": base.get("cache"),
-                                   "genai": genai["f32", "target"]["tok_s"], "goal": 0.95,
-                                   "measured": "the rows"}}
+    out = {"f32_target_only": {"ours": base["target_only_tok_s"], "cache": base.get("cache"),
+                               "genai": genai["f32", "target"]["tok_s"], "goal": 0.95, "measured": "the rows"}}
     for prec in dict.fromkeys((pick, "f32")):
         # the fastest draft whose greedy output equals target-only on every prompt (the goal's
         # condition), else the fastest, flagged
         row, draft = max(((r, d) for r in ov[prec] for d in DRAFTS if f"{d}_tok_s" in r),
                          key=lambda rd: (all(rd[0][f"{rd[1]}_greedy_equal"]), rd[0][f"{rd[1]}_tok_s"]))
         out[f"best_spec_{prec}"] = {"ours": row[f"{draft}_tok_s"], "draft": draft, "precision": prec,
-                                    "cache": row.get("cache"),
+                                    "cache": row.get("cache"), "backend": row["backend"], "measured": "the rows",
                                     "greedy_equal_target_only": all(row[f"{draft}_greedy_equal"]),
                                     "genai": best_genai["tok_s"], "genai_run": f"{best_genai['mode']} at "
                                     f"{best_genai['runs_at']}", "goal": 1.2}
+    # the paired rounds' medians where they were measured (the pair of the best draft is the one
+    # chosen here from the rows, at the picked precision)
+    for key, goal in (("paired_f32_target_only", "f32_target_only"), ("paired_best_spec", f"best_spec_{pick}")):
+        p = res.get(key)
+        if isinstance(p, dict):
+            out[goal].update(ours=p["ours_median"], genai=p["genai_median"], cache=p["cache"], measured=p["measured"])
     for v in out.values():
         v["ratio"] = v["ours"] / v["genai"]
     out["picked_precision"] = pick
@@ -359,18 +395,20 @@ def _goal_lines(res: dict) -> list[str]:
     cache = lambda v: f", {v['cache']} cache" if v.get("cache") else ""     # noqa: E731
     lines = [f"goal: OpenVINO f32 target-only{cache(f)} / GenAI f32 target-only ({f.get('measured', 'the rows')}) = "
              f"{f['ours']:.1f} / {f['genai']:.1f} = {f['ratio']:.2f} (goal >= {f['goal']})"]
-    p = res.get("paired_f32_target_only")
-    if isinstance(p, dict):
-        lines.append(f"paired rounds, tok/s: ours {', '.join(f'{x:.1f}' for x in p['ours'])}; GenAI "
-                     f"{', '.join(f'{x:.1f}' for x in p['genai'])}")
-    elif p is not None:
-        lines.append(f"paired rounds: {p}")
     for key in (k for k in gl if k.startswith("best_spec_")):
         b = gl[key]
         lines.append(f"goal: our best speculative on OpenVINO at {b['precision']} ({b['draft']}{cache(b)}, "
                      f"greedy == target-only: "
-                     f"{'yes' if b['greedy_equal_target_only'] else 'NO'}) / GenAI's best ({b['genai_run']}) = "
+                     f"{'yes' if b['greedy_equal_target_only'] else 'NO'}) / GenAI's best ({b['genai_run']}; "
+                     f"{b.get('measured', 'the rows')}) = "
                      f"{b['ours']:.1f} / {b['genai']:.1f} = {b['ratio']:.2f} (goal >= {b['goal']})")
+    for key in ("paired_f32_target_only", "paired_best_spec"):
+        p = res.get(key)
+        if isinstance(p, dict):
+            lines.append(f"paired rounds, {p['what']}, tok/s: ours {', '.join(f'{x:.1f}' for x in p['ours'])}; "
+                         f"GenAI {', '.join(f'{x:.1f}' for x in p['genai'])}")
+        elif p is not None:
+            lines.append(f"paired rounds ({key}): {p}")
     return [""] + lines
 
 
@@ -439,7 +477,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mtbench-per-category", type=int, default=2,
                     help="MT-bench's width check: first turns per category (0: not run)")
     ap.add_argument("--paired-rounds", type=int, default=PAIRED_ROUNDS,
-                    help="f32 target-only, ours and GenAI's, alternated this many times for the first goal (0: none)")
+                    help="each goal's pair (ours and GenAI's, each in a fresh process) alternated this many times, "
+                         "the order swapped every round (0: the goals from the rows)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--head", type=Path, default=None,
                     help="the EAGLE-3 head for the eagle3-hybrid rows (default workshop/heads/smollm2-eagle3)")

@@ -72,17 +72,19 @@ def ensure_ir(python: str, hf: Path, cache: Path, log=print) -> Path:
     return ir
 
 
-def run_worker(python: str, request: dict, timeout: float | None = None) -> dict:
-    """One worker run (bench/ovgenai_worker.py) under ``python``. RuntimeError: one line."""
-    r = subprocess.run([python, str(WORKER)], input=json.dumps(request), capture_output=True, text=True,
-                       timeout=timeout)
+def run_worker(python: str, request: dict, timeout: float | None = None, args: list[str] | None = None,
+               cwd: Path | None = None) -> dict:
+    """One worker run under ``python``: bench/ovgenai_worker.py, or ``args`` (the JSON protocol the
+    same; bench/ov_worker.py is run so), in ``cwd``. RuntimeError: one line."""
+    r = subprocess.run([python, *(args or [str(WORKER)])], input=json.dumps(request), capture_output=True,
+                       text=True, timeout=timeout, cwd=cwd)
     lines = r.stdout.strip().splitlines()
     try:
         ans = json.loads(lines[-1]) if lines else {"error": " ".join(r.stderr.split())[-300:]}
     except ValueError:
         ans = {"error": f"unreadable answer: {lines[-1][:200]}"}
     if r.returncode != 0 or "error" in ans:
-        raise RuntimeError(f"the GenAI worker failed: {ans.get('error', r.returncode)}")
+        raise RuntimeError(f"the {'GenAI' if args is None else 'OpenVINO'} worker failed: {ans.get('error', r.returncode)}")
     return ans
 
 

@@ -114,55 +114,85 @@ def test_goals_and_table():
     assert "OpenVINO GenAI: not measured: x" in backends.markdown(_res("not measured: x"))
 
 
-def test_paired_rounds_alternate_and_decide_the_first_goal(monkeypatch):
-    """Ours and GenAI's f32 target-only alternate (ours first), one GenAI run per round; the first
-    goal takes the medians; a worker that fails gives one line and the backend is still closed."""
-    from specdec_compile import runtime
-    order, ours, theirs = [], iter([30.0, 31.0, 29.0]), iter([33.0, 31.0, 35.0])
+def test_paired_rounds_alternate_in_fresh_processes_and_decide_both_goals(monkeypatch):
+    """Each goal's pair runs both sides as workers (fresh processes), the order swapped every round;
+    the goals take the medians; the best-speculative pair is the draft, precision and cache the
+    rows chose against GenAI's best run; a worker that fails gives one line."""
+    order = []
+    rates = {"ours": iter([30.0, 31.0, 29.0, 32.0, 90.0, 95.0, 85.0, 91.0]),
+             "genai": iter([33.0, 31.0, 35.0, 34.0, 80.0, 82.0, 78.0, 79.0])}
 
-    class FakeBackend:
-        cache_kind = "fused"
+    def worker(python, req, timeout=None, args=None, cwd=None):
+        if args is None:                  # GenAI's
+            order.append(("genai", req["runs"], req["threads"]))
+            return {"runs": [{"tok_s": next(rates["genai"])}]}
+        assert args == ["-m", "bench.ov_worker"] and cwd == backends.ROOT
+        order.append(("ours", req["precision"], req.get("draft"), req.get("cache"), req["threads"]))
+        return {"tok_s": next(rates["ours"]), "cache": "fused" if req.get("cache") is None else "copy"}
 
-        def __init__(self, d, **kw):
-            order.append(("load", kw["precision"], kw["threads"]))
-
-        def warmup(self):
-            pass
-
-        def close(self):
-            order.append("close")
-
-    def worker(python, req):
-        order.append(("genai", req["runs"], req["threads"]))
-        return {"runs": [{"tok_s": next(theirs)}]}
-
-    monkeypatch.setattr(runtime, "OpenVinoBackend", FakeBackend)
-    monkeypatch.setattr(backends, "_decode", lambda b, p, d, n: (order.append(("ours", d)), ([], next(ours)))[1])
     monkeypatch.setattr(ovgenai, "genai_python", lambda: ("py", "fake"))
     monkeypatch.setattr(ovgenai, "run_worker", worker)
-    p = backends.paired_target_only("ov", "ir", PROMPTS, 8, 2, rounds=3, log=lambda m: None)
-    one = [("ours", None), ("genai", [{"precision": "f32", "mode": "target"}], 2)]
-    assert order == [("load", "f32", 2)] + one * 3 + ["close"]
-    assert (p["ours"], p["genai"], p["ours_median"], p["genai_median"]) == ([30, 31, 29], [33, 31, 35], 30, 33)
     res = _res(_genai_rows())
-    res["paired_f32_target_only"] = p
-    f = backends.goals(res)["f32_target_only"]
-    assert f["ratio"] == pytest.approx(30 / 33) and f["measured"] == "median of 3 alternated rounds"
-    res["goals"] = backends.goals(res)
+    res["rows"][0]["cache"] = res["rows"][1]["cache"] = "fused"
+    backends._paired_runs(res, {"openvino": "ov"}, None, PROMPTS, 8, 2, 4, log=lambda m: None)
+    ours = ("ours", "f32", None, None, 2)
+    genai = ("genai", [{"precision": "f32", "mode": "target"}], 2)
+    assert order[:8] == [ours, genai, genai, ours] * 2
+    spec = ("ours", "bf16", "suffix", None, 2)          # the rows' best exact draft at bf16
+    best = ("genai", [{"precision": None, "mode": "prompt_lookup"}], 2)     # GenAI's fastest run
+    assert order[8:] == [spec, best, best, spec] * 2
+    p = res["paired_f32_target_only"]
+    assert (p["ours"], p["genai"], p["ours_median"], p["genai_median"]) == ([30, 31, 29, 32], [33, 31, 35, 34], 30.5, 33.5)
+    res["goals"] = gl = backends.goals(res)
+    assert gl["f32_target_only"]["ratio"] == pytest.approx(30.5 / 33.5)
+    b = gl["best_spec_bf16"]
+    assert (b["draft"], b["ours"], b["genai"], b["cache"]) == ("suffix", 90.5, 79.5, "fused")
+    assert gl["best_spec_f32"]["measured"] == "the rows"          # no pair: from the rows
     md = backends.markdown(res)
-    assert "(median of 3 alternated rounds) = 30.0 / 33.0 = 0.91 (goal >= 0.95)" in md
-    assert "paired rounds, tok/s: ours 30.0, 31.0, 29.0; GenAI 33.0, 31.0, 35.0" in md
+    assert "(medians of 4 alternated rounds, each side in a fresh process) = 30.5 / 33.5 = 0.91 (goal >= 0.95)" in md
+    assert "paired rounds, f32 target-only, tok/s: ours 30.0, 31.0, 29.0, 32.0; GenAI 33.0, 31.0, 35.0, 34.0" in md
+    assert "= 90.5 / 79.5 = 1.14 (goal >= 1.2)" in md
 
-    def fails(python, req):
-        raise RuntimeError("the GenAI worker failed: boom")
+    def fails(python, req, timeout=None, args=None, cwd=None):
+        raise RuntimeError("the OpenVINO worker failed: boom")
     monkeypatch.setattr(ovgenai, "run_worker", fails)
-    order.clear()
-    ours = iter([30.0])
-    assert backends.paired_target_only("ov", "ir", PROMPTS, 8, 1, rounds=2) == \
-        "not measured: the GenAI worker failed: boom"
-    assert order[-1] == "close"
+    got = backends.paired({"artifact": "ov", "precision": "f32"}, {"ir": "i", "precision": "f32", "mode": "target"},
+                          PROMPTS, 8, 1, 2, log=lambda m: None)
+    assert got == "not measured: the OpenVINO worker failed: boom"
     monkeypatch.setattr(ovgenai, "genai_python", lambda: (None, "openvino-genai is not installed"))
-    assert backends.paired_target_only("ov", "ir", PROMPTS, 8, 1) == "not measured: openvino-genai is not installed"
+    assert backends.paired({}, {"ir": "i", "precision": "f32", "mode": "target"}, PROMPTS, 8, 1) == \
+        "not measured: openvino-genai is not installed"
+
+
+def test_the_ov_worker_decodes_as_in_process_and_fails_in_one_line(fixture_path, tmp_path):
+    """bench/ov_worker.py, the fresh process ours runs in for the paired rounds: its ids equal the
+    same decoding in this process (target-only and n-gram, the tiny llama compiled --target
+    openvino); a bad request is one JSON error line and exit 1."""
+    pytest.importorskip("openvino")
+    import subprocess
+    import sys
+    from specdec_compile import cli as compile_cli
+    from specdec_compile.runtime import OpenVinoBackend, SpecDecoder, TargetOnlyDecoder
+
+    def worker(req):
+        r = subprocess.run([sys.executable, "-m", "bench.ov_worker"], input=json.dumps(req), capture_output=True,
+                           text=True, cwd=backends.ROOT)
+        return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
+
+    art = tmp_path / "art"
+    assert compile_cli.main([str(fixture_path("llama_gqa")), "--role", "tlm", "--target", "openvino", "--k", "4",
+                             "--prefill-len", "8", "--ctx-len", "64", "-o", str(art)]) == 0
+    b = OpenVinoBackend(art, precision="f32", threads=1)
+    for draft in (None, "ngram"):
+        dec = TargetOnlyDecoder(b) if draft is None else SpecDecoder(b, None, draft=draft)
+        here = [list(dec.generate(p, max_new_tokens=12).generated_ids) for p in PROMPTS]
+        rc, ans = worker({"artifact": str(art), "precision": "f32", "threads": 1, "draft": draft,
+                          "prompts": PROMPTS, "max_new_tokens": 12})
+        assert rc == 0 and ans["generated"] == here and ans["cache"] == b.cache_kind and ans["tok_s"] > 0, draft
+    b.close()
+    rc, ans = worker({"artifact": str(tmp_path / "nonexistent"), "precision": "f32", "threads": 1, "prompts": [[1]],
+                      "max_new_tokens": 2})
+    assert rc == 1 and list(ans) == ["error"] and "nonexistent" in ans["error"] and "\n" not in ans["error"]
 
 
 # --------------------------------------------------------------------------- with OpenVINO GenAI

@@ -427,7 +427,7 @@ class Cursor:
         self._handles = None     # (request, its cache states' handles)
         self.slots = np.empty(0, np.int64)
         self.valid = 0           # positions 0..valid-1 are held, each by one slot
-        self.compactions = 0     # how often the state was read out and set back (for the bench)
+        self.compactions = 0     # how often the state was read out and set back (tests read it)
 
     @property
     def length(self) -> int:
@@ -443,8 +443,8 @@ class Cursor:
                                f"the call starts at {first}; it must start at or before the cache's end "
                                f"(load it with cache='copy' for other calls)")
         self.slots[self.slots >= first] = STALE
-        live = np.flatnonzero(self.slots != STALE)
-        if len(self.slots) - len(live) > self.stale_limit:
+        if np.count_nonzero(self.slots == STALE) > self.stale_limit:
+            live = np.flatnonzero(self.slots != STALE)
             if self._handles is None or self._handles[0] is not request:     # the state handles, once
                 self._handles = (request, [h for h in request.query_state() if h.name in self.states])
             compact_states(self._handles[1], live)
