@@ -22,9 +22,9 @@ of all prompts. On any failure the answer is ``{"error": one line}`` and the exi
 """
 from __future__ import annotations
 
-import json
-import sys
 import time
+
+from bench.ovgenai_worker import serve
 
 
 def run(req: dict) -> dict:
@@ -60,13 +60,7 @@ def run(req: dict) -> dict:
 
 
 def main() -> int:
-    try:
-        ans = run(json.loads(sys.stdin.read()))
-    except Exception as e:      # the caller shows this one line
-        print(json.dumps({"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}))
-        return 1
-    print(json.dumps(ans))
-    return 0
+    return serve(run)
 
 
 if __name__ == "__main__":

@@ -81,14 +81,20 @@ def run(req: dict) -> dict:
     return ans
 
 
-def main() -> int:
+def serve(run_request) -> int:
+    """One JSON request on stdin, ``run_request``'s answer on stdout (exit 0), or ``{"error": one
+    line}`` (exit 1). bench/ov_worker.py serves the same way."""
     try:
-        ans = run(json.loads(sys.stdin.read()))
+        ans = run_request(json.loads(sys.stdin.read()))
     except Exception as e:      # the caller shows this one line
         print(json.dumps({"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}))
         return 1
     print(json.dumps(ans))
     return 0
+
+
+def main() -> int:
+    return serve(run)
 
 
 if __name__ == "__main__":
