@@ -424,7 +424,7 @@ class Cursor:
         self.stale_limit = STALE_LIMIT if stale_limit is None else int(stale_limit)
         if self.stale_limit < 0:
             raise SpecdecError(f"{name}: the fused cache's stale-slot limit must be >= 0 (got {stale_limit})")
-        self._handles = None     # (request, its cache states' handles)
+        self._handles = None     # (request, its cache states' handles, their fixed dims)
         self.slots = np.empty(0, np.int64)
         self.valid = 0           # positions 0..valid-1 are held, each by one slot
         self.compactions = 0     # how often the state was read out and set back (tests read it)
@@ -446,8 +446,9 @@ class Cursor:
         if np.count_nonzero(self.slots == STALE) > self.stale_limit:
             live = np.flatnonzero(self.slots != STALE)
             if self._handles is None or self._handles[0] is not request:     # the state handles, once
-                self._handles = (request, [h for h in request.query_state() if h.name in self.states])
-            compact_states(self._handles[1], live)
+                handles = [h for h in request.query_state() if h.name in self.states]
+                self._handles = (request, handles, [_dims(h.state) for h in handles])
+            compact_states(self._handles[1], live, len(self.slots), self._handles[2])
             self.slots = self.slots[live]
             self.compactions += 1
         row = pos[0]
@@ -469,17 +470,25 @@ class Cursor:
         return full
 
 
-def compact_states(handles, live: np.ndarray) -> None:
-    """Keep only the ``live`` slots of each cache state (``VariableState`` handles). A prefix is a
-    view of the state set back (GenAI's own trim); slots in between are gathered out."""
+def _dims(tensor) -> tuple[int, int, int]:
+    """A state's batch, heads and head size (they never change; its slots do)."""
+    b, h, _, d = tensor.shape
+    return int(b), int(h), int(d)
+
+
+def compact_states(handles, live: np.ndarray, held: int, dims: list) -> None:
+    """Keep only the ``live`` slots of each cache state (``VariableState`` handles, each holding
+    ``held`` slots; ``dims``: each one's batch, heads and head size). A prefix is a view of the state
+    set back (GenAI's own trim); slots in between are gathered out. The shapes are not read from the
+    states: reading one costs more than making its view."""
     import openvino as ov
     prefix = bool(np.array_equal(live, np.arange(len(live))))
-    for h in handles:
+    if prefix and held <= len(live):
+        return
+    for h, (b, heads, d) in zip(handles, dims):
         t = h.state
-        shape = list(t.shape)
         if prefix:
-            if shape[2] > len(live):
-                h.state = ov.Tensor(t, [0] * len(shape), shape[:2] + [len(live)] + shape[3:])
+            h.state = ov.Tensor(t, [0, 0, 0, 0], [b, heads, len(live), d])
         else:                               # the raw elements gathered, in the state's own type
             kept = np.ascontiguousarray(np.asarray(t.data)[:, :, live])
             h.state = ov.Tensor(kept, list(kept.shape), t.element_type)
