@@ -13,7 +13,7 @@ It reads one JSON request on stdin and writes one JSON answer on stdout:
     {"artifact": DIR, "precision": "f32" | "bf16" | ..., "threads": T, "cache": null | "copy",
      "draft": null | "ngram" | "suffix" | "eagle3-hybrid", "eagle3": [TLM DIR, HEAD DIR] | null,
      "prompts": [[ids], ...], "max_new_tokens": N}
-    -> {"tok_s": ..., "wall_s": ..., "cache": "fused" | "copy", "generated": [[ids], ...]}
+    -> {"tok_s": ..., "cache": "fused" | "copy", "generated": [[ids], ...]}
 
 ``draft`` null is target-only on ``artifact``; ``eagle3-hybrid`` runs the ``eagle3`` pair instead
 (both loaded at the same precision, threads and cache). As bench/backends.py's rows: greedy, every
@@ -22,14 +22,12 @@ of all prompts. On any failure the answer is ``{"error": one line}`` and the exi
 """
 from __future__ import annotations
 
-import time
-
 from bench.ovgenai_worker import serve
 
 
 def run(req: dict) -> dict:
-    from specdec_compile.runtime import OpenVinoBackend, SpecDecoder, TargetOnlyDecoder
-    from bench.mtbench import NGRAM_MAX
+    from specdec_compile.runtime import OpenVinoBackend
+    from bench.backends import _decode       # the rows' own decoding and timing
 
     def load(d):
         b = OpenVinoBackend(d, precision=req["precision"], threads=int(req["threads"]), cache=req.get("cache"))
@@ -37,26 +35,16 @@ def run(req: dict) -> dict:
         return b
 
     draft = req.get("draft")
-    opened = []
-    if draft == "eagle3-hybrid":
-        tlm, head = (load(d) for d in req["eagle3"])
-        opened = [tlm, head]
-        dec = SpecDecoder(tlm, head, draft="hybrid", ngram_max=NGRAM_MAX)
-    else:
-        tlm = load(req["artifact"])
-        opened = [tlm]
-        dec = TargetOnlyDecoder(tlm) if draft is None else SpecDecoder(tlm, None, draft=draft)
+    opened = [load(d) for d in req["eagle3"]] if draft == "eagle3-hybrid" else [load(req["artifact"])]
+    tlm, dlm = opened[0], (opened[1] if len(opened) > 1 else None)
     new = int(req["max_new_tokens"])
     try:
-        dec.generate(req["prompts"][0], max_new_tokens=min(new, 8))
-        t0 = time.perf_counter()
-        outs = [list(dec.generate(p, max_new_tokens=new).generated_ids) for p in req["prompts"]]
-        wall = time.perf_counter() - t0
+        _decode(tlm, req["prompts"][:1], draft, min(new, 8), dlm)
+        outs, rate = _decode(tlm, req["prompts"], draft, new, dlm)
     finally:
         for b in opened:
             b.close()
-    return {"tok_s": sum(map(len, outs)) / wall, "wall_s": wall, "cache": tlm.cache_kind,
-            "generated": [[int(t) for t in o] for o in outs]}
+    return {"tok_s": rate, "cache": tlm.cache_kind, "generated": [[int(t) for t in o] for o in outs]}
 
 
 def main() -> int:

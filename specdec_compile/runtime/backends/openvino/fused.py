@@ -448,7 +448,7 @@ class Cursor:
             if self._handles is None or self._handles[0] is not request:     # the state handles, once
                 handles = [h for h in request.query_state() if h.name in self.states]
                 self._handles = (request, handles, [_dims(h.state) for h in handles])
-            compact_states(self._handles[1], live, len(self.slots), self._handles[2])
+            compact_states(self._handles[1], live, self._handles[2])
             self.slots = self.slots[live]
             self.compactions += 1
         row = pos[0]
@@ -476,15 +476,13 @@ def _dims(tensor) -> tuple[int, int, int]:
     return int(b), int(h), int(d)
 
 
-def compact_states(handles, live: np.ndarray, held: int, dims: list) -> None:
-    """Keep only the ``live`` slots of each cache state (``VariableState`` handles, each holding
-    ``held`` slots; ``dims``: each one's batch, heads and head size). A prefix is a view of the state
-    set back (GenAI's own trim); slots in between are gathered out. The shapes are not read from the
-    states: reading one costs more than making its view."""
+def compact_states(handles, live: np.ndarray, dims: list) -> None:
+    """Keep only the ``live`` slots of each cache state (``VariableState`` handles, each holding more
+    slots than ``live``; ``dims``: each one's batch, heads and head size). A prefix is a view of the
+    state set back (GenAI's own trim); slots in between are gathered out. The shapes are not read
+    from the states: reading one costs more than making its view."""
     import openvino as ov
     prefix = bool(np.array_equal(live, np.arange(len(live))))
-    if prefix and held <= len(live):
-        return
     for h, (b, heads, d) in zip(handles, dims):
         t = h.state
         if prefix:
