@@ -87,7 +87,10 @@ def compile_eagle3s(export: Path, out: Path, head: Path, log=print) -> dict | st
                               prefill_len=PL, ctx_len=CTX, log=log, target=t)[:2] for t in ("ort", "openvino")}
 
 
-def _decode(backend, prompts, draft: str | None, new: int = NEW, dlm=None):
+def decode(backend, prompts, draft: str | None, new: int = NEW, dlm=None):
+    """Greedy decoding of every prompt (``draft`` None: target-only; ``eagle3-hybrid``: with the head
+    ``dlm``): (the generated ids per prompt, tokens/s over the wall time of all of them). The rows
+    and bench/ov_worker.py both time with it."""
     from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
     from .mtbench import NGRAM_MAX
     if draft == "eagle3-hybrid":
@@ -152,7 +155,7 @@ def mtbench_width(ov_dir: Path, tok, threads: int, per_category: int, log=print)
     for prec in dict.fromkeys(("f32", default_precision())):
         b = OpenVinoBackend(ov_dir, precision=prec, threads=threads)
         if ref is None:
-            ref, _ = _decode(b, prompts, None, MT_NEW)
+            ref, _ = decode(b, prompts, None, MT_NEW)
         flips, total, ones = width_flips(b, prompts, ref, K + 1)
         row = {"precision": prec, "width_flips": flips, "positions": total}
         if f32_ones is None:
@@ -199,7 +202,7 @@ def _measure_row(b, kind, prec, prompts, new, e3=None):
     """One backend's row: target-only, n-gram, suffix and (``e3``: the EAGLE-3 pair's maker)
     eagle3-hybrid; (the row, target-only's ids)."""
     b.warmup()
-    base, base_rate = _decode(b, prompts, None, new)
+    base, base_rate = decode(b, prompts, None, new)
     row = {"backend": kind, "precision": prec, "target_only_tok_s": base_rate}
     if hasattr(b, "cache_kind"):
         row["cache"] = b.cache_kind
@@ -210,15 +213,15 @@ def _measure_row(b, kind, prec, prompts, new, e3=None):
         row[f"{draft}_greedy_equal"] = [g == t for g, t in zip(got, ref)]
 
     for draft in ("ngram", "suffix"):
-        put(draft, *_decode(b, prompts, draft, new))
+        put(draft, *decode(b, prompts, draft, new))
     if e3 is not None:
         tlm, head = e3()
         tlm.warmup()
         head.warmup()
         # the pair's TLM (the same model with the head's hidden states as outputs) decoding alone: what
         # its speculative text must equal (below f32 its logits can differ from the plain TLM's)
-        own = _decode(tlm, prompts, None, new)[0]
-        put("eagle3-hybrid", *_decode(tlm, prompts, "eagle3-hybrid", new, dlm=head), ref=own)
+        own = decode(tlm, prompts, None, new)[0]
+        put("eagle3-hybrid", *decode(tlm, prompts, "eagle3-hybrid", new, dlm=head), ref=own)
         row["eagle3_tlm_equals_target_only"] = [a == b for a, b in zip(own, base)]
         row["eagle3_caches"] = [getattr(x, "cache_kind", None) for x in (tlm, head)]
         tlm.close()

