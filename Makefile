@@ -42,7 +42,7 @@ demo: demo-deps
 
 # the demo's EAGLE-3 head from scratch (docs/demo.md): the target converted, then trained on the
 # committed data (workshop/data/eagle3-smollm2) into build/eagle3-head; recipe.json names the target's sha256.
-# SHARDS=N trains on the data's first N shards (the committed head: SHARDS=20)
+# SHARDS=N trains on the data's first N shards (the committed head: all 24; the first head: SHARDS=20)
 SHARDS ?=
 eagle3-head: demo-deps
 	$(PY) -m workshop.smollm2 > /dev/null
