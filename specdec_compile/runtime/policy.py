@@ -11,6 +11,8 @@ they share the draft calls and the TLM call's width) and the measured call
 times (costs.py). With 0 compiled (``--k-list 0,...``) j = 0 is a choice (the
 fallback): width 1 is timed once before it is judged, and after 4, 8, ... 64
 rounds without drafts a round drafts again (a probe) to see if drafts pay now.
+A probe whose source proposes nothing (a lookup without a match) is no evidence:
+it stays due, and the clock backs off only once a probe has been verified.
 Round 1 of a generation (the first draft accepted) drafts k - 1 (contract
 section 6), or the fixed k.
 """
@@ -28,6 +30,7 @@ class RowState:
         self.acc, self.chk = 0.0, 0.0          # decayed counts: accepted / checked drafts
         self.draft_cost_share = 1.0            # the share of drafts that call the draft model (a hybrid's < 1)
         self.zero_rounds, self.probe_every = 0, policy.PROBE_FIRST
+        self.probe_due = False                 # a probe was chosen but its source drafted nothing yet
 
     def alpha(self) -> float:
         return (self.acc + 0.5) / (self.chk + 1.0)
@@ -87,6 +90,7 @@ class WidthPolicy:
     def note_acceptance(self, row: RowState, accepted: int, drafted: int) -> None:
         lam = self.DECAY
         row.acc = lam * row.acc + accepted
+        row.probe_due = False
         row.chk = lam * row.chk + accepted + (1 if accepted < drafted else 0)
 
     def choose(self, row: RowState) -> int:
@@ -95,13 +99,14 @@ class WidthPolicy:
         share = row.draft_cost_share
         j = self.choose_drafts(self.pooled_alpha(row), share=share)
         if j != 0 or not self.adaptive:
-            row.zero_rounds, row.probe_every = 0, self.PROBE_FIRST
+            row.zero_rounds, row.probe_every, row.probe_due = 0, self.PROBE_FIRST, False
             return j
-        row.zero_rounds += 1
-        if row.zero_rounds < row.probe_every:
-            return 0
-        row.zero_rounds = 0
-        row.probe_every = min(2 * row.probe_every, self.PROBE_MAX)
+        if not row.probe_due:
+            row.zero_rounds += 1
+            if row.zero_rounds < row.probe_every:
+                return 0
+            row.zero_rounds, row.probe_due = 0, True
+            row.probe_every = min(2 * row.probe_every, self.PROBE_MAX)
         return self.choose_drafts(self.pooled_alpha(row), drafting=True, share=share)
 
     # -- the choice ------------------------------------------------------------

@@ -114,3 +114,76 @@ def test_plain_decoding_is_timed_before_it_is_judged():
     nf = SpecDecoder(t, d, fallback=False).policy
     nf.costs = known_costs(dlm=(10, 0.3), tlm={2: (10, 1.1)})
     assert nf.choose_drafts(0.9) > 0                         # no fallback: nothing to time
+
+
+class SparseLookup:
+    """A free draft source (no draft model, like n-gram) that proposes wrong tokens
+    before position ``wrong_until``, nothing after it, and the target's own tokens in
+    the windows where ``match(q)`` holds: the shape of an answer that starts in
+    new text and later repeats lines."""
+
+    kind = "ngram"
+
+    def __init__(self, lm, wrong_until, match):
+        self.lm, self.wrong_until, self.match = lm, wrong_until, match
+
+    def bind(self, tlm):
+        pass
+
+    def backends(self):
+        return []
+
+    def drafter(self, ctx):
+        return self
+
+    def first(self, prompt):
+        return None
+
+    def draft(self, seq, q, n):
+        if q < self.wrong_until:
+            return [(int(np.argmax(self.lm(seq[:q]))) + 1) % self.lm.vocab]
+        if not self.match(q):
+            return []
+        out, s = [], list(seq[:q])
+        for _ in range(n):
+            out.append(int(np.argmax(self.lm(s))))
+            s.append(out[-1])
+        return out
+
+    def verified(self, step):
+        pass
+
+    def rollback(self, valid):
+        pass
+
+    def finish(self, seq):
+        pass
+
+
+def test_a_probe_that_drafts_nothing_stays_due():
+    """A probe whose source proposes nothing (a lookup that found no match) is no
+    evidence: the next round asks again, and the probe clock only backs off once a
+    probe has drafted. Before, an n-gram row that had its first probes rejected
+    could spend its later probes on rounds without a match and never draft again
+    (docs/demo.md: 4 probes, then 123 rounds at K=0 over an answer that repeats lines)."""
+    lm = FakeLM(23)
+    t = FakeBackend(fake_artifact("tlm", k=4, k_list=[0, 1, 4], ctx_len=400), lm)
+    costs = nominal_costs(lambda role, width: 1.0 + 0.18 * (width - 1))   # w2/w1 = 1.18, as measured
+    src = SparseLookup(lm, wrong_until=30, match=lambda q: q >= 120 and q % 9 < 3)
+    res = SpecDecoder(t, src, policy=WidthPolicy(costs=costs)).generate(PROMPT, max_new_tokens=300)
+    assert res.generated_ids == reference_greedy(lm, PROMPT, 300)
+    assert res.metrics["accepted_tokens"] >= 60, res.metrics["verify_drafts_histogram"]
+
+
+def test_the_probe_clock():
+    t, d, _ = pair(0)
+    pol = SpecDecoder(t, d).policy
+    pol.costs = known_costs(dlm=(10, 0.0), tlm={1: (10, 1.0), 2: (10, 1.18), 5: (10, 1.5)})
+    row = pol.row()
+    row.acc, row.chk = 0.0, 20.0                     # drafts rejected: plain decoding pays
+    seq = [pol.choose(row) for _ in range(pol.PROBE_FIRST)]
+    assert seq[:-1] == [0] * (pol.PROBE_FIRST - 1) and seq[-1] > 0          # the first probe
+    assert [pol.choose(row) for _ in range(3)] == [seq[-1]] * 3             # it drafted nothing: still due
+    pol.note_acceptance(row, 0, 1)                                          # it drafted and was rejected
+    nxt = [pol.choose(row) for _ in range(2 * pol.PROBE_FIRST)]
+    assert nxt[:-1] == [0] * (2 * pol.PROBE_FIRST - 1) and nxt[-1] > 0      # backed off: twice as long
