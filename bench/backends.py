@@ -77,14 +77,15 @@ def compile_both(export: Path, out: Path, log=print) -> dict[str, Path]:
     return dirs
 
 
-def compile_eagle3s(export: Path, out: Path, head: Path, log=print) -> dict | str:
+def compile_eagle3s(export: Path, out: Path, head: Path, log=print, weights: str = "float") -> dict | str:
     """{target: (TLM with the head's hidden states, the imported head)} for ort and openvino, or a
-    line saying why there is none (no head)."""
+    line saying why there is none (no head). ``weights``: the head's (``import-head --weights``)."""
     from demo.compiling import compile_eagle3
     if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
         return f"no EAGLE-3 head at {head}"
     return {t: compile_eagle3(export, head, out / f"eagle3-{t}", k=K, k_list=[int(x) for x in K_LIST.split(",")],
-                              prefill_len=PL, ctx_len=CTX, log=log, target=t)[:2] for t in ("ort", "openvino")}
+                              prefill_len=PL, ctx_len=CTX, log=log, target=t, weights=weights)[:2]
+            for t in ("ort", "openvino")}
 
 
 def decode(backend, prompts, draft: str | None, new: int = NEW, dlm=None):
@@ -231,7 +232,7 @@ def _measure_row(b, kind, prec, prompts, new, e3=None):
 
 def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: int = 4, log=print,
         new: int = NEW, hf: Path | None = None, width_check: bool = True, mt_per_category: int = 2,
-        head: Path | None = None, paired_rounds: int = PAIRED_ROUNDS) -> dict:
+        head: Path | None = None, paired_rounds: int = PAIRED_ROUNDS, head_weights: str = "float") -> dict:
     """The rows at ``threads`` threads; GenAI's beside them when ``hf`` (the checkpoint ``export``
     was made from) is given, and then ``paired_rounds`` alternated f32 target-only rounds of ours
     and GenAI's (0: none); the width checks when ``width_check`` (MT-bench's with
@@ -241,11 +242,12 @@ def run(export: Path, tokenizer: Path, out: Path, threads: int = 1, n_prompts: i
     from specdec_compile.runtime.tokenizer import load_tokenizer
 
     dirs = compile_both(export, out, log)
-    e3 = compile_eagle3s(export, out, head, log) if head is not None else "no EAGLE-3 head given"
+    e3 = compile_eagle3s(export, out, head, log, head_weights) if head is not None else "no EAGLE-3 head given"
     tok = load_tokenizer(str(tokenizer))
     prompts = [chat_ids(tok, t) for t in prompt_sets.DEMO_PROMPTS[:n_prompts]]
     res = {"model": str(export), "threads": threads, "k": K, "ctx_len": CTX, "max_new_tokens": new,
-           "prompts": len(prompts), "rows": [], "eagle3": e3 if isinstance(e3, str) else str(head)}
+           "prompts": len(prompts), "rows": [], "eagle3": e3 if isinstance(e3, str) else str(head),
+           "eagle3_weights": head_weights}
     ref = None            # OpenVINO f32's target-only texts and their width-1 top tokens: what bf16 re-scores
     for kind, prec, make, e3_make in _backends(dirs, threads, e3):
         b = make()
@@ -448,7 +450,8 @@ def markdown(res: dict) -> str:
     if "runs" in res:
         return "\n".join(markdown(r) for r in res["runs"])
     lines = [f"backends: {res['model']}, {res['prompts']} prompts x {res['max_new_tokens']} new tokens, greedy, "
-             f"{res['threads']} thread(s), k {res['k']}, ctx {res['ctx_len']}", "",
+             f"{res['threads']} thread(s), k {res['k']}, ctx {res['ctx_len']}, EAGLE-3 head weights "
+             f"{res.get('eagle3_weights', 'float')}", "",
              "| backend | precision | cache | target-only tok/s | n-gram tok/s (x) | suffix tok/s (x) | "
              "eagle3-hybrid tok/s (x) | spec == target-only | width flips | flips vs f32 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -485,12 +488,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--head", type=Path, default=None,
                     help="the EAGLE-3 head for the eagle3-hybrid rows (default workshop/heads/smollm2-eagle3)")
+    ap.add_argument("--head-weights", choices=("float", "int8", "int4"), default="float",
+                    help="the EAGLE-3 head's weights (import-head --weights; default float)")
     a = ap.parse_args(argv)
     from .mtbench import DEFAULT_HEAD
     hf = a.hf if a.hf.is_dir() else None
     res = {"runs": [run(a.export, a.tokenizer, a.out, t, a.prompts, new=a.max_new_tokens, hf=hf, width_check=i == 0,
                         mt_per_category=a.mtbench_per_category, head=a.head or DEFAULT_HEAD,
-                        paired_rounds=a.paired_rounds)
+                        paired_rounds=a.paired_rounds, head_weights=a.head_weights)
                     for i, t in enumerate(a.threads)]}
     print(markdown(res))
     if a.json:

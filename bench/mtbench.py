@@ -54,6 +54,7 @@ from pathlib import Path
 from demo.compiling import compile_artifact, compile_feature_pair
 from demo.compiling import compile_eagle3 as compile_eagle3_pair
 from demo.rates import decode_rate
+from specdec_compile.eagle3.quantize import WEIGHTS
 
 from . import real_model
 
@@ -263,11 +264,18 @@ def split_method(spec: str) -> tuple[str, str, float]:
     (SpecDecoder's ``draft_min_prob``)."""
     rest, _, p = spec.partition("@")
     name, _, k = rest.partition(":")
+    name = name.partition("+")[0]          # an EAGLE-3 head's weights (head_weights)
     try:
         prob = float(p) if p else 0.0
     except ValueError:
         prob = -1.0
     return name, k, prob
+
+
+def head_weights(spec: str) -> str:
+    """``eagle3-hybrid+int8:5@0.2`` -> "int8": an EAGLE-3 method's head weights (``import-head --weights``;
+    "float" when not given)."""
+    return spec.partition("@")[0].partition(":")[0].partition("+")[2] or "float"
 
 
 def parse_methods(text: str) -> list[str]:
@@ -277,9 +285,11 @@ def parse_methods(text: str) -> list[str]:
     for spec in [s.strip() for s in text.split(",") if s.strip()]:
         name, k, p = split_method(spec)
         if name not in KNOWN or (k and not (k.isdigit() and int(k) >= 1)) or (name == "target" and k) \
-                or ("@" in spec and (name in ("target", "ngram") or not 0.0 < p < 1.0)):
+                or ("@" in spec and (name in ("target", "ngram") or not 0.0 < p < 1.0)) \
+                or ("+" in spec and (not name.startswith("eagle3") or head_weights(spec) not in WEIGHTS[1:])):
             raise SystemExit(f"mtbench: unknown method {spec!r} (expected {', '.join(KNOWN)}, optionally NAME:K "
-                             f"with K >= 1 and, with a draft model, NAME@P with P in (0, 1))")
+                             f"with K >= 1, with a draft model NAME@P with P in (0, 1), and an EAGLE-3 method's "
+                             f"head weights as NAME+int8 or NAME+int4)")
         if spec not in out:
             out.append(spec)
     return out
@@ -292,9 +302,21 @@ def _needs(methods: list[str]) -> set[str]:
     return need | ({"eagle3"} if names & {"eagle3", "eagle3-hybrid"} else set())
 
 
-def compile_eagle3(export: Path, head: Path, out: Path, *, ctx_len: int, log=print) -> tuple[Path, Path, dict]:
+def needs_feature_pair(a) -> bool:
+    """Whether the methods asked for (``--mtbench-methods``) read make demo's feature pair (hybrid,
+    feature), which the bench otherwise need not build."""
+    return "feature-pair" in _needs(parse_methods(a.mtbench_methods))
+
+
+def compile_eagle3(export: Path, head: Path, out: Path, *, ctx_len: int, log=print,
+                   weights: str = "float") -> tuple[Path, Path, dict]:
     """The head and its TLM (``demo.compiling.compile_eagle3``) at this section's k, widths and prefill."""
-    return compile_eagle3_pair(export, head, out, k=K, k_list=K_LIST, prefill_len=PREFILL, ctx_len=ctx_len, log=log)
+    return compile_eagle3_pair(export, head, out, k=K, k_list=K_LIST, prefill_len=PREFILL, ctx_len=ctx_len, log=log,
+                               weights=weights)
+
+
+def _head_key(weights: str) -> str:
+    return "e3-head" if weights == "float" else f"e3-head-{weights}"
 
 
 def prepare(export: Path, fdraft: Path | None, head: Path | None, out: Path, methods: list[str], *,
@@ -321,8 +343,11 @@ def prepare(export: Path, fdraft: Path | None, head: Path | None, out: Path, met
             notes["skipped"]["eagle3"] = (f"no EAGLE-3 head at {head} (config.json + model.safetensors; "
                                           f"--mtbench-head DIR)")
         else:
-            arts["e3-tlm"], arts["e3-head"], notes["eagle3"] = compile_eagle3(export, head, out, ctx_len=ctx_len,
-                                                                              log=log)
+            for w in dict.fromkeys(head_weights(m) for m in methods if split_method(m)[0].startswith("eagle3")):
+                arts["e3-tlm"], arts[_head_key(w)], info = compile_eagle3(export, head, out, ctx_len=ctx_len,
+                                                                          log=log, weights=w)
+                notes.setdefault("eagle3", info)
+                notes["eagle3"].setdefault("heads", {})[w] = str(arts[_head_key(w)])
     for m, why in notes["skipped"].items():
         log(f"[mtbench] {m}: skipped: {why}")
     return arts, notes
@@ -338,6 +363,8 @@ def make_decoders(methods: list[str], backends: dict, eos) -> dict:
     for spec in methods[1:]:
         name, k, p = split_method(spec)
         tlm, dlm, draft = pairs[name]
+        if dlm == "e3-head":
+            dlm = _head_key(head_weights(spec))
         if tlm not in backends or (dlm and dlm not in backends):
             continue
         kw = ({"k": int(k), "adaptive": False} if k else {}) | ({"draft_min_prob": p} if p else {})

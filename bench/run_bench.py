@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import serving
         res.update(serving.run(pair, a.out, a, only))
         res.update(suffix.run(pair, a.out, a, only))
-    if only & {"step_floor", "fallback_feature", "mtbench"}:
+    if only & {"step_floor", "fallback_feature"} or ("mtbench" in only and mtbench.needs_feature_pair(a)):
         from . import real_model
         real_model.ensure_feature_pair(a.real_out, a, log)   # make demo builds it only without an EAGLE-3 head
     res.update(suffix.run_real(a, only))                # SmolLM2's suffix rows: when built, else skipped

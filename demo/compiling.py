@@ -104,20 +104,23 @@ def head_sha(head: Path) -> str:
 
 
 def compile_eagle3(export: Path, head: Path, out: Path, *, k: int, k_list: list[int], prefill_len: int,
-                   ctx_len: int, log=print, target: str = "ort") -> tuple[Path, Path, dict]:
+                   ctx_len: int, log=print, target: str = "ort", weights: str = "float") -> tuple[Path, Path, dict]:
     """A ``speculators`` EAGLE-3 head imported by ``specdec-compile import-head`` against ``export``
     and the TLM compiled with the ``--hidden-states`` the import names, both under ``out``/eagle3-SHA
     (SHA: the head's model.safetensors sha256; cached: the stamp holds the head's files, the export's
     sha256, the options and the compiler's sources), lowered for ``target``. Returns (the TLM, the
-    head, what was imported)."""
+    head, what was imported). ``weights``: the head's (``import-head --weights``; "float": the
+    checkpoint's), its directory ``head`` or ``head-int8``/``head-int4`` beside the one TLM."""
     sha = head_sha(head)
     base = out / f"eagle3-{sha[:16]}"
     common = ["--target", target, "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len)]
-    t_head = compile_artifact(head, base / "head", ["--tlm", str(export), "--k", str(k), *common, "--quiet"],
+    hdir = base / ("head" if weights == "float" else f"head-{weights}")
+    wflag = [] if weights == "float" else ["--weights", weights]
+    t_head = compile_artifact(head, hdir, ["--tlm", str(export), "--k", str(k), *common, *wflag, "--quiet"],
                               log=log, subcommand="import-head",
                               key_files=(head / "config.json", head / "model.safetensors", export))
     from specdec_compile.layer_lists import format_layers
-    man = json.loads((base / "head" / "manifest.json").read_text())
+    man = json.loads((hdir / "manifest.json").read_text())
     layers = format_layers(man["feature_draft"]["target_layers"])
     t_tlm = compile_artifact(export, base / "tlm", ["--role", "tlm", "--k", str(k), "--k-list",
                                                     ",".join(map(str, k_list)), "--hidden-states", layers, *common],
@@ -125,6 +128,6 @@ def compile_eagle3(export: Path, head: Path, out: Path, *, k: int, k_list: list[
     rec = man["feature_draft"].get("eagle3") or {}
     info = {"dir": str(head), "sha256": sha, "hidden_states": layers, "artifacts": str(base),
             "aux_hidden_state_layer_ids": rec.get("aux_hidden_state_layer_ids"),
-            "draft_vocab_size": rec.get("draft_vocab_size"), "compile_s": {"head": round(t_head, 1),
-                                                                           "tlm": round(t_tlm, 1)}}
-    return base / "tlm", base / "head", info
+            "draft_vocab_size": rec.get("draft_vocab_size"), "weights": weights,
+            "compile_s": {"head": round(t_head, 1), "tlm": round(t_tlm, 1)}}
+    return base / "tlm", hdir, info

@@ -87,6 +87,7 @@ def describe(info: dict) -> str:
             f"sha256 {info['sha256'][:12]}...), trained for this target ({info['target_sha256'][:12]}...) on "
             f"{info.get('answer_tokens') or 0:,} answer tokens (dataset {str(info.get('dataset_sha256'))[:12]}...), "
             f"{info.get('device')}; imported with --hidden-states {info['hidden_states']}"
+            f"{'' if info.get('weights', 'float') == 'float' else ', weights ' + info['weights']}"
             + (f"; held-out greedy tokens per target call {top}" if top else ""))
 
 

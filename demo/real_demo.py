@@ -55,7 +55,8 @@ NGRAM_MAX = 3
 
 
 def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, log=print,
-          fdraft_head: Path | None = None, eagle3_head: Path | None = None, feature_head: bool = True) -> dict:
+          fdraft_head: Path | None = None, eagle3_head: Path | None = None, feature_head: bool = True,
+          eagle3_weights: str = "float") -> dict:
     """Target, draft and the compiled artifacts (every stage cached). ``fdraft_head``: a feature
     draft head trained elsewhere (``feature_draft.run``'s ``head_from``) instead of here.
     ``eagle3_head``: an EAGLE-3 head directory, held to the target's checkpoint before any draft is
@@ -79,7 +80,8 @@ def build(out: Path, *, k: int, prefill_len: int, ctx_len: int, threads: int, lo
                                            k_list=K_LIST, prefill_len=prefill_len, ctx_len=ctx_len, log=log))
     if e3:
         e3_tlm, e3_head, info = compile_eagle3(Path(target["paths"]["onnx"]), eagle3_head, out, k=k, k_list=K_LIST,
-                                               prefill_len=prefill_len, ctx_len=ctx_len, log=log)
+                                               prefill_len=prefill_len, ctx_len=ctx_len, log=log,
+                                               weights=eagle3_weights)
         ctimes.update({f"eagle3-{n}": t for n, t in info["compile_s"].items()})
         e3 = {**e3, **info, "paths": {"tlm": str(e3_tlm), "head": str(e3_head)}}
     return {"target": target, "draft": draft, "fdraft": fdraft, "eagle3": e3, "compile_s": ctimes,
@@ -383,7 +385,7 @@ def main(a, console, log) -> int:
     try:
         head = eagle3.resolve(a.eagle3_head, disabled=a.no_eagle3, log=log)
         built = build(a.out, k=a.k, prefill_len=a.prefill_len, ctx_len=a.ctx_len, threads=a.threads, log=log,
-                      fdraft_head=a.fdraft_head, eagle3_head=head,
+                      fdraft_head=a.fdraft_head, eagle3_head=head, eagle3_weights=a.eagle3_weights,
                       feature_head=head is None or a.feature_head or a.fdraft_head is not None)
     except eagle3.HeadRefused as e:
         print(f"demo: {e}", file=sys.stderr)

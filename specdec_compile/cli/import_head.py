@@ -41,6 +41,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
     p.add_argument("--batch-size", type=int, default=1, help="rows per call, as the TLM's (default 1)")
+    p.add_argument("--weights", choices=("float", "int8", "int4"), default="float",
+                   help="the head's MatMul weights: float (the checkpoint's, in float32; default) or int8/int4 "
+                        "(weight-only MatMulNBits: cheaper drafts on a CPU, the same output, since every draft "
+                        "is verified; ort and openvino targets)")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory OUT")
     p.add_argument("--json", action="store_true", help="print the manifest's eagle3 record as JSON")
     add_progress_flags(p)
@@ -54,7 +58,7 @@ def main(argv: list[str], prog: str = "specdec-compile import-head") -> int:
         raise SpecdecError(f"--k must be at least 1, got {a.k}")
     from ..eagle3.importer import hidden_states_hint, import_head
     m = import_head(a.checkpoint, a.tlm, a.output, target=a.target, k=a.k, prefill_len=a.prefill_len,
-                    ctx_len=a.ctx_len, force=a.force, batch_size=a.batch_size)
+                    ctx_len=a.ctx_len, force=a.force, batch_size=a.batch_size, weights=a.weights)
     fd = m["feature_draft"]
     rec = fd["eagle3"]
     if a.json:
@@ -69,4 +73,7 @@ def main(argv: list[str], prog: str = "specdec-compile import-head") -> int:
     print(f"  layers      aux ids {rec['aux_hidden_state_layer_ids']} = outputs of target layers "
           f"{hidden_states_hint(m)}: compile the target with --hidden-states {hidden_states_hint(m)}")
     print(f"  shapes      seq_len {'/'.join(str(s) for s in m['specializations'])}, ctx_len {m['ctx_len']}")
+    w = rec.get("weights")
+    print("  weights     float32 (the checkpoint's)" if not w else
+          f"  weights     {w['format']} ({w['op']}, blocks of {w['block_size']}, {w['matmuls']} MatMuls)")
     return 0

@@ -42,6 +42,8 @@ from ..errors import SpecdecError
 from .checkpoint import Eagle3Checkpoint
 
 PAD_LOGIT = -1.0e4    # finite (no inf - inf), below any real logit; exp() of it underflows to 0
+#: how the draft's logits are spread over the target's vocabulary (``_build``)
+SPREADS = ("gather", "scatter")
 INPUT_NAMES = ["input_ids", "attention_mask", "position_ids", "hidden_states", "past_k_0", "past_v_0"]
 OUTPUT_NAMES = ["logits", "new_k_0", "new_v_0"]
 
@@ -74,7 +76,8 @@ def _layer_config(ck: Eagle3Checkpoint):
 def _first_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                          use_cache=False, cache_position=None, position_embeddings=None, **kwargs):
     """The EAGLE-3 decoder layer: ``hidden_states`` is concat(embedding, g), 2H wide."""
-    embeds, g = hidden_states.chunk(2, dim=-1)
+    H = hidden_states.shape[-1] // 2      # static: slices, not a Split (lower.py sizes a Split from shape
+    embeds, g = hidden_states[..., :H], hidden_states[..., H:]   # inference, which MatMulNBits stops)
     normed = self.hidden_norm(g)
     residual = normed if self.norm_before_residual else g
     import torch
@@ -86,7 +89,14 @@ def _first_layer_forward(self, hidden_states, attention_mask=None, position_ids=
     return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray):
+def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray, spread: str = "gather"):
+    """The head as a torch module. ``spread``: how the draft's logits reach the target's ids (when the
+    draft vocabulary is not the target's): "gather" (one more LM-head row, then a Gather over the
+    target's vocabulary: ops with Cloud AI 100 precedent) or "scatter" (a ScatterElements of the draft's
+    logits into a row of PAD_LOGIT: the same values, and on a CPU about an eighth of the Gather's time,
+    which reads one element per target id)."""
+    if spread not in SPREADS:
+        raise AssertionError(f"spread {spread!r} is not one of {SPREADS}")
     torch = _torch()
     from transformers import LlamaModel, Qwen3Model
 
@@ -115,10 +125,13 @@ def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray):
             self.input_norm = norm_cls(n * H, eps=ck.eps) if ck.flags["norm_before_fc"] else None
             self.fc_norm = (torch.nn.ModuleList([norm_cls(H, eps=ck.eps) for _ in range(n)])
                             if ck.flags["fc_norm"] else None)
-            spread = not np.array_equal(target_ids, np.arange(ck.target_vocab))
+            spreads = not np.array_equal(target_ids, np.arange(ck.target_vocab))
             cols = np.full(ck.target_vocab, ck.draft_vocab, np.int64)
             cols[target_ids] = np.arange(ck.draft_vocab)
-            self.register_buffer("columns", torch.from_numpy(cols) if spread else None, persistent=False)
+            gather, scatter = spreads and spread == "gather", spreads and spread == "scatter"
+            self.register_buffer("columns", torch.from_numpy(cols) if gather else None, persistent=False)
+            self.register_buffer("target_ids", torch.from_numpy(np.asarray(target_ids, np.int64)) if scatter
+                                 else None, persistent=False)
 
         def forward(self, input_ids, attention_mask, position_ids, hidden_states, past_k, past_v):
             from transformers.cache_utils import DynamicCache
@@ -128,7 +141,7 @@ def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray):
             if self.input_norm is not None:
                 feats = self.input_norm(feats)
             if self.fc_norm is not None:
-                feats = torch.cat([m(c) for m, c in zip(self.fc_norm, feats.chunk(n, dim=-1))], dim=-1)
+                feats = torch.cat([m(feats[..., i * H:(i + 1) * H]) for i, m in enumerate(self.fc_norm)], dim=-1)
             g = self.fc(feats) + (self.norm(own) if ck.flags["norm_output"] else own)
             x = torch.cat([self.model.embed_tokens(input_ids), g], dim=-1)
             o = self.model(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
@@ -136,6 +149,10 @@ def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray):
             logits = self.lm_head(self.norm(o.last_hidden_state))
             if self.columns is not None:   # lm_head has one more row, all zeros with bias PAD_LOGIT (no Pad op)
                 logits = logits.index_select(-1, self.columns)
+            elif self.target_ids is not None:   # draft index i -> target id target_ids[i], PAD_LOGIT elsewhere
+                rows = logits.shape[:-1]
+                pad = torch.full((*rows, ck.target_vocab), PAD_LOGIT, dtype=logits.dtype)
+                logits = pad.scatter(-1, self.target_ids.expand(*rows, -1), logits)
             kv = o.past_key_values.layers[0]
             return logits, kv.keys, kv.values
 
@@ -180,10 +197,11 @@ def _quiet():
         yield
 
 
-def export_head(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray, out: Path) -> Path:
-    """Write the head's ONNX export (one file, weights inside) to ``out``/model.onnx."""
+def export_head(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray, out: Path,
+                spread: str = "gather") -> Path:
+    """Write the head's ONNX export (one file, weights inside) to ``out``/model.onnx (``spread``: ``_build``'s)."""
     torch = _torch()
-    head = _build(ck, embedding, target_ids)
+    head = _build(ck, embedding, target_ids, spread)
     H, n, kvh, hd = ck.hidden_size, ck.n_aux, ck.num_kv_heads, ck.head_dim
     b, s, past = 2, 3, 4
     args = (torch.zeros(b, s, dtype=torch.int64), torch.ones(b, past + s, dtype=torch.int64),

@@ -155,13 +155,18 @@ def move_into_place(staged: Path, out: Path) -> None:
 
 
 def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), prefill_len: int = 32,
-                ctx_len: int = 256, force: bool = False, export_dir=None, **compile_options) -> dict:
+                ctx_len: int = 256, force: bool = False, export_dir=None, weights: str = "float",
+                **compile_options) -> dict:
     """Compile the checkpoint ``ckpt`` into the feature-draft artifact ``out`` for the target ``tlm``;
     returns the artifact's manifest (as JSON). ``export_dir``: keep the head's ONNX export there
-    (``export_dir``/model.onnx, what ``verify`` compares the artifact with); default: discarded."""
+    (``export_dir``/model.onnx, what ``verify`` compares the artifact with); default: discarded.
+    ``weights``: "float" (the checkpoint's, in float32) or "int8"/"int4" (``quantize.quantize_head``:
+    weight-only, ort and openvino targets)."""
     from .. import pipeline
     from ..artifact.writer import check_out, write_artifact
     from ..options import Options
+    from .quantize import check_weights, quantize_head
+    check_weights(weights, target)
     ck = read_checkpoint(ckpt)
     t = read_target(tlm)
     ids, layers = check_pair(ck, t)
@@ -183,10 +188,15 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
     try:
         _log.info("exporting the EAGLE-3 head (%s, %d aux layers, draft vocabulary %d) with torch.onnx",
                   ck.family, ck.n_aux, ck.draft_vocab)
-        onnx_path = export_head(ck, emb, target_ids, Path(export_dir) if export_dir else scratch / "export")
+        # the device's graph spreads the logits with a Gather (precedent); a CPU's with a ScatterElements
+        spread = "gather" if target == "qaic" else "scatter"
+        onnx_path = export_head(ck, emb, target_ids, Path(export_dir) if export_dir else scratch / "export", spread)
+        quantized = quantize_head(onnx_path, weights)
         res = pipeline.rewrite(onnx_path, opts, source=onnx_path)
         write_artifact(res, opts, scratch / "artifact")
-        m = _amend(scratch / "artifact" / "manifest.json", ck, eagle3_record(ck, t, ids, layers, target_ids))
+        record = eagle3_record(ck, t, ids, layers, target_ids)
+        record.update(logits_spread=spread if record["draft_ids_spread"] else None, weights=quantized)
+        m = _amend(scratch / "artifact" / "manifest.json", ck, record)
         move_into_place(scratch / "artifact", out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -121,7 +121,13 @@ def test_methods_are_parsed_and_bad_ones_refused():
     assert mtbench.parse_methods("eagle3-hybrid@0.2,eagle3:4@0.1") == ["target", "eagle3-hybrid@0.2", "eagle3:4@0.1"]
     assert mtbench.split_method("eagle3:4@0.1") == ("eagle3", "4", 0.1)
     assert mtbench.split_method("hybrid") == ("hybrid", "", 0.0)
-    for bad in ("medusa", "eagle3:0", "ngram:x", "target:2", "ngram@0.2", "eagle3@1", "eagle3@0", "eagle3@x"):
+    assert mtbench.parse_methods("eagle3+int8,eagle3-hybrid+int4:5@0.2") == \
+        ["target", "eagle3+int8", "eagle3-hybrid+int4:5@0.2"]
+    assert mtbench.split_method("eagle3-hybrid+int4:5@0.2") == ("eagle3-hybrid", "5", 0.2)
+    assert [mtbench.head_weights(m) for m in ("eagle3", "eagle3+int8:3", "eagle3-hybrid+int4@0.1")] == \
+        ["float", "int8", "int4"]
+    for bad in ("medusa", "eagle3:0", "ngram:x", "target:2", "ngram@0.2", "eagle3@1", "eagle3@0", "eagle3@x",
+                "ngram+int8", "eagle3+int3", "eagle3+float", "hybrid+int8"):
         with pytest.raises(SystemExit, match="unknown method"):
             mtbench.parse_methods(bad)
 
@@ -343,6 +349,17 @@ def test_make_decoders_gives_the_chain_floor_to_the_draft_model():
     assert decs["eagle3"].source.min_prob == 0.0
     assert decs["eagle3:3@0.25"].source.min_prob == 0.25 and decs["eagle3:3@0.25"].policy.fixed_k == 3
     assert decs["eagle3-hybrid@0.4"].source.model.min_prob == 0.4
+    q = mtbench.make_decoders(["target", "eagle3+int8", "eagle3"], {**backs, "e3-head-int8": dlm}, None)
+    assert set(q) == {"eagle3+int8", "eagle3"}
+    assert mtbench.make_decoders(["target", "eagle3+int4"], backs, None) == {}   # its head is not open
+
+
+def test_only_methods_that_read_the_feature_pair_build_it():
+    """The bench builds make demo's feature pair (about 19 minutes on 2 cores) for mtbench only when
+    a method reads it (hybrid, feature), not for n-gram or EAGLE-3 methods."""
+    need = lambda m: mtbench.needs_feature_pair(SimpleNamespace(mtbench_methods=m))   # noqa: E731
+    assert need("ngram,hybrid") and need("feature")
+    assert not need("eagle3,eagle3-hybrid+int8,ngram")
 
 
 def test_the_feature_pair_is_built_for_the_sections_that_read_it(tmp_path, monkeypatch):

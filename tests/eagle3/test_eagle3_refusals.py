@@ -247,3 +247,17 @@ def test_the_verifiers_name_or_path_is_not_compared(tmp_path):
 def test_architecture_against_model_type(arch, family, same):
     from specdec_compile.eagle3.importer import _arch_family, _plain, _same_family
     assert _same_family(_arch_family(arch), _plain(family)) is same
+
+
+def test_quantized_weights_are_refused_for_the_device(tmp_path, capsys):
+    """``--weights int8`` makes MatMulNBits, which Cloud AI 100 has no precedent for: refused for
+    --target qaic in one line, nothing written; an unknown format is refused by the parser."""
+    out = tmp_path / "out"
+    for extra, needle in ((["--target", "qaic", "--weights", "int8"], "no precedent"),
+                          (["--target", "ort", "--weights", "int3"], "invalid choice")):
+        capsys.readouterr()
+        code = cli.main(["import-head", str(DATA / "llama"), "--tlm", str(target_export("eagle3_llama")),
+                         *extra, "-o", str(out), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and needle in err[0], err
+        assert not out.exists()

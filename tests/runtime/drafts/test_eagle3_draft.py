@@ -192,3 +192,49 @@ def test_batch_3_continuous_batching_greedy_and_seeded_sampling(tmp_path):
     got = spec.generate_many(PROMPTS, max_new_tokens=15, sampling=sp)
     want = base.generate_many(PROMPTS, max_new_tokens=15, sampling=sp)
     assert [r.generated_ids for r in got] == [r.generated_ids for r in want]
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_quantized_head_drafts_and_output_stays_target_only(pair, tmp_path, weights):
+    """``import-head --weights int8|int4``: the head's MatMuls become MatMulNBits (weight-only). Its
+    drafts change a little; the output cannot: greedy equals target-only, alone and in the hybrid, and
+    the quantized head still agrees with the float head's top draft on most rows (it is the same head)."""
+    import onnx
+    tlm_dir, float_dir = pair("llama")
+    q_dir = import_case("llama", tmp_path / f"head-{weights}", extra=("--weights", weights))
+    m = json.loads((q_dir / "manifest.json").read_text())
+    rec = m["feature_draft"]["eagle3"]["weights"]
+    g = onnx.load(str(q_dir / "model.onnx"), load_external_data=False).graph
+    n = sum(x.op_type == "MatMulNBits" for x in g.node)
+    assert rec["format"] == weights and rec["bits"] == int(weights[3:]) and rec["matmuls"] == n >= 9
+    assert json.loads((float_dir / "manifest.json").read_text())["feature_draft"]["eagle3"]["weights"] is None
+    tlm, head, fhead = OrtBackend(tlm_dir), OrtBackend(q_dir), OrtBackend(float_dir)
+    base = TargetOnlyDecoder(tlm)
+    for p in PROMPTS:
+        want = base.generate(p, max_new_tokens=30).generated_ids
+        assert SpecDecoder(tlm, head, k=3).generate(p, max_new_tokens=30).generated_ids == want, p
+        assert SpecDecoder(tlm, head, draft="hybrid", k=3).generate(p, max_new_tokens=30).generated_ids == want, p
+    # the same head: its top draft on the rows of a text agrees with the float head's on most rows
+    rng = np.random.default_rng(0)
+    agree = 0
+    for t in range(20):
+        ids = rng.integers(0, 211, (1, 1))
+        x = rng.standard_normal((1, 1, 256)).astype(np.float32)
+        a, b = (h.run_outputs(ids, np.array([[t]]), inputs={"hidden_states": x})["logits"] for h in (head, fhead))
+        agree += int(np.argmax(a) == np.argmax(b))
+    assert agree >= 14, agree
+
+
+def test_an_int8_head_runs_on_openvino_and_output_stays_target_only(tmp_path):
+    """OpenVINO reads MatMulNBits: the int8 head of the openvino lowering drafts there, greedy output
+    equal to target-only on the same backend (f32)."""
+    pytest.importorskip("openvino")
+    from specdec_compile.runtime import OpenVinoBackend
+    tlm = OpenVinoBackend(compile_target("llama", tmp_path / "tlm", target="openvino"), precision="f32", threads=1)
+    head = OpenVinoBackend(import_case("llama", tmp_path / "head", target="openvino", extra=("--weights", "int8")),
+                           precision="f32", threads=1)
+    base = TargetOnlyDecoder(tlm)
+    for p in PROMPTS[:3]:
+        assert SpecDecoder(tlm, head, k=3).generate(p, max_new_tokens=25).generated_ids == \
+            base.generate(p, max_new_tokens=25).generated_ids, p
+    assert head.calls > 3
