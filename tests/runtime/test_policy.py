@@ -7,6 +7,7 @@ import numpy as np
 from runtime_helpers import PROMPT, reference_greedy
 
 from specdec_compile.runtime import NgramDraft, SpecDecoder, TargetOnlyDecoder, WidthPolicy
+from specdec_compile.runtime.drafts.ngram import NgramIndex
 from specdec_compile.runtime.testing import FakeBackend, FakeLM, fake_artifact, known_costs, nominal_costs
 
 
@@ -116,48 +117,34 @@ def test_plain_decoding_is_timed_before_it_is_judged():
     assert nf.choose_drafts(0.9) > 0                         # no fallback: nothing to time
 
 
-class SparseLookup:
+class SparseLookup(NgramDraft):
     """A free draft source (no draft model, like n-gram) that proposes wrong tokens
     before position ``wrong_until``, nothing after it, and the target's own tokens in
     the windows where ``match(q)`` holds: the shape of an answer that starts in
     new text and later repeats lines."""
 
-    kind = "ngram"
-
     def __init__(self, lm, wrong_until, match):
+        super().__init__()
         self.lm, self.wrong_until, self.match = lm, wrong_until, match
 
-    def bind(self, tlm):
-        pass
-
-    def backends(self):
-        return []
-
     def drafter(self, ctx):
-        return self
+        src = self
 
-    def first(self, prompt):
-        return None
+        class Drafter(NgramIndex):          # its verified/rollback/finish: nothing to keep
+            def first(self, prompt):
+                return None
 
-    def draft(self, seq, q, n):
-        if q < self.wrong_until:
-            return [(int(np.argmax(self.lm(seq[:q]))) + 1) % self.lm.vocab]
-        if not self.match(q):
-            return []
-        out, s = [], list(seq[:q])
-        for _ in range(n):
-            out.append(int(np.argmax(self.lm(s))))
-            s.append(out[-1])
-        return out
-
-    def verified(self, step):
-        pass
-
-    def rollback(self, valid):
-        pass
-
-    def finish(self, seq):
-        pass
+            def draft(self, seq, q, n):
+                if q < src.wrong_until:
+                    return [(int(np.argmax(src.lm(seq[:q]))) + 1) % src.lm.vocab]
+                if not src.match(q):
+                    return []
+                out, s = [], list(seq[:q])
+                for _ in range(n):
+                    out.append(int(np.argmax(src.lm(s))))
+                    s.append(out[-1])
+                return out
+        return Drafter(self.max_n, self.min_n, None)
 
 
 def test_a_probe_that_drafts_nothing_stays_due():
