@@ -74,3 +74,25 @@ def test_a_subcommand_is_run_first_and_its_key_files_decide_reuse(monkeypatch, t
     (head / "model.safetensors").write_bytes(b"2")
     go()
     assert len(cmds) == 2                                                  # another head: compiled again
+
+
+def test_compile_eagle3_imports_the_heads_weights_beside_one_tlm(monkeypatch, tmp_path):
+    """``weights``: the float head in eagle3-SHA/head, an int8 one in eagle3-SHA/head-int8 with
+    ``--weights int8`` passed to import-head; the TLM is the same path either way."""
+    import json
+    calls = []
+
+    def fake(model, out, args, *, log=print, subcommand=None, key_files=()):
+        calls.append((out.name, args))
+        out.mkdir(parents=True, exist_ok=True)
+        if subcommand == "import-head":
+            (out / "manifest.json").write_text(json.dumps({"feature_draft": {"target_layers": [1, 14, 26]}}))
+        return 1.0
+    monkeypatch.setattr(compiling, "compile_artifact", fake)
+    monkeypatch.setattr(compiling, "head_sha", lambda head: "ab" * 32)
+    got = {w: compiling.compile_eagle3(Path("t.onnx"), tmp_path / "h", tmp_path, k=4, k_list=[0, 4], prefill_len=64,
+                                       ctx_len=256, log=lambda *_: None, weights=w) for w in ("float", "int8")}
+    assert [c[0] for c in calls] == ["head", "tlm", "head-int8", "tlm"]
+    assert "--weights" not in calls[0][1] and calls[2][1][-3:] == ["--weights", "int8", "--quiet"]
+    assert got["float"][0] == got["int8"][0] and got["int8"][1].name == "head-int8"
+    assert got["int8"][2]["weights"] == "int8" and got["float"][2]["weights"] == "float"
