@@ -90,11 +90,9 @@ def _first_layer_forward(self, hidden_states, attention_mask=None, position_ids=
 
 
 def _build(ck: Eagle3Checkpoint, embedding: np.ndarray, target_ids: np.ndarray, spread: str = "gather"):
-    """The head as a torch module. ``spread``: how the draft's logits reach the target's ids (when the
-    draft vocabulary is not the target's): "gather" (one more LM-head row, then a Gather over the
-    target's vocabulary: ops with Cloud AI 100 precedent) or "scatter" (a ScatterElements of the draft's
-    logits into a row of PAD_LOGIT: the same values, and on a CPU about an eighth of the Gather's time,
-    which reads one element per target id)."""
+    """The head as a torch module. ``spread`` (a draft vocabulary smaller than the target's): "gather"
+    (one more LM-head row, then a Gather over the target's ids: ops with Cloud AI 100 precedent) or
+    "scatter" (a ScatterElements into a row of PAD_LOGIT: the same values, cheaper on a CPU)."""
     if spread not in SPREADS:
         raise AssertionError(f"spread {spread!r} is not one of {SPREADS}")
     torch = _torch()
