@@ -52,6 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_compile.eagle3.quantize import WEIGHTS
+
 from . import ovgenai
 
 K, K_LIST, PL, CTX, NEW = 4, "0,1,2,4", 64, 256, 128
@@ -488,7 +490,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--head", type=Path, default=None,
                     help="the EAGLE-3 head for the eagle3-hybrid rows (default workshop/heads/smollm2-eagle3)")
-    ap.add_argument("--head-weights", choices=("float", "int8", "int4"), default="float",
+    ap.add_argument("--head-weights", choices=WEIGHTS, default="float",
                     help="the EAGLE-3 head's weights (import-head --weights; default float)")
     a = ap.parse_args(argv)
     from .mtbench import DEFAULT_HEAD

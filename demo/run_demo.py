@@ -23,6 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from specdec_compile.eagle3.quantize import WEIGHTS
+
 ROOT = Path(__file__).resolve().parents[1]
 #: the EAGLE-3 head's weights as the demo imports it (import-head --weights; docs/import-head.md)
 EAGLE3_WEIGHTS = "float"
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the EAGLE-3 head, a speculators checkpoint directory with the trainer's recipe.json "
                          "(default workshop/heads/smollm2-eagle3, skipped in one line when missing; `make "
                          "eagle3-head` trains one); refused (exit 2) when trained for another target checkpoint")
-    ap.add_argument("--eagle3-weights", choices=("float", "int8", "int4"), default=EAGLE3_WEIGHTS,
+    ap.add_argument("--eagle3-weights", choices=WEIGHTS, default=EAGLE3_WEIGHTS,
                     help=f"the EAGLE-3 head's MatMul weights as imported (import-head --weights; default "
                          f"{EAGLE3_WEIGHTS}: cheaper drafts, the same output)")
     ap.add_argument("--no-eagle3", action="store_true", help="skip the EAGLE-3 head's rows (eagle3, eagle3-hybrid)")

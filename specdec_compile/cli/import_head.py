@@ -5,6 +5,7 @@ import argparse
 import json
 
 from ..artifact.writer import TARGETS
+from ..eagle3.quantize import WEIGHTS
 from ..errors import SpecdecError
 from .common import Parser, add_progress_flags, start_progress
 
@@ -41,7 +42,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
     p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
     p.add_argument("--batch-size", type=int, default=1, help="rows per call, as the TLM's (default 1)")
-    p.add_argument("--weights", choices=("float", "int8", "int4"), default="float",
+    p.add_argument("--weights", choices=WEIGHTS, default="float",
                    help="the head's MatMul weights: float (the checkpoint's, in float32; default) or int8/int4 "
                         "(weight-only MatMulNBits: cheaper drafts on a CPU, the same output, since every draft "
                         "is verified; ort and openvino targets)")
