@@ -107,8 +107,12 @@ def _sha256(path: Path) -> str:
     return sha256_file(path)
 
 
-def eagle3_record(ck: Eagle3Checkpoint, t: Target, ids, layers, target_ids) -> dict:
-    """The manifest's ``feature_draft.eagle3`` object: the checkpoint and the target it was paired with."""
+def eagle3_record(ck: Eagle3Checkpoint, t: Target, ids, layers, target_ids, spread: str,
+                  weights: dict | None) -> dict:
+    """The manifest's ``feature_draft.eagle3`` object: the checkpoint and the target it was paired with,
+    how the graph spreads the draft's logits (``spread``, when the vocabularies differ) and its
+    quantized ``weights`` (``quantize.quantize_head``'s record; None: float32)."""
+    spreads = not np.array_equal(target_ids, np.arange(ck.target_vocab))
     return {
         "checkpoint": {"path": str(ck.path.resolve()), "sha256": _sha256(ck.path / WEIGHTS),
                        "config_sha256": _sha256(ck.path / CONFIG), "verifier": ck.verifier},
@@ -116,7 +120,7 @@ def eagle3_record(ck: Eagle3Checkpoint, t: Target, ids, layers, target_ids) -> d
         "aux_hidden_state_layer_ids": list(ids), "target_layers": list(layers),
         "family": ck.family, "hidden_size": ck.hidden_size, "draft_vocab_size": ck.draft_vocab,
         "target_vocab_size": ck.target_vocab, "flags": dict(ck.flags),
-        "draft_ids_spread": not np.array_equal(target_ids, np.arange(ck.target_vocab)),
+        "draft_ids_spread": spreads, "logits_spread": spread if spreads else None, "weights": weights,
     }
 
 
@@ -194,9 +198,8 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
         quantized = quantize_head(onnx_path, weights)
         res = pipeline.rewrite(onnx_path, opts, source=onnx_path)
         write_artifact(res, opts, scratch / "artifact")
-        record = eagle3_record(ck, t, ids, layers, target_ids)
-        record.update(logits_spread=spread if record["draft_ids_spread"] else None, weights=quantized)
-        m = _amend(scratch / "artifact" / "manifest.json", ck, record)
+        m = _amend(scratch / "artifact" / "manifest.json", ck,
+                   eagle3_record(ck, t, ids, layers, target_ids, spread, quantized))
         move_into_place(scratch / "artifact", out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
