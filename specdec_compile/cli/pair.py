@@ -6,6 +6,7 @@ import json
 import time
 
 from ..contract import INTERFACES
+from ..eagle3.quantize import WEIGHTS
 from ..options import HW_VERSIONS, MAX_CORES, MAX_DEVICES
 from ..pair.build import TARGETS, PairRequest, build_pair
 from .common import Parser, add_progress_flags, start_progress
@@ -22,7 +23,8 @@ example: a target and its draft, from their Hugging Face folders, for ONNX Runti
   [export] extra). Both are compiled with the same batch, context and prefill length and
   verified against their exports; OUT gets tlm/, dlm/, tokenizer/ (the target's, when it has
   one) and pair.json. --head CKPT imports a speculators EAGLE-3 checkpoint as the draft (the
-  TLM then outputs the layers it reads); --draft ngram|suffix compiles the TLM alone.
+  TLM then outputs the layers it reads; --head-weights int8 quantizes its MatMuls, ort only);
+  --draft ngram|suffix compiles the TLM alone.
   --target qaic writes compile.sh in tlm/ and dlm/ (run them on a machine with the Cloud AI
   100 SDK, or specdec-run --pair OUT --compile). The settings and the inputs' hashes make the
   pair's key (pair.json); the same command again finds it and says "cached" (--force
@@ -53,6 +55,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--head", metavar="CKPT", help="a speculators EAGLE-3 checkpoint folder as the draft")
     g.add_argument("--draft", choices=("ngram", "suffix"), help="no draft model: n-gram prompt lookup or suffix "
                                                                 "tries at run time (the TLM alone is compiled)")
+    p.add_argument("--head-weights", choices=WEIGHTS, default="float",
+                   help="--head: the head's MatMul weights, float (the checkpoint's; default) or int8/int4 "
+                        "weight-only (--target ort; import-head --weights)")
     p.add_argument("--k", type=int, default=4, help="drafted tokens per round (default 4)")
     p.add_argument("--target", choices=TARGETS, default="qaic",
                    help="qaic: Cloud AI 100 (default; compile.sh for each model); ort: ONNX Runtime")
@@ -110,7 +115,7 @@ def _request(a) -> PairRequest:
                        interface=a.interface, continuous_batching=a.continuous_batching, num_cores=a.num_cores,
                        dlm_num_cores=a.dlm_num_cores, num_devices=a.num_devices, mxfp6_matmul=a.mxfp6_matmul,
                        mxint8_kv_cache=a.mxint8_kv_cache, mos=a.mos, aic_enable_depth_first=a.aic_enable_depth_first,
-                       hw_version=a.hw_version, device_group=group)
+                       hw_version=a.hw_version, device_group=group, head_weights=a.head_weights)
 
 
 def _print_built(a, m: dict, seconds: float) -> None:

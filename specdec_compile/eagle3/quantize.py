@@ -26,12 +26,12 @@ BLOCK = 32
 ACCURACY_LEVEL = 4
 
 
-def check_weights(weights: str, target: str) -> None:
-    """One line for a weight format no artifact of ``target`` can have."""
+def check_weights(weights: str, target: str, flag: str = "--weights") -> None:
+    """One line for a weight format no artifact of ``target`` can have (``flag``: the option that set it)."""
     if weights not in WEIGHTS:
-        raise SpecdecError(f"--weights {weights!r}: one of {', '.join(WEIGHTS)}")
+        raise SpecdecError(f"{flag} {weights!r}: one of {', '.join(WEIGHTS)}")
     if weights != "float" and target == "qaic":
-        raise SpecdecError(f"--weights {weights} quantizes to ONNX Runtime's MatMulNBits, which Cloud AI 100 "
+        raise SpecdecError(f"{flag} {weights} quantizes to ONNX Runtime's MatMulNBits, which Cloud AI 100 "
                            f"has no precedent for: use --target ort or openvino (for the device: --mxfp6-matmul)")
 
 

@@ -62,6 +62,8 @@ class PairRequest:
     #: QEfficient's --device-group: the TLM's devices (num_devices = their count; specdec-run --pair
     #: opens the TLM on them unless told otherwise)
     device_group: tuple[int, ...] | None = None
+    #: the head's MatMul weights (draft "head" only): float, or int8/int4 weight-only (ort; import-head's --weights)
+    head_weights: str = "float"
 
 
 #: PairRequest's qaic-only fields, as the flags that set them
@@ -120,6 +122,12 @@ def _options(req: PairRequest) -> tuple[Options, Options | None]:
         raise SpecdecError("an EAGLE-3 head (--head) reads the target's hidden states, which QEfficient's "
                            "interface (--interface qeff, --full-batch-size) has no outputs for: use the default "
                            "interface with --head")
+    if req.head_weights != "float" and req.draft != "head":
+        raise SpecdecError(f"--head-weights {req.head_weights}: the weights of an EAGLE-3 head, which only "
+                           f"--head gives (draft {req.draft!r})")
+    if req.draft == "head":
+        from ..eagle3.quantize import check_weights
+        check_weights(req.head_weights, req.target, "--head-weights")
     shapes = dict(prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size, target=req.target,
                   interface=req.interface, continuous_batching=req.continuous_batching)
     tlm = Options(role="tlm", k=req.k, **shapes, **_compile_kw(req, "tlm"))
@@ -140,7 +148,8 @@ def head_compile_options(req: PairRequest) -> dict:
 
 def _settings(req: PairRequest, tlm: Options, dlm: Options | None) -> dict:
     from ..artifact.writer import options_dict
-    return {"draft": req.draft, "k": req.k, "target": req.target, "prefill_len": req.prefill_len,
+    head = {"head_weights": req.head_weights} if req.draft == "head" else {}
+    return {**head, "draft": req.draft, "k": req.k, "target": req.target, "prefill_len": req.prefill_len,
             "ctx_len": req.ctx_len, "batch_size": req.batch_size, "interface": tlm.interface,
             "continuous_batching": tlm.continuous_batching, "qaic": qaic_settings(req),
             "tlm_options": options_dict(tlm), "dlm_options": options_dict(dlm) if dlm else None}
@@ -273,7 +282,7 @@ def _build(work: Path, req: PairRequest, inputs_: dict, tlm_opts: Options, dlm_o
         _log.info("importing the EAGLE-3 head %s", inputs_["head"].path)
         import_head(inputs_["head"].path, pair / "tlm", pair / "dlm", target=req.target, k=req.k,
                     prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size,
-                    export_dir=work / "export" / "head", **head_compile_options(req))
+                    export_dir=work / "export" / "head", weights=req.head_weights, **head_compile_options(req))
         checks["dlm"] = _verify(work / "export" / "head" / MODEL_FILE, pair / "dlm", "draft head")
     tok = _copy_tokenizer(inputs_["tlm"], tlm_onnx.parent, pair / "tokenizer")
     manifest.update(tlm="tlm", dlm="dlm" if req.draft in ("model", "head") else None,

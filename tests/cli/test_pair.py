@@ -180,3 +180,35 @@ def test_a_failed_verification_writes_nothing(tmp_path, capsys, monkeypatch):
                          "-o", out], capsys)
     assert code == 1 and "differs from its export" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "work").exists()
+
+
+def test_head_with_int8_weights_runs_and_equals_target_only(built, tmp_path, capsys):
+    """--head-weights int8: the imported head's MatMuls are weight-only int8 (the dlm manifest says so,
+    pair.json's settings too, and the key differs from the float pair's); greedy output is still the target's."""
+    float_out, argv = built("head")
+    out = tmp_path / "int8"
+    argv = [a if a != float_out else out for a in argv] + ["--head-weights", "int8"]
+    code, _, err = pair(argv, capsys)
+    assert code == 0, err
+    m = json.loads((out / "pair.json").read_text())
+    assert m["settings"]["head_weights"] == "int8"
+    assert m["key"] != json.loads((float_out / "pair.json").read_text())["key"]
+    rec = json.loads((out / "dlm" / "manifest.json").read_text())["feature_draft"]["eagle3"]["weights"]
+    assert rec["format"] == "int8" and rec["matmuls"] > 0 and m["verify"]["dlm"]["ok"]
+    code, text, err = run(["--pair", out, "--prompt", PROMPT, "--max-new-tokens", 24, "--compare", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(text)
+    assert report["identical"] is True
+    assert report["results"]["speculative"][0]["metrics"]["dlm_calls"] > 0
+
+
+@pytest.mark.parametrize("words, needle", [
+    (["--head", str(DATA / "llama"), "--target", "qaic", "--head-weights", "int8"], "--head-weights int8 quantizes"),
+    (["--draft", "ngram", "--target", "ort", "--head-weights", "int4"], "only --head gives"),
+])
+def test_head_weights_refused_where_they_cannot_apply(tmp_path, capsys, monkeypatch, words, needle):
+    import specdec_compile.pair.export as export
+    monkeypatch.setattr(export, "export_hf", lambda *a, **k: pytest.fail("exported"))
+    code, _, err = pair(["--tlm", tlm_folder(), *SHAPES, *words, "-o", tmp_path / "out"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert list(tmp_path.iterdir()) == []
