@@ -219,10 +219,20 @@ def measure(target, decs: dict, tok, qs: list[dict], *, n_new: int, repeats: int
     return {"runs": runs, "mismatches": mismatches, "prompt_tokens": lens}
 
 
-def _kept(runs: list[dict], method: str, mode: str, cat: str | None) -> list:
-    """The metrics counted for a method, mode and category (None: all): greedy keeps each
-    generation's fastest repeat, sampling every repeat."""
-    sel = [r for r in runs if r["method"] == method and r["mode"] == mode and cat in (None, r["category"])]
+#: the groups of generations aggregate() reports beyond the categories: all of them, and each turn
+#: over every category (turn 2 follows the target's own first answer, which it often reuses)
+GROUPS = (("all", None), ("turn 1", 1), ("turn 2", 2))
+
+
+def _picked(r: dict, method: str, mode: str, cat: str | None, turn: int | None) -> bool:
+    return (r["method"] == method and r["mode"] == mode and cat in (None, r["category"])
+            and turn in (None, r["turn"]))
+
+
+def _kept(runs: list[dict], method: str, mode: str, cat: str | None, turn: int | None = None) -> list:
+    """The metrics counted for a method, mode, category (None: all) and turn (None: both): greedy
+    keeps each generation's fastest repeat, sampling every repeat."""
+    sel = [r for r in runs if _picked(r, method, mode, cat, turn)]
     if mode != "greedy":
         return [r["metrics"] for r in sel]
     best: dict = {}
@@ -234,24 +244,24 @@ def _kept(runs: list[dict], method: str, mode: str, cat: str | None) -> list:
 
 
 def aggregate(runs: list[dict], methods: list[str], cats: list[str]) -> list[dict]:
-    """One row per mode, category (then "all") and speculative method: real_model's columns
-    (tokens per target call, speedup, predicted, achieved/predicted, ...) over the category's
-    generations, plus the category, the method's fixed k (or "auto") and the generation count."""
+    """One row per mode, group and speculative method: real_model's columns (tokens per target
+    call, speedup, predicted, achieved/predicted, ...) over the group's generations, plus the
+    group (a category, then GROUPS' "all", "turn 1", "turn 2"), the method's fixed k (or "auto")
+    and the generation count."""
     rows = []
     for mode in ("greedy", "sampling"):
-        for cat in [*cats, None]:
-            tms = _kept(runs, "target", mode, cat)
+        for label, cat, turn in [(c, c, None) for c in cats] + [(g, None, t) for g, t in GROUPS]:
+            tms = _kept(runs, "target", mode, cat, turn)
             for spec in methods:
                 if spec == "target":
                     continue
-                ms = _kept(runs, spec, mode, cat)
+                ms = _kept(runs, spec, mode, cat, turn)
                 if not ms or not tms:
                     continue
                 name, k, _ = split_method(spec)
                 row = real_model.speed_row(name, mode, int(k) if k else "auto", ms, tms)
-                same = [r["same_as_target"] for r in runs if r["method"] == spec and r["mode"] == mode
-                        and cat in (None, r["category"])]
-                rows.append({"category": cat or "all", "method": spec, **row, "generations": len(ms),
+                same = [r["same_as_target"] for r in runs if _picked(r, spec, mode, cat, turn)]
+                rows.append({"category": label, "method": spec, **row, "generations": len(ms),
                              "same_as_target": round(sum(same) / len(same), 3)})
     return rows
 
@@ -484,7 +494,8 @@ def write(rec: dict, path: Path) -> None:
 def picture(rows: list[dict], cats: list[str], path: Path) -> Path:
     """Speedup and tokens per target call by category (then "all", as a square), one line per
     method and mode: bench/real_model.py's drawing."""
-    return real_model.draw(rows, path, xs=[*cats, "all"], xkey="category", marker="all", xlabel="category",
+    xs = [*cats, "all"]
+    return real_model.draw([r for r in rows if r["category"] in xs], path, xs=xs, xkey="category", marker="all", xlabel="category",
                            series="method")
 
 
@@ -511,7 +522,7 @@ def markdown(rec: dict) -> list[str]:
             continue
         L += [f"{mode}:", "", "| category | target tok/s | " + " | ".join(present) + " |",
               "|---|---|" + "---|" * len(present)]
-        for cat in [*s["categories"], "all"]:
+        for cat in [*s["categories"], *(g for g, _ in GROUPS)]:
             cells = [by.get((cat, m)) for m in present]
             tgt = next((c["target_tokens_per_s"] for c in cells if c), None)
             L.append(f"| {cat} | {'-' if tgt is None else f'{tgt:.1f}'} | " + " | ".join(_cell(c) for c in cells) + " |")

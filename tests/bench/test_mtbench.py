@@ -149,8 +149,8 @@ def _m(tokens: int, decode_s: float, *, step_s: float = 0.01, calls: int | None 
             "verify_drafts_histogram": {}, "acceptance_histogram": []}
 
 
-def _run(method, cat, qid, mode, m, repeat=0, same=True):
-    return {"question_id": qid, "category": cat, "turn": 1, "mode": mode, "method": method, "repeat": repeat,
+def _run(method, cat, qid, mode, m, repeat=0, same=True, turn=None):
+    return {"question_id": qid, "category": cat, "turn": qid if turn is None else turn, "mode": mode, "method": method, "repeat": repeat,
             "ids": [], "metrics": m, "same_as_target": same}
 
 
@@ -163,8 +163,10 @@ def test_per_category_rows_sum_tokens_over_decode_time():
             _run("spec", "a", 1, "sampling", _m(11, 1.0, calls=5), same=False),
             _run("spec", "a", 1, "sampling", _m(11, 0.5, calls=5), 1)]
     rows = {(r["mode"], r["category"]): r for r in mtbench.aggregate(runs, ["target", "spec"], ["a", "b"])}
-    assert set(rows) == {("greedy", "a"), ("greedy", "b"), ("greedy", "all"), ("sampling", "a"), ("sampling", "all")}
+    assert set(rows) == {("greedy", "a"), ("greedy", "b"), ("greedy", "all"), ("sampling", "a"), ("sampling", "all"),
+                         ("greedy", "turn 1"), ("greedy", "turn 2"), ("sampling", "turn 1")}
     a, b, al = rows[("greedy", "a")], rows[("greedy", "b")], rows[("greedy", "all")]
+    assert rows[("greedy", "turn 1")]["speedup"] == a["speedup"] and rows[("greedy", "turn 2")]["speedup"] == b["speedup"]
     assert a["speedup"] == pytest.approx((10 / 0.5) / (10 / 1.0), abs=1e-3)              # 2.0: the fast repeat
     assert a["tokens_per_tlm_call"] == pytest.approx(10 / 4) and b["tokens_per_tlm_call"] == pytest.approx(20 / 5)
     assert al["speedup"] == pytest.approx((30 / 0.75) / (30 / 2.0), abs=1e-3)
@@ -223,7 +225,7 @@ def test_measure_on_fake_backends(tmp_path):
     assert all(r["same_as_target"] for r in greedy)
     rows = mtbench.aggregate(runs, ["target", *decs], ["writing", "roleplay"])
     assert {(r["category"], r["method"], r["mode"]) for r in rows} == {
-        (c, m, mode) for c in ("writing", "roleplay", "all") for m in decs for mode in ("greedy", "sampling")}
+        (c, m, mode) for c in ("writing", "roleplay", "all", "turn 1", "turn 2") for m in decs for mode in ("greedy", "sampling")}
     assert all(r["tokens_per_tlm_call"] >= 1.0 and r["speedup"] > 0 for r in rows)
     w = next(r for r in rows if r["category"] == "writing" and r["method"] == "eagle3:3" and r["mode"] == "greedy")
     assert w["generations"] == 4 and w["k"] == 3 and w["tokens_per_tlm_call"] > 1.5      # a close draft
@@ -308,7 +310,7 @@ def test_the_section_on_a_tiny_target_with_an_imported_head(tmp_path, monkeypatc
     e3 = rec["settings"]["eagle3"]
     assert e3["hidden_states"] == "0,1,3" and Path(e3["artifacts"]).name == f"eagle3-{e3['sha256'][:16]}"
     assert {(r["category"], r["method"]) for r in rec["rows"] if r["mode"] == "greedy"} == {
-        (c, m) for c in ("writing", "roleplay", "all") for m in ("ngram", "eagle3", "eagle3:2")}
+        (c, m) for c in ("writing", "roleplay", "all", "turn 1", "turn 2") for m in ("ngram", "eagle3", "eagle3:2")}
     saved = json.loads((tmp_path / "res" / "results-mtbench.json").read_text())
     assert saved["rows"] == rec["rows"] and (tmp_path / "res" / "results-mtbench.svg").is_file()
     log.clear()
