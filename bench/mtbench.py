@@ -495,8 +495,8 @@ def picture(rows: list[dict], cats: list[str], path: Path) -> Path:
     """Speedup and tokens per target call by category (then "all", as a square), one line per
     method and mode: bench/real_model.py's drawing."""
     xs = [*cats, "all"]
-    return real_model.draw([r for r in rows if r["category"] in xs], path, xs=xs, xkey="category", marker="all", xlabel="category",
-                           series="method")
+    return real_model.draw([r for r in rows if r["category"] in xs], path, xs=xs, xkey="category", marker="all",
+                           xlabel="category", series="method")
 
 
 def markdown(rec: dict) -> list[str]:

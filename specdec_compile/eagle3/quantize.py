@@ -26,13 +26,14 @@ BLOCK = 32
 ACCURACY_LEVEL = 4
 
 
-def check_weights(weights: str, target: str, flag: str = "--weights") -> None:
-    """One line for a weight format no artifact of ``target`` can have (``flag``: the option that set it)."""
+def check_weights(weights: str, target: str, flag: str = "--weights", targets=("ort", "openvino")) -> None:
+    """One line for a weight format no artifact of ``target`` can have (``flag``: the option that set it;
+    ``targets``: the caller's targets that can have it, named in the hint)."""
     if weights not in WEIGHTS:
         raise SpecdecError(f"{flag} {weights!r}: one of {', '.join(WEIGHTS)}")
     if weights != "float" and target == "qaic":
         raise SpecdecError(f"{flag} {weights} quantizes to ONNX Runtime's MatMulNBits, which Cloud AI 100 "
-                           f"has no precedent for: use --target ort or openvino (for the device: --mxfp6-matmul)")
+                           f"has no precedent for: use --target {' or '.join(targets)} (for the device: --mxfp6-matmul)")
 
 
 def quantize_head(path: Path, weights: str) -> dict | None:

@@ -127,7 +127,7 @@ def _options(req: PairRequest) -> tuple[Options, Options | None]:
                            f"--head gives (draft {req.draft!r})")
     if req.draft == "head":
         from ..eagle3.quantize import check_weights
-        check_weights(req.head_weights, req.target, "--head-weights")
+        check_weights(req.head_weights, req.target, "--head-weights", targets=("ort",))
     shapes = dict(prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size, target=req.target,
                   interface=req.interface, continuous_batching=req.continuous_batching)
     tlm = Options(role="tlm", k=req.k, **shapes, **_compile_kw(req, "tlm"))
