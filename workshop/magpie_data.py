@@ -27,6 +27,11 @@ conversion) and tokenizes with ``workshop.plain_tokenizer``: no transformers on 
    are float32's). Even shards greedy, odd shards sampled at T 0.7, top-p 0.95 (the two settings
    the demo and MT-bench decode with; the manifest says which). Batched: prompts left-padded to
    one length, finished rows dropped from the batch as they end.
+3. **Second turns** (``--second-turns``, MT-bench asks two). Each new shard takes one stored
+   first-turn shard, in order: after each ended answer the chat template opens the user's next
+   turn and SmolLM2 samples it (the same Magpie settings, filters and gate); the target answers
+   the whole conversation (``second_turn_ids``: the stored ids, the template's joints, the
+   follow-up). Source ``magpie-turn2``; the manifest names its ``base_shard``.
 """
 from __future__ import annotations
 
@@ -198,6 +203,61 @@ def magpie(lean, tok, n: int, seed: int, cfg: dict, gate: Gate, eos: int) -> tup
     return kept, stats
 
 
+def turn_joints(tok) -> tuple[list[int], list[int]]:
+    """The chat template's ids around a second user turn: (after the assistant's end-of-turn
+    token up to the user's text, after that text up to the assistant's answer). Checked: a
+    two-turn conversation tokenizes as the first turn, its answer and the joints put together."""
+    from . import smollm2
+    a, b, c = "\x00A\x00", "\x00B\x00", "\x00C\x00"
+
+    def conv(q1, a1, q2):
+        return tok.apply_chat_template([{"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+                                        {"role": "user", "content": q2}], tokenize=False, add_generation_prompt=True)
+
+    def ids(text):
+        return [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
+    text = conv(a, b, c)
+    mid, tail = text[text.index(b) + len(b): text.index(c)], text[text.index(c) + len(c):]
+    if not mid.startswith(tok.eos_token):
+        raise SystemExit("the chat template does not end an assistant's turn with its end-of-turn token")
+    j1, j2 = ids(mid[len(tok.eos_token):]), ids(tail)
+    q1, a1, q2 = "Name a colour.", "Blue is one.", "And another one, please?"
+    if smollm2.chat_ids(tok, q1) + ids(a1) + [int(tok.eos_token_id)] + j1 + ids(q2) + j2 != ids(conv(q1, a1, q2)):
+        raise SystemExit("the chat template's second turn does not tokenize as its joints put together")
+    return j1, j2
+
+
+def second_turn_ids(base: dict, follow_up: list[int], joints: tuple[list[int], list[int]]) -> list[int]:
+    """A stored first turn (prompt and ended answer), the user's follow-up and the joints: the
+    conversation ready for the assistant's second answer."""
+    return base["prompt"] + base["answer"] + joints[0] + follow_up + joints[1]
+
+
+def follow_ups(lean, tok, bases: list[dict], seed: int, cfg: dict, gate: Gate, joints) -> tuple[list, dict]:
+    """One Magpie follow-up per first turn: SmolLM2 samples the user's next turn after the
+    assistant's answer; kept by the same filters and gate as first instructions. Returns
+    ([(base, text, ids)], why the others were dropped)."""
+    m, eos = cfg["magpie"], int(tok.eos_token_id)
+    prefixes = [b["prompt"] + b["answer"] + joints[0] for b in bases]
+    order = sorted(range(len(bases)), key=lambda i: (len(prefixes[i]), i))
+    kept, stats = [], {"sampled": 0}
+    for n, lo in enumerate(range(0, len(order), m["batch"])):
+        idx = order[lo: lo + m["batch"]]
+        rows, ended = generate(lean, [prefixes[i] for i in idx], m["max_tokens"], eos={eos}, pad_id=eos,
+                               temperature=m["temperature"], top_p=m["top_p"], seed=seed * 100 + 70 + n)
+        for i, row, end in zip(idx, rows, ended):
+            stats["sampled"] += 1
+            text = tok.decode(row[:-1] if end else row).strip()
+            why = "no end of turn" if not end else (why_not(text, cfg["filter"]) or gate.admit(text))
+            if why is None:
+                q = [int(t) for t in tok(text, add_special_tokens=False)["input_ids"]]
+                kept.append((bases[i], text, q))
+            else:
+                stats[why] = stats.get(why, 0) + 1
+    stats["kept"] = len(kept)
+    return kept, stats
+
+
 def pool(cfg: dict) -> list[tuple[str, str]]:
     """(source, instruction) of the demo's stdlib and prose instructions, shuffled once with the
     seed, without the distilled draft's evaluation instructions (the demo's held-out answers)."""
@@ -213,11 +273,13 @@ def pool(cfg: dict) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- shards
 
 
-def answer(lean, tok, chosen: list[tuple[str, str]], mode: dict, cfg: dict, seed: int, eos: int) -> list[dict]:
-    """The target's answers to (source, instruction) pairs: examples for ``store.write_shard``."""
+def answer(lean, tok, chosen: list[tuple[str, str]], mode: dict, cfg: dict, seed: int, eos: int,
+           prompts: list[list[int]] | None = None) -> list[dict]:
+    """The target's answers to (source, instruction) pairs: examples for ``store.write_shard``.
+    ``prompts``: the ids to answer (default: each instruction through the chat template)."""
     from . import smollm2
     a = cfg["answers"]
-    prompts = [smollm2.chat_ids(tok, text) for _, text in chosen]
+    prompts = prompts or [smollm2.chat_ids(tok, text) for _, text in chosen]
     order = sorted(range(len(chosen)), key=lambda i: (len(prompts[i]), i))
     out: list = [None] * len(chosen)
     for b in range(0, len(order), a["batch"]):
@@ -267,6 +329,46 @@ def make_shard(ctx: dict, shard: int) -> dict:
            "answer_tokens_per_cpu_s": round(n_ans / max(c_ans, 1e-9), 1),   # all threads' CPU time
            "created_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     return store.write_shard(ctx["out"], shard, ex, man)
+
+
+def make_second_turns(ctx: dict, shard: int, base: str) -> dict:
+    """One shard of second turns: a Magpie follow-up to every ended first turn of the stored
+    shard ``base``, and the target's answer to the whole conversation; written."""
+    cfg, lean, tok, eos = ctx["cfg"], ctx["lean"], ctx["tok"], ctx["eos"]
+    seed = cfg["seed"] + shard
+    sh = store.read_shard(ctx["out"], base)
+    bases = [{"prompt": p, "answer": a} for p, a, e, src in zip(sh["prompt"], sh["answer"], sh["ended"], sh["source"])
+             if e and src != "magpie-turn2"]
+    joints = ctx.get("joints") or turn_joints(tok)
+    ctx["joints"] = joints
+    t0 = time.time()
+    kept, stats = follow_ups(lean, tok, bases, seed, cfg, ctx["gate"], joints)
+    t_ins = time.time() - t0
+    print(f"[magpie] shard {shard}: {len(kept)} follow-ups to {base}'s {len(bases)} ended turns in "
+          f"{t_ins:.0f} s {stats}", flush=True)
+    mode = mode_of(shard, cfg)
+    t1, c1 = time.time(), time.process_time()
+    ex = answer(lean, tok, [("magpie-turn2", text) for _, text, _ in kept], mode, cfg, seed, eos,
+                prompts=[second_turn_ids(b, q, joints) for b, _, q in kept])
+    t_ans, c_ans = time.time() - t1, time.process_time() - c1
+    n_ans = sum(len(e["answer"]) for e in ex)
+    man = {"seed": seed, "script_version": SCRIPT_VERSION, "target": ctx["target"], "turn": 2, "base_shard": base,
+           "magpie": {**cfg["magpie"], "filter": cfg["filter"], "stats": stats},
+           "answers": {**mode, "gen_len": cfg["answers"]["gen_len"], "dtype": cfg["answers"]["dtype"],
+                       "batch": cfg["answers"]["batch"], "chat_template": "magpie_data.second_turn_ids"},
+           "torch": ctx["torch_version"], "threads": ctx["threads"], "device": ctx["device"],
+           "seconds": {"instructions": round(t_ins, 1), "answers": round(t_ans, 1)},
+           "answer_tokens_per_s": round(n_ans / max(t_ans, 1e-9), 1),
+           "answer_tokens_per_cpu_s": round(n_ans / max(c_ans, 1e-9), 1),
+           "created_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    return store.write_shard(ctx["out"], shard, ex, man)
+
+
+def unanswered_bases(out: Path) -> list[str]:
+    """The stored first-turn shards no second-turn shard was made from yet, in shard order."""
+    mans = store.manifests(out)
+    used = {m["base_shard"] for m in mans if m.get("turn") == 2}
+    return [m["file"][: -len(".npz")] for m in mans if m.get("turn", 1) == 1 and m["file"][: -len(".npz")] not in used]
 
 
 def target_identity(hf: Path, sha: str | None = None) -> dict:
@@ -352,15 +454,22 @@ def _deadline(until: str | None) -> float | None:
 
 def run(a) -> dict:
     ctx = context(a)
-    stop_at = _deadline(a.until)
+    stop_at = time.time() + a.budget_s if a.budget_s else _deadline(a.until)
     idx = store.write_index(a.out)
     done, last = 0, None
     while (a.shards is None or done < a.shards) and idx["answer_tokens"] < a.tokens:
         if stop_at and last and time.time() + last > stop_at:
-            print(f"[magpie] stopping: another shard (~{last:.0f} s) would pass {a.until} UTC", flush=True)
+            print(f"[magpie] stopping: another shard (~{last:.0f} s) would pass the deadline", flush=True)
             break
         t0 = time.time()
-        man = make_shard(ctx, ctx["next"])
+        if a.second_turns:
+            bases = unanswered_bases(a.out)
+            if not bases:
+                print("[magpie] every stored first turn has its second-turn shard", flush=True)
+                break
+            man = make_second_turns(ctx, ctx["next"], bases[0])
+        else:
+            man = make_shard(ctx, ctx["next"])
         last = time.time() - t0
         ctx["next"] += 1
         done += 1
@@ -385,8 +494,9 @@ def bad_args(a) -> str | None:
             return "--gguf needs the file and --target-sha256 (the conversion's checkpoint sha256)"
     elif not (a.hf / "model.safetensors").is_file():
         return f"{a.hf / 'model.safetensors'} is missing: run `python -m workshop.smollm2` first"
-    if (a.shards is not None and a.shards < 1) or a.tokens < 1 or a.threads < 1:
-        return "--shards, --tokens and --threads must be positive"
+    if (a.shards is not None and a.shards < 1) or a.tokens < 1 or a.threads < 1 or getattr(a, "budget_s", 1) is not None \
+            and getattr(a, "budget_s", 1) <= 0:
+        return "--shards, --tokens, --threads and --budget-s must be positive"
     if a.context:
         return None if a.context.is_file() else f"--context {a.context}: no such file"
     try:
@@ -402,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=store.DATA_DIR)
     ap.add_argument("--shards", type=int, default=None, help="add this many shards (default: until --until/--tokens)")
     ap.add_argument("--until", default=None, help="UTC HH:MM: start no shard that would end after it")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no shard that would end this many seconds after the start")
     ap.add_argument("--tokens", type=int, default=1_000_000, help="stop once the data has this many answer tokens")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="torch device for the target (cuda on a GPU machine)")
@@ -414,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-shard", type=int, default=None, help="Magpie instructions per shard")
     ap.add_argument("--pool-per-shard", type=int, default=None, help="pool instructions per shard")
     ap.add_argument("--gen-len", type=int, default=None, help="answer tokens at most (default CONFIG's)")
+    ap.add_argument("--second-turns", action="store_true",
+                    help="make second turns: each new shard follows up one stored first-turn shard's answers")
     a = ap.parse_args(argv)
     if a.write_context:
         a.write_context.write_text(json.dumps(held_out_and_pool(scaled_config(a))))

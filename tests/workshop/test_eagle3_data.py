@@ -6,11 +6,14 @@ what they say. Never loads the real model (a tiny stand-in Llama where a model i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from workshop import eagle3_data as store
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mtbench_or_skip():
@@ -207,3 +210,56 @@ def test_magpie_keeps_n_and_the_gate_remembers_only_those(monkeypatch):
     assert kept == [texts[0], texts[3], texts[4]]
     assert stats == {"sampled": 7, "duplicate": 1, "length": 1, "surplus": 2, "kept": 3}
     assert gate.seen == {store.key(t) for t in kept}
+
+
+def test_second_turns_follow_up_stored_first_turns(tmp_path, monkeypatch):
+    """--second-turns: a shard of follow-ups to one stored first-turn shard (ended answers only):
+    the prompt is the stored conversation, the template's joints and the follow-up; the manifest
+    names its base, which is then no longer offered."""
+    from workshop import magpie_data as md
+    ex = [{"source": "magpie", "instruction": "Name a bird.", "prompt": [1, 5, 6], "answer": [7, 8, 2], "ended": True},
+          {"source": "stdlib", "instruction": "Explain zip.", "prompt": [1, 9], "answer": [10, 11], "ended": False},
+          {"source": "prose", "instruction": "Describe a storm.", "prompt": [1, 12], "answer": [13, 2], "ended": True}]
+    for i in (0, 1):
+        store.write_shard(tmp_path, i, ex, {"answers": {"mode": "greedy"}})
+    assert md.unanswered_bases(tmp_path) == ["shard-00000", "shard-00001"]
+    follow = {5: [20, 2], 12: [21, 2]}                            # by the first turn's prompt
+    calls = []
+
+    def generate(lean, prompts, gen_len, **k):
+        calls.append([list(p) for p in prompts])
+        if len(calls) == 1:                                       # the follow-ups: one per ended turn
+            return [follow[p[1]] for p in prompts], [True] * len(prompts)
+        return [[30, 31, 2] for _ in prompts], [True] * len(prompts)
+
+    class Tok:
+        eos_token_id = 2
+
+        def decode(self, ids):
+            return {20: "And another bird, please?", 21: "Hi"}[ids[0]]
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [40, 41]}
+    monkeypatch.setattr(md, "generate", generate)
+    ctx = {"cfg": md.CONFIG, "lean": None, "tok": Tok(), "eos": 2, "gate": md.Gate([], set(), 0.6), "out": tmp_path,
+           "target": {"checkpoint_sha256": "x"}, "torch_version": "t", "threads": 1, "device": "cpu",
+           "joints": ([3], [4])}
+    man = md.make_second_turns(ctx, 2, "shard-00000")
+    assert sorted(calls[0]) == [[1, 5, 6, 7, 8, 2, 3], [1, 12, 13, 2, 3]]      # the cut answer is no base
+    assert man["turn"] == 2 and man["base_shard"] == "shard-00000" and man["examples"] == 1
+    assert man["magpie"]["stats"] == {"sampled": 2, "length": 1, "kept": 1}     # "Hi" is too short
+    sh = store.read_shard(tmp_path, "shard-00002")
+    assert sh["source"] == ["magpie-turn2"] and sh["instruction"] == ["And another bird, please?"]
+    assert sh["prompt"] == [[1, 5, 6, 7, 8, 2, 3, 40, 41, 4]] and sh["answer"] == [[30, 31, 2]]
+    assert md.unanswered_bases(tmp_path) == ["shard-00001"]
+    assert store.write_index(tmp_path)["by_source"]["magpie-turn2"] == 1
+
+
+@pytest.mark.skipif(not (ROOT / "build" / "demo" / "tokenizer" / "tokenizer.json").is_file(),
+                    reason="needs make demo's build")
+def test_the_second_turns_joints_are_smollm2s_template():
+    from workshop import magpie_data as md
+    from workshop.plain_tokenizer import PlainTokenizer
+    tok = PlainTokenizer(ROOT / "build" / "demo" / "tokenizer")
+    j1, j2 = md.turn_joints(tok)
+    assert tok.decode(j1) == "\n<|im_start|>user\n" and tok.decode(j2) == "<|im_end|>\n<|im_start|>assistant\n"

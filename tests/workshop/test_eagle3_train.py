@@ -238,3 +238,39 @@ def test_evaluate_refuses_a_broken_head_in_one_line(tmp_path, capsys):
     assert tr.main(["--evaluate", str(tmp_path / "ck"), "--device", "cpu", "--limit", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("eagle3_train: --evaluate ") and "config.json" in err
+
+
+def test_training_continues_a_saved_head(tmp_path, capsys):
+    """--init: the run starts from the saved head's weights (not a fresh init) and keeps its draft
+    vocabulary; --steps cuts the schedule; a head for another recipe is refused in one line."""
+    head, emb, ids = _tiny_head(tmp_path)
+    cfg = {**tr.CONFIG, "aux_ids": [1, 2, 4], "draft_vocab": 150, "ttt_steps": 2, "batch_tokens": 64,
+           "warmup_steps": 1}
+    assert np.array_equal(tr.init_vocab(tmp_path / "ck", TC["vocab_size"]), ids)
+    assert tr.bad_init(tmp_path / "ck", cfg) is None
+    why = tr.bad_init(tmp_path / "ck", {**cfg, "aux_ids": [2, 15, 27]})
+    assert why and "[1, 2, 4]" in why and "\n" not in why
+    assert "no model.safetensors" in tr.bad_init(tmp_path, cfg)
+    g = torch.Generator().manual_seed(7)
+    seqs = [([int(t) for t in torch.randint(0, TC["vocab_size"], (n,), generator=g)], 4) for n in (12, 16, 10, 14)]
+    feats = [(torch.randn(len(s), 3 * 64, generator=g).half(), torch.randn(len(s), 64, generator=g).half())
+             for s, _ in seqs]
+    t = torch.as_tensor(ids)
+    data = {"device": torch.device("cpu"), "seqs": seqs, "feats": feats, "eval_seqs": seqs, "eval_feats": feats,
+            "eval_greedy": [True] * 4, "embedding": emb.bfloat16(), "draft_ids": t, "wd_rows": emb.bfloat16()[t],
+            "final_norm": torch.ones(64), "tc": TC, "taps": [1, 2, 4]}
+    saved, _, _ = tr.load_head(tmp_path / "ck", TC, emb, [1, 2, 4])
+    cont, run = tr.run_variant(data, cfg, [1, 2, 4], 2, 3, None, lambda *_: None, init=tmp_path / "ck", max_steps=2)
+    assert run["train"]["steps"] == run["train"]["planned_steps"] == 2
+    assert torch.equal(cont.lm_head.weight, saved.lm_head.weight)            # frozen: the target's rows
+    moved = [n for (n, p), (_, q) in zip(cont.state_dict().items(), saved.state_dict().items()) if not torch.equal(p, q)]
+    assert moved and "lm_head.weight" not in moved
+    # two steps from the saved head stay near it; a fresh head (seeded normal init) is far from it
+    fresh, _ = tr.run_variant(data, cfg, [1, 2, 4], 2, 3, None, lambda *_: None, max_steps=2)
+    w = "layers.0.mlp.down_proj.weight"
+    assert (cont.state_dict()[w] - saved.state_dict()[w]).abs().max() < (fresh.state_dict()[w] - saved.state_dict()[w]).abs().max()
+    assert tr.main(["--init", str(tmp_path / "ck"), "--device", "cpu", "--limit", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("eagle3_train: --init ") and "[1, 2, 4]" in err
+    assert tr.main(["--steps", "0", "--device", "cpu"]) == 2
+    assert "--steps must be positive" in capsys.readouterr().err
