@@ -41,12 +41,13 @@ demo: demo-deps
 	$(PY) -m demo.run_demo $(if $(EAGLE3_HEAD),--eagle3-head $(EAGLE3_HEAD))
 
 # the demo's EAGLE-3 head from scratch (docs/demo.md): the target converted, then trained on the
-# committed data (workshop/data/eagle3-smollm2) into build/eagle3-head; recipe.json names the target's sha256.
-# SHARDS=N trains on the data's first N shards (the committed head: all 24; the first head: SHARDS=20)
+# committed data (workshop/data/eagle3-smollm2) into build/eagle3-head as the committed head's recipe
+# says (its first 24 shards, 60 epochs' cosine schedule cut to the 9631 steps it ran); recipe.json
+# names the target's sha256. SHARDS=N: the trainer's defaults on the data's first N shards (the first head: SHARDS=20)
 SHARDS ?=
 eagle3-head: demo-deps
 	$(PY) -m workshop.smollm2 > /dev/null
-	nice -n 10 $(PY) -m workshop.eagle3_train --device $(DEVICE) --out build/eagle3-head $(if $(SHARDS),--shards $(SHARDS))
+	nice -n 10 $(PY) -m workshop.eagle3_train --device $(DEVICE) --out build/eagle3-head $(if $(SHARDS),--shards $(SHARDS),--shards 24 --epochs 60 --steps 9631)
 
 # more answers for the head's data (workshop/data/eagle3-smollm2): adds shards until it holds 1M answer tokens
 # (magpie_data --tokens; the committed data holds 3.40M, so it adds none unless --tokens is raised)

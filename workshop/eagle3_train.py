@@ -265,7 +265,8 @@ def train(head, data: dict, cfg: dict, *, steps: int, epochs: int, deadline: flo
                      "seconds": round(time.time() - t0, 1)})
         log(f"[train] epoch {e}: loss {hist[-1]['loss']}, top-1 by step {acc}, {time.time() - t0:.0f} s")
     planned = min(sum(len(p) for p in plan), max_steps or sum(len(p) for p in plan))
-    return {"steps": step, "planned_steps": planned, "fitted_to_budget": total < planned, "epochs": hist,
+    return {"steps": step, "planned_steps": planned, "fitted_to_budget": total < planned, "schedule_steps": total,
+            "epochs": hist,
             "seconds": round(time.time() - t0, 1)}
 
 
@@ -277,8 +278,8 @@ def evaluate(head, data: dict, cfg: dict, steps: int) -> dict:
     E, ids_d = data["embedding"], data["draft_ids"]
     loss = [0.0] * steps
     hits, cnt = [0] * steps, [0] * steps
-    runs = []                                                       # accepted chain length per row
-    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    runs, by_example = [], []                                       # accepted chain length per row
+    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=not data.get("float32"))
     with torch.no_grad(), amp:
         for idx in batches(data["eval_seqs"], data["eval_feats"], cfg["batch_tokens"], cfg["seed"], 0):
             b = collate(idx, data["eval_seqs"], data["eval_feats"], dev)
@@ -297,11 +298,29 @@ def evaluate(head, data: dict, cfg: dict, steps: int) -> dict:
                 alive &= good
                 run += alive.long()
             runs.append(run[ok_all].cpu())
+            by_example += [run[r][ok_all[r]].tolist() for r in range(run.shape[0])]
     runs = torch.cat(runs).float() if runs else torch.zeros(0)
     tpc = {k: round(1.0 + float(runs.clamp(max=k).mean()), 3) if runs.numel() else None for k in range(1, steps + 1)}
     return {"loss_by_step": [round(l / max(1, c), 4) for l, c in zip(loss, cnt)],
             "top1_by_step": [round(h / max(1, c), 4) for h, c in zip(hits, cnt)],
-            "rows": cnt[0], "chain_rows": int(runs.numel()), "tokens_per_call_greedy": tpc}
+            "rows": cnt[0], "chain_rows": int(runs.numel()), "tokens_per_call_greedy": tpc,
+            "tokens_per_call_rounds": {k: rounds_rate(by_example, k) for k in range(1, steps + 1)}}
+
+
+def rounds_rate(by_example: list[list[int]], k: int) -> float | None:
+    """Tokens per target call as greedy decoding at a fixed k gets them: each example's answer
+    decoded in rounds from its first position, a round taking ``min(run, k)`` drafts and the
+    target's token, the next round starting after them. ``run[i]``: how many drafts in a row
+    the head gets right from position i. Unlike ``tokens_per_call_greedy`` (every position a
+    round's start), rounds start where the previous round's draft failed, so hard stretches
+    count as often as decoding meets them."""
+    tokens = rounds = 0
+    for run in by_example:
+        i = 0
+        while i < len(run):
+            a = min(run[i], k)
+            tokens, rounds, i = tokens + a + 1, rounds + 1, i + a + 1
+    return round(tokens / rounds, 3) if rounds else None
 
 
 # --------------------------------------------------------------------------- the checkpoint
@@ -417,7 +436,8 @@ def evaluate_heads(a, cfg: dict, heads: list[Path], log=print) -> dict:
     _, ev = split(store.load(a.data, verify=True, shards=a.shards), cfg["eval_per_mille"])
     ev = ev[: a.limit] if a.limit else ev
     lean, tc, _ = target(a)
-    dev, E, seqs = torch.device(a.device), lean.emb.to(torch.bfloat16), sequences(ev, cfg["max_len"])
+    dev, seqs = torch.device(a.device), sequences(ev, cfg["max_len"])
+    E = lean.emb.to(torch.float32 if a.eval_float32 else torch.bfloat16)
     feats: dict = {}
     out = {}
     for d in heads:
@@ -426,7 +446,8 @@ def evaluate_heads(a, cfg: dict, heads: list[Path], log=print) -> dict:
             feats[tuple(aux)] = featurize(lean, seqs, aux, cfg["batch_tokens"])
         ids = torch.as_tensor(ids, device=dev)
         data = {"device": dev, "eval_seqs": seqs, "eval_feats": feats[tuple(aux)], "embedding": E,
-                "eval_greedy": [_greedy(a.data, r["shard"]) for r in ev], "draft_ids": ids, "wd_rows": E[ids]}
+                "eval_greedy": [_greedy(a.data, r["shard"]) for r in ev], "draft_ids": ids, "wd_rows": E[ids],
+                "float32": a.eval_float32}
         out[str(d)] = {"eval_examples": len(ev), **evaluate(head.to(dev), data, cfg, cfg["ttt_steps"])}
         log(f"[evaluate] {d}: {json.dumps(out[str(d)])}")
     return out
@@ -519,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="the first N examples only (a smoke test)")
     ap.add_argument("--evaluate", type=Path, nargs="+", default=None, metavar="HEAD",
                     help="train nothing: evaluate these saved heads on the data's held-out split")
+    ap.add_argument("--eval-float32", action="store_true",
+                    help="with --evaluate: in float32 (a CPU without bfloat16 emulates the autocast, slowly)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a CONFIG entry (JSON value)")
     ap.add_argument("--init", type=Path, default=None, metavar="HEAD",
                     help="continue training this saved head (its weights and draft vocabulary) instead of a fresh one")

@@ -27,11 +27,13 @@ conversion) and tokenizes with ``workshop.plain_tokenizer``: no transformers on 
    are float32's). Even shards greedy, odd shards sampled at T 0.7, top-p 0.95 (the two settings
    the demo and MT-bench decode with; the manifest says which). Batched: prompts left-padded to
    one length, finished rows dropped from the batch as they end.
-3. **Second turns** (``--second-turns``, MT-bench asks two). Each new shard takes one stored
-   first-turn shard, in order: after each ended answer the chat template opens the user's next
+3. **Second turns** (``--second-turns``, MT-bench asks two). Each new shard takes the next stored
+   first-turn shards, in order, until they hold ``--per-shard`` ended turns (a GPU wants
+   hundreds in one batch): after each ended answer the chat template opens the user's next
    turn and SmolLM2 samples it (the same Magpie settings, filters and gate); the target answers
    the whole conversation (``second_turn_ids``: the stored ids, the template's joints, the
-   follow-up). Source ``magpie-turn2``; the manifest names its ``base_shard``.
+   follow-up). Source ``magpie-turn2``; the manifest names its ``base_shards`` (the first two
+   second-turn shards, made one base each, say ``base_shard``).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from pathlib import Path
 from . import eagle3_data as store
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_VERSION = "1"
+SCRIPT_VERSION = "2"   # 2: --second-turns (its first two shards, 24-25, were made by this code and say "1")
 
 CONFIG = {
     "seed": 20261125,
@@ -331,20 +333,36 @@ def make_shard(ctx: dict, shard: int) -> dict:
     return store.write_shard(ctx["out"], shard, ex, man)
 
 
-def make_second_turns(ctx: dict, shard: int, base: str) -> dict:
-    """One shard of second turns: a Magpie follow-up to every ended first turn of the stored
-    shard ``base``, and the target's answer to the whole conversation; written."""
+def ended_first_turns(out: Path, base: str) -> list[dict]:
+    """The first turns of stored shard ``base`` whose answers ended (prompt and answer ids)."""
+    sh = store.read_shard(out, base)
+    return [{"prompt": p, "answer": a} for p, a, e, src in zip(sh["prompt"], sh["answer"], sh["ended"], sh["source"])
+            if e and src != "magpie-turn2"]
+
+
+def next_bases(out: Path, at_least: int) -> tuple[list[str], list[dict]]:
+    """The next unanswered first-turn shards, in order, until they hold ``at_least`` ended turns
+    (or none are left): their names and those turns. A GPU batches them all at once."""
+    names, turns = [], []
+    for base in unanswered_bases(out):
+        if len(turns) >= at_least:
+            break
+        names.append(base)
+        turns += ended_first_turns(out, base)
+    return names, turns
+
+
+def make_second_turns(ctx: dict, shard: int, base: list[str], bases: list[dict]) -> dict:
+    """One shard of second turns: a Magpie follow-up to every ended first turn ``bases`` of the
+    stored shards ``base``, and the target's answer to the whole conversation; written."""
     cfg, lean, tok, eos = ctx["cfg"], ctx["lean"], ctx["tok"], ctx["eos"]
     seed = cfg["seed"] + shard
-    sh = store.read_shard(ctx["out"], base)
-    bases = [{"prompt": p, "answer": a} for p, a, e, src in zip(sh["prompt"], sh["answer"], sh["ended"], sh["source"])
-             if e and src != "magpie-turn2"]
     joints = ctx.get("joints") or turn_joints(tok)
     ctx["joints"] = joints
     t0 = time.time()
     kept, stats = follow_ups(lean, tok, bases, seed, cfg, ctx["gate"], joints)
     t_ins = time.time() - t0
-    print(f"[magpie] shard {shard}: {len(kept)} follow-ups to {base}'s {len(bases)} ended turns in "
+    print(f"[magpie] shard {shard}: {len(kept)} follow-ups to {', '.join(base)}'s {len(bases)} ended turns in "
           f"{t_ins:.0f} s {stats}", flush=True)
     mode = mode_of(shard, cfg)
     t1, c1 = time.time(), time.process_time()
@@ -352,7 +370,7 @@ def make_second_turns(ctx: dict, shard: int, base: str) -> dict:
                 prompts=[second_turn_ids(b, q, joints) for b, _, q in kept])
     t_ans, c_ans = time.time() - t1, time.process_time() - c1
     n_ans = sum(len(e["answer"]) for e in ex)
-    man = {"seed": seed, "script_version": SCRIPT_VERSION, "target": ctx["target"], "turn": 2, "base_shard": base,
+    man = {"seed": seed, "script_version": SCRIPT_VERSION, "target": ctx["target"], "turn": 2, "base_shards": base,
            "magpie": {**cfg["magpie"], "filter": cfg["filter"], "stats": stats},
            "answers": {**mode, "gen_len": cfg["answers"]["gen_len"], "dtype": cfg["answers"]["dtype"],
                        "batch": cfg["answers"]["batch"], "chat_template": "magpie_data.second_turn_ids"},
@@ -367,7 +385,7 @@ def make_second_turns(ctx: dict, shard: int, base: str) -> dict:
 def unanswered_bases(out: Path) -> list[str]:
     """The stored first-turn shards no second-turn shard was made from yet, in shard order."""
     mans = store.manifests(out)
-    used = {m["base_shard"] for m in mans if m.get("turn") == 2}
+    used = {b for m in mans if m.get("turn") == 2 for b in m.get("base_shards", [m.get("base_shard")])}
     return [m["file"][: -len(".npz")] for m in mans if m.get("turn", 1) == 1 and m["file"][: -len(".npz")] not in used]
 
 
@@ -463,11 +481,11 @@ def run(a) -> dict:
             break
         t0 = time.time()
         if a.second_turns:
-            bases = unanswered_bases(a.out)
-            if not bases:
+            names, turns = next_bases(a.out, ctx["cfg"]["magpie"]["per_shard"])
+            if not names:
                 print("[magpie] every stored first turn has its second-turn shard", flush=True)
                 break
-            man = make_second_turns(ctx, ctx["next"], bases[0])
+            man = make_second_turns(ctx, ctx["next"], names, turns)
         else:
             man = make_shard(ctx, ctx["next"])
         last = time.time() - t0

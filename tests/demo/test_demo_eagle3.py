@@ -260,6 +260,13 @@ def test_eagle3_head_make_target_reproduces_it_from_scratch():
     train = next(i for i, c in enumerate(cmds) if "-m workshop.eagle3_train" in c)
     assert smol < train and "--out build/eagle3-head" in cmds[train] and "--device cuda" in cmds[train]
     assert any("-m demo.run_demo --eagle3-head h" in c for c in cmds)
+    # the committed head's recipe: its shards, its epochs, the steps it ran
+    recipe = json.loads((root / "workshop" / "heads" / "smollm2-eagle3" / "recipe.json").read_text())
+    assert (f"--shards {recipe['shards']} --epochs {recipe['config']['epochs']} "
+            f"--steps {recipe['run']['train']['steps']}") in cmds[train]
+    one = subprocess.run(["make", "-n", "-C", str(root), "eagle3-head", "SHARDS=20", f"VENV={sys.prefix}"],
+                         capture_output=True, text=True).stdout
+    assert one.count("-m workshop.eagle3_train") == 1 and "--out build/eagle3-head --shards 20\n" in one
 
 
 def test_the_table_fits_six_drafts_in_one_line_per_prompt():

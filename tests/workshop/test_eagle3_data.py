@@ -244,9 +244,11 @@ def test_second_turns_follow_up_stored_first_turns(tmp_path, monkeypatch):
     ctx = {"cfg": md.CONFIG, "lean": None, "tok": Tok(), "eos": 2, "gate": md.Gate([], set(), 0.6), "out": tmp_path,
            "target": {"checkpoint_sha256": "x"}, "torch_version": "t", "threads": 1, "device": "cpu",
            "joints": ([3], [4])}
-    man = md.make_second_turns(ctx, 2, "shard-00000")
+    assert md.next_bases(tmp_path, 1) == (["shard-00000"], md.ended_first_turns(tmp_path, "shard-00000"))
+    assert md.next_bases(tmp_path, 3)[0] == ["shard-00000", "shard-00001"]      # 2 ended turns a shard
+    man = md.make_second_turns(ctx, 2, ["shard-00000"], md.ended_first_turns(tmp_path, "shard-00000"))
     assert sorted(calls[0]) == [[1, 5, 6, 7, 8, 2, 3], [1, 12, 13, 2, 3]]      # the cut answer is no base
-    assert man["turn"] == 2 and man["base_shard"] == "shard-00000" and man["examples"] == 1
+    assert man["turn"] == 2 and man["base_shards"] == ["shard-00000"] and man["examples"] == 1
     assert man["magpie"]["stats"] == {"sampled": 2, "length": 1, "kept": 1}     # "Hi" is too short
     sh = store.read_shard(tmp_path, "shard-00002")
     assert sh["source"] == ["magpie-turn2"] and sh["instruction"] == ["And another bird, please?"]

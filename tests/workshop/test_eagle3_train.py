@@ -274,3 +274,11 @@ def test_training_continues_a_saved_head(tmp_path, capsys):
     assert "\n" not in err and err.startswith("eagle3_train: --init ") and "[1, 2, 4]" in err
     assert tr.main(["--steps", "0", "--device", "cpu"]) == 2
     assert "--steps must be positive" in capsys.readouterr().err
+
+
+def test_rounds_rate_decodes_in_rounds_from_each_answers_start():
+    """A round takes min(run, k) drafts and the target's token; the next starts after them."""
+    assert tr.rounds_rate([[2, 0, 5, 1, 0, 0]], 2) == round(6 / 3, 3)          # starts at 0, 3, 5
+    assert tr.rounds_rate([[2, 0, 5, 1, 0, 0]], 1) == round(6 / 4, 3)          # starts at 0, 2, 3, 5
+    assert tr.rounds_rate([[0, 0], [3, 3, 3, 3]], 3) == round((2 + 4) / (2 + 1), 3)
+    assert tr.rounds_rate([[], []], 2) is None
