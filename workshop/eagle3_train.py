@@ -17,8 +17,10 @@
    (KL up to a constant), summed over steps with weight ``step_decay**s``. AdamW, cosine.
 4. **Evaluation** on held-out examples (``eval_per_mille`` of instructions by hash, greedy
    shards): per step, how often the head's top token is the target's, and the greedy chain
-   ``1 + E[min(accepted, k)]``: tokens per target call with k drafts, exact for greedy decoding
-   while the fed tokens are the target's own (the data's greedy answers).
+   ``1 + E[min(accepted, k)]`` over every answer position, and the same answers decoded in
+   rounds from their starts (``rounds_rate``: what greedy decoding at a fixed k gets, lower,
+   since a round starts where the last one's draft failed); exact while the fed tokens are the
+   target's own (the data's greedy answers).
 """
 from __future__ import annotations
 
