@@ -230,7 +230,8 @@ def train(head, data: dict, cfg: dict, *, steps: int, epochs: int, deadline: flo
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=tuple(cfg["betas"]), weight_decay=cfg["weight_decay"])
     plan = [batches(data["seqs"], data["feats"], cfg["batch_tokens"], cfg["seed"], e) for e in range(epochs)]
-    total = min(sum(len(p) for p in plan), max_steps or sum(len(p) for p in plan))
+    planned = min(sum(len(p) for p in plan), max_steps or math.inf)
+    total = planned
     amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
     hist, step, t0 = [], 0, time.time()
     for e, plan_e in enumerate(plan):
@@ -266,7 +267,6 @@ def train(head, data: dict, cfg: dict, *, steps: int, epochs: int, deadline: flo
         hist.append({"epoch": e, "loss": round(run["loss"] / max(1, run["rows"]), 4), "train_top1_by_step": acc,
                      "seconds": round(time.time() - t0, 1)})
         log(f"[train] epoch {e}: loss {hist[-1]['loss']}, top-1 by step {acc}, {time.time() - t0:.0f} s")
-    planned = min(sum(len(p) for p in plan), max_steps or sum(len(p) for p in plan))
     return {"steps": step, "planned_steps": planned, "fitted_to_budget": total < planned, "schedule_steps": total,
             "epochs": hist,
             "seconds": round(time.time() - t0, 1)}
@@ -408,7 +408,7 @@ def prepare(a, cfg: dict, log=print) -> dict:
         rows = rows[: a.limit]
     tr, ev = split(rows, cfg["eval_per_mille"])
     lean, tc, sha = target(a)
-    ids = init_vocab(a.init, tc["vocab_size"]) if getattr(a, "init", None) else draft_vocab(tr, cfg["draft_vocab"])
+    ids = init_vocab(a.init, tc["vocab_size"]) if a.init else draft_vocab(tr, cfg["draft_vocab"])
     taps = sorted(set(cfg["aux_ids"]) | ({tc["num_hidden_layers"]} if a.compare else set()))
     t0 = time.time()
     seqs, ev_seqs = sequences(tr, cfg["max_len"]), sequences(ev, cfg["max_len"])

@@ -512,8 +512,8 @@ def bad_args(a) -> str | None:
             return "--gguf needs the file and --target-sha256 (the conversion's checkpoint sha256)"
     elif not (a.hf / "model.safetensors").is_file():
         return f"{a.hf / 'model.safetensors'} is missing: run `python -m workshop.smollm2` first"
-    if (a.shards is not None and a.shards < 1) or a.tokens < 1 or a.threads < 1 or getattr(a, "budget_s", 1) is not None \
-            and getattr(a, "budget_s", 1) <= 0:
+    budget = getattr(a, "budget_s", None)                   # a Namespace built without it (tests)
+    if (a.shards is not None and a.shards < 1) or a.tokens < 1 or a.threads < 1 or (budget is not None and budget <= 0):
         return "--shards, --tokens, --threads and --budget-s must be positive"
     if a.context:
         return None if a.context.is_file() else f"--context {a.context}: no such file"
