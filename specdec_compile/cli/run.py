@@ -336,9 +336,9 @@ def _check_suffix_args(args) -> None:
 
 def ort_thread_options(threads: int | None, two_models: bool) -> dict:
     """Session options for ONNX Runtime on the CPU. DLM and TLM calls alternate,
-    never overlap; but an ORT thread pool spin-waits after each call, so two
-    sessions with default pools fight for the cores. Two models: each pool gets
-    the usable cores and does not spin. ``threads`` (--ort-threads) fixes the count."""
+    never overlap; every session stops its threads spinning when a call returns
+    (``ort_session.create_session``), so the two pools do not fight for the cores.
+    Two models: each pool gets the usable cores. ``threads`` (--ort-threads) fixes the count."""
     import os
     if threads is not None and threads < 1:
         raise SpecdecError(f"--ort-threads must be >= 1 (got {threads})")
@@ -346,8 +346,6 @@ def ort_thread_options(threads: int | None, two_models: bool) -> dict:
         return {}
     import onnxruntime as ort
     so = ort.SessionOptions()
-    if two_models:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     n = threads
     if n is None:
         n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -9,6 +9,7 @@ from runtime_helpers import make_tokenizer, one_line_error, run
 
 from specdec_compile import cli as compile_cli
 from specdec_compile.cli import run as run_cli
+from specdec_compile.ort_session import SPIN_STOP, has_entry
 
 PL, CL = 8, 64
 IDS = [1, 5, 9, 33, 7, 100, 42, 17, 3, 8, 55, 1, 5, 9, 33, 7]
@@ -109,10 +110,26 @@ def test_thread_options():
     assert run_cli.ort_thread_options(None, two_models=False) == {}
     so = run_cli.ort_thread_options(None, two_models=True)["session_options"]
     assert so.intra_op_num_threads >= 1
-    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert not has_entry(so, "session.intra_op.allow_spinning")   # threads spin inside a call (the default)
     assert run_cli.ort_thread_options(1, two_models=False)["session_options"].intra_op_num_threads == 1
     with pytest.raises(SpecdecError):
         run_cli.ort_thread_options(0, two_models=False)
+
+
+def test_sessions_stop_spinning_when_a_call_returns(arts):
+    """Every runtime session idles its threads between calls (two alternating sessions would
+    otherwise fight for the cores), unless the caller's own options say otherwise."""
+    import onnxruntime as ort
+    from specdec_compile.runtime import OrtBackend
+
+    art = arts("llama_gqa", "tlm", k=4)
+    opts = OrtBackend(art, intra_op_threads=2).session.get_session_options()
+    assert opts.get_session_config_entry(SPIN_STOP) == "1" and opts.intra_op_num_threads == 2
+    mine = ort.SessionOptions()
+    mine.add_session_config_entry(SPIN_STOP, "0")
+    assert OrtBackend(art, session_options=mine).session.get_session_options().get_session_config_entry(SPIN_STOP) == "0"
+    cli = run_cli.ort_thread_options(None, two_models=True)["session_options"]
+    assert OrtBackend(art, session_options=cli).session.get_session_options().get_session_config_entry(SPIN_STOP) == "1"
 
 
 def test_only_logits_reach_the_host(arts):

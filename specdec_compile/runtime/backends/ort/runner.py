@@ -39,6 +39,8 @@ class OrtBackend(Backend):
     ``inplace``: None (default) = in place for ``ort`` targets, swap for ``qaic``
     targets; False forces the swap (copy) path; True forces in place.
     ``providers``: ONNX Runtime providers; default CUDA if available, else CPU.
+    ``session_options``: ONNX Runtime's; they gain ``session.force_spinning_stop`` = 1 unless they
+    set it (threads idle between calls: ``ort_session.create_session``).
     """
 
     kind = "ort"
