@@ -15,6 +15,12 @@ A probe whose source proposes nothing (a lookup without a match) is no evidence:
 it stays due, and the clock backs off only once a probe has been verified.
 Round 1 of a generation (the first draft accepted) drafts k - 1 (contract
 section 6), or the fixed k.
+
+A generation's estimate starts from what the decoder's earlier generations saw
+(a slowly decayed acceptance over all of them, weighted as ``PRIOR_WEIGHT``
+checked drafts), not from an even guess: with the guess alone, one failed first
+round at the start of an answer dropped the estimate to 0.25, which chose K = 0,
+and each failed probe then doubled the wait (docs/runtime.md, "The decoding loop").
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ class WidthPolicy:
     (plain decoding) may be chosen when 0 is compiled."""
 
     PROBE_FIRST, PROBE_MAX, DECAY = 4, 64, 0.8
+    PRIOR_WEIGHT, PRIOR_DECAY = 2.0, 0.98   # a new generation's start: earlier ones' acceptance, as 2 checks
 
     def __init__(self, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
                  costs: CostModel | None = None):
@@ -51,6 +58,7 @@ class WidthPolicy:
         self.fallback = bool(fallback)
         self.costs = costs if costs is not None else CostModel()
         self.live: set = set()     # RowStates of generations decoding now: their acceptance is pooled
+        self.seen = [0.0, 0.0]     # every generation's accepted / checked drafts, slowly decayed: a new one's prior
         self.bound = False
 
     def bind(self, k0: int, k_list, widths) -> "WidthPolicy":
@@ -73,7 +81,12 @@ class WidthPolicy:
 
     # -- per generation -------------------------------------------------------
     def row(self) -> RowState:
-        return RowState(self)
+        """A new generation's state; its acceptance starts from the earlier generations' (if any)."""
+        r = RowState(self)
+        acc, chk = self.seen
+        if chk > 0:
+            r.acc, r.chk = self.PRIOR_WEIGHT * acc / chk, self.PRIOR_WEIGHT
+        return r
 
     def round1_drafts(self) -> int:
         """Drafts of round 1 (after an accepted first draft): the TLM call has width k."""
@@ -92,6 +105,8 @@ class WidthPolicy:
         row.acc = lam * row.acc + accepted
         row.probe_due = False
         row.chk = lam * row.chk + accepted + (1 if accepted < drafted else 0)
+        g = self.PRIOR_DECAY
+        self.seen = [g * self.seen[0] + accepted, g * self.seen[1] + accepted + (1 if accepted < drafted else 0)]
 
     def choose(self, row: RowState) -> int:
         """This round's draft count: the adaptive choice, with a probe now and then

@@ -174,3 +174,33 @@ def test_the_probe_clock():
     pol.note_acceptance(row, 0, 1)                                          # it drafted and was rejected
     nxt = [pol.choose(row) for _ in range(2 * pol.PROBE_FIRST)]
     assert nxt[:-1] == [0] * (2 * pol.PROBE_FIRST - 1) and nxt[-1] > 0      # backed off: twice as long
+
+
+def test_a_generation_starts_from_the_earlier_ones_acceptance():
+    """A new generation's estimate starts from the decoder's earlier generations (weighted as
+    PRIOR_WEIGHT checks), so one failed first round does not send a good draft to K = 0."""
+    t, d, _ = pair(0)
+    pol = SpecDecoder(t, d).policy
+    pol.costs = known_costs(dlm=(10, 0.3), tlm={1: (10, 1.0), 2: (10, 1.1), 4: (10, 1.2), 5: (10, 1.3)})
+    fresh = pol.row()
+    assert fresh.alpha() == 0.5                                   # nothing seen: the even guess
+    pol.note_acceptance(fresh, 0, 3)
+    assert pol.choose_drafts(fresh.alpha()) == 0                  # one failed round: 0.25, plain decoding
+    for _ in range(20):                                           # a draft that is mostly right
+        pol.note_acceptance(pol.row(), 4, 4)
+    r = pol.row()
+    assert r.alpha() > 0.75 and r.chk == pol.PRIOR_WEIGHT
+    pol.note_acceptance(r, 0, 3)                                  # the same failed first round
+    assert pol.pooled_alpha(r) > 0.4 and pol.choose_drafts(pol.pooled_alpha(r)) > 0
+    for _ in range(200):                                          # drafts that stop paying: the prior follows
+        pol.note_acceptance(pol.row(), 0, 4)
+    assert pol.row().alpha() < 0.2
+
+
+def test_every_generation_of_a_decoder_equals_target_only_with_the_prior():
+    t, d, lm = pair(until=30, ctx=200)
+    dec = Nominal(t, d)
+    for n in (40, 60, 50):
+        res = dec.generate(PROMPT, max_new_tokens=n)
+        assert res.generated_ids == reference_greedy(lm, PROMPT, n)
+    assert dec.policy.seen[1] > 0
