@@ -101,12 +101,12 @@ class WidthPolicy:
         return (acc + 0.5) / (chk + 1.0)
 
     def note_acceptance(self, row: RowState, accepted: int, drafted: int) -> None:
-        lam = self.DECAY
+        lam, g = self.DECAY, self.PRIOR_DECAY
+        checked = accepted + (1 if accepted < drafted else 0)     # the accepted drafts and the first rejected one
         row.acc = lam * row.acc + accepted
         row.probe_due = False
-        row.chk = lam * row.chk + accepted + (1 if accepted < drafted else 0)
-        g = self.PRIOR_DECAY
-        self.seen = [g * self.seen[0] + accepted, g * self.seen[1] + accepted + (1 if accepted < drafted else 0)]
+        row.chk = lam * row.chk + checked
+        self.seen = [g * self.seen[0] + accepted, g * self.seen[1] + checked]
 
     def choose(self, row: RowState) -> int:
         """This round's draft count: the adaptive choice, with a probe now and then
