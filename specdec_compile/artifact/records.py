@@ -83,8 +83,11 @@ def check_records(p: Path, m) -> None:
     if m.feature_draft is not None:
         fd = _record(where, "feature_draft", m.feature_draft)
         _ints(where, "feature_draft.target_layers", fd.get("target_layers"))
-        _int(where, "feature_draft.width", fd.get("width"))
+        width = _int(where, "feature_draft.width", fd.get("width"))
         _int(where, "feature_draft.draft_width", fd.get("draft_width"))
+        for key in ("target_width", "own_offset"):    # an EAGLE-3 head's: a slice of the input
+            if fd.get(key) is not None:
+                _int(where, f"feature_draft.{key}", fd[key], 1, width)
         inp = _name(where, "feature_draft.input", fd.get("input"), HIDDEN_STATES)
         out = _name(where, "feature_draft.draft_output", fd.get("draft_output"), DRAFT_HIDDEN_STATES)
         if inp == out:

@@ -201,8 +201,7 @@ class _Printer:
         if self.console is not None:
             self.console.print(text, style=style, end="")
         else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            write_stdout(text)
 
     def on_tokens(self, ids, sources):
         for t, s in zip(ids, sources):
@@ -215,6 +214,21 @@ class _Printer:
         self._write("\n", None)
         if reason is not None:
             print(f"[stopped: {STOP_REASONS.get(reason, reason)}]", file=sys.stderr)
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on stdout now: one line (exit 2), not an internal error, when stdout cannot take it
+    (a full disk, a closed or read-only descriptor); a closed pipe stays quiet (run_cli)."""
+    try:
+        if sys.stdout is None:
+            raise OSError("standard output is closed")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:     # ValueError: "I/O operation on closed file"
+        why = getattr(e, "strerror", None) or str(e)
+        raise SpecdecError(f"cannot write the output to standard output: {why}") from None
 
 
 def _fmt(v) -> str:
@@ -296,6 +310,9 @@ def _check_args(args) -> None:
         raise SpecdecError("--chat needs --tokenizer DIR (its chat template)")
     if args.dlm_tokenizer and not args.tokenizer:
         raise SpecdecError("--dlm-tokenizer needs --tokenizer")
+    if args.dlm_tokenizer and (args.target_only or args.draft in ("ngram", "suffix")):
+        raise SpecdecError("--dlm-tokenizer is the draft model's tokenizer: it needs --dlm (not --target-only, "
+                           "--draft ngram or --draft suffix)")
 
 
 def _check_min_prob(args) -> None:
@@ -422,6 +439,8 @@ def run(argv: list[str]) -> int:
     from ..runtime.sampling import SamplingParams
 
     args = build_parser().parse_args(argv)
+    if sys.stdout is None:        # a closed descriptor: before any work, not after it
+        raise SpecdecError("standard output is closed: nowhere to write the output")
     start_progress(PROG, args)
     resolve_pair(args)
     resolve_qeff_run_flags(args)
@@ -453,7 +472,7 @@ def run(argv: list[str]) -> int:
     if args.backend == "openvino":   # contract: whether greedy output is target-only's, recorded
         out["backend"] = tlm.exactness(speculative=not args.target_only)
     if args.json:
-        print(json.dumps(out))
+        write_stdout(json.dumps(out) + "\n")
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
     return 0
@@ -487,14 +506,14 @@ def _run_compare(args, tlm, dlm, toks, prompts, eos, sampling) -> int:
     if args.json:
         report["seed"] = sampling.seed
         report["results"] = {name: [r.to_json() for r in res] for name, (res, _) in runs.items()}
-        print(json.dumps(report))
+        write_stdout(json.dumps(report) + "\n")
         return 0
     printer = _Printer(toks[0], (not args.no_color) and sys.stdout.isatty())
     for i, r in enumerate(runs["speculative"][0]):     # the texts (speculative decoding's), then the report
         printer.start(r.prompt_ids, i, len(prompts))
         printer.on_tokens(r.generated_ids, r.sources)
         printer.end(r.stop_reason)
-    print("\n".join(format_report(report)))
+    write_stdout("\n".join(format_report(report)) + "\n")
     return 0
 
 

@@ -24,6 +24,8 @@ and each failed probe then doubled the wait (docs/runtime.md, "The decoding loop
 """
 from __future__ import annotations
 
+import numbers
+
 from ..errors import SpecdecError
 from .costs import CostModel
 
@@ -53,7 +55,9 @@ class WidthPolicy:
 
     def __init__(self, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
                  costs: CostModel | None = None):
-        self.fixed_k = k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
+            raise SpecdecError(f"k must be a whole number of drafts per round (got {k!r})")
+        self.fixed_k = None if k is None else int(k)
         self._adaptive = adaptive
         self.fallback = bool(fallback)
         self.costs = costs if costs is not None else CostModel()

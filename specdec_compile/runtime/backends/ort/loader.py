@@ -66,6 +66,10 @@ def _check_names(path: Path, ins: dict, outs: dict, art: Artifact) -> list[str]:
     if extra:
         raise SpecdecError(f"{path}: unexpected inputs {extra}; the contract allows only "
                            f"input_ids, position_ids and past_key/past_value (and a feature draft's features)")
+    lacking = sorted(qeff - set(ins) - ({NUM_LOGITS_TO_KEEP} if art.role == "dlm" else set()))
+    if lacking:   # a manifest that says --interface qeff over a graph without its inputs
+        raise SpecdecError(f"{path}: the manifest says --interface qeff but the graph has no {lacking[0]!r} "
+                           f"input; the manifest does not describe this graph")
     for names, what, have in ((art.extra_inputs, "input", ins), (art.extra_outputs, "output", outs)):
         for n in names:
             if n not in have:
