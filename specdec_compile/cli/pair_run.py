@@ -54,9 +54,8 @@ def resolve_pair(args) -> None:
         args.dlm = m["dlm"]
     if args.tokenizer is None and m.get("tokenizer"):
         args.tokenizer = m["tokenizer"]
-    group = ((m.get("settings") or {}).get("qaic") or {}).get("device_group")
-    if (group and args.backend == "qaic" and args.tlm_device_ids is None and args.device_group is None
-            and all(isinstance(i, int) and not isinstance(i, bool) for i in group)):
+    group = ((m.get("settings") or {}).get("qaic") or {}).get("device_group")    # read_pair checked its types
+    if group and args.backend == "qaic" and args.tlm_device_ids is None and args.device_group is None:
         args.tlm_device_ids = ",".join(str(i) for i in group)   # compiled with --device-group: opened on it
 
 

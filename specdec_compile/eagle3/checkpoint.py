@@ -13,7 +13,7 @@ The directory holds ``config.json`` (``speculators_model_type: "eagle3"``) and
 * the tensors, each of the shape the config implies; ``d2t``/``t2d`` when the
   draft vocabulary is smaller; ``embed_tokens.weight`` optional (else the
   target's). A tensor that is missing, of another shape, or not expected is
-  refused: nothing is guessed.
+  refused, and so is a NaN or infinity in a weight: nothing is guessed.
 
 Pairing checks against the target (``check_target``): hidden size, vocabulary,
 layer ids in range, ``d2t`` ids inside the target's vocabulary and ``t2d``
@@ -22,6 +22,7 @@ marking exactly them.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,11 +68,16 @@ class Eagle3Checkpoint:
         return len(self.aux_ids) if self.aux_ids is not None else 3
 
 
+def _positive(v) -> bool:
+    """A JSON number > 0 and finite (not a boolean; NaN and Infinity, which Python's json reads, are not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+
+
 def _need(cfg: dict, key: str, kind, where: str):
     v = cfg.get(key)
     if kind is int and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
         raise SpecdecError(f"{where}: {key} is {v!r}, expected a positive integer")
-    if kind is float and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
+    if kind is float and not _positive(v):
         raise SpecdecError(f"{where}: {key} is {v!r}, expected a positive number")
     return v
 
@@ -80,22 +86,24 @@ def _rope(tl: dict, where: str) -> dict:
     """The rope of the layer config, as transformers 4 (rope_theta, rope_scaling) or 5 (rope_parameters) writes it."""
     params = tl.get("rope_parameters")
     if params is None:
-        params = dict(tl.get("rope_scaling") or {})
-        params.setdefault("rope_theta", tl.get("rope_theta", 10000.0))
+        params = tl.get("rope_scaling") or {}
+        if isinstance(params, dict):
+            params = {"rope_theta": tl.get("rope_theta", 10000.0), **params}
     if not isinstance(params, dict):
         raise SpecdecError(f"{where}: rope parameters {params!r} are not an object")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise SpecdecError(f"{where}: rope type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
     theta = params.get("rope_theta", tl.get("rope_theta", 10000.0))
-    if not isinstance(theta, (int, float)) or theta <= 0:
+    if not _positive(theta):
         raise SpecdecError(f"{where}: rope_theta {theta!r} is not a positive number")
-    if float(tl.get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        raise SpecdecError(f"{where}: partial_rotary_factor {tl['partial_rotary_factor']} is not supported")
+    partial = tl.get("partial_rotary_factor")
+    if partial not in (None, 0, 1) or isinstance(partial, bool):
+        raise SpecdecError(f"{where}: partial_rotary_factor {partial!r} is not supported (only 1)")
     out = {k: v for k, v in params.items() if k not in ("rope_type", "type", "rope_theta")}
     for key in _ROPE_KEYS[kind]:
         v = out.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        if not _positive(v):
             raise SpecdecError(f"{where}: rope type {kind!r} needs a positive {key}, got {v!r}")
     return {"type": kind, "theta": float(theta), **out}
 
@@ -115,17 +123,20 @@ def _layer_config(tl, where: str) -> dict:
     if fam == "qwen3" and tl.get("use_sliding_window"):
         raise SpecdecError(f"{where}: a sliding-window head is not supported")
     H, heads = _need(tl, "hidden_size", int, where), _need(tl, "num_attention_heads", int, where)
-    kv = tl.get("num_key_value_heads") or heads
-    hd = tl.get("head_dim") or (H // heads)
+    kv, hd = tl.get("num_key_value_heads"), tl.get("head_dim")    # null: transformers' defaults
+    kv, hd = heads if kv is None else kv, H // heads if hd is None else hd
     if (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or heads % kv
             or not isinstance(hd, int) or isinstance(hd, bool) or hd < 1):
         raise SpecdecError(f"{where}: num_key_value_heads {kv!r} / head_dim {hd!r} do not fit {heads} heads")
     if tl.get("max_position_embeddings") is not None:
         _need(tl, "max_position_embeddings", int, where)
+    for key in ("attention_bias", "mlp_bias"):     # a string ("false") is no boolean: not guessed
+        if tl.get(key) is not None and not isinstance(tl[key], bool):
+            raise SpecdecError(f"{where}: transformer_layer_config.{key} is {tl[key]!r}, expected true or false")
     return dict(family=fam, hidden_size=H, intermediate_size=_need(tl, "intermediate_size", int, where),
                 num_heads=heads, num_kv_heads=kv, head_dim=hd, eps=float(_need(tl, "rms_norm_eps", float, where)),
-                rope=_rope(tl, where), attention_bias=bool(tl.get("attention_bias", False)),
-                mlp_bias=bool(tl.get("mlp_bias", False)), target_vocab=_need(tl, "vocab_size", int, where),
+                rope=_rope(tl, where), attention_bias=bool(tl.get("attention_bias")),
+                mlp_bias=bool(tl.get("mlp_bias")), target_vocab=_need(tl, "vocab_size", int, where),
                 max_positions=int(tl.get("max_position_embeddings") or 4096))
 
 
@@ -158,6 +169,26 @@ def _aux_ids(cfg: dict, where: Path):
     return tuple(ids)
 
 
+def _verifier(cfg: dict, where: Path) -> dict:
+    """``speculators_config.verifier``'s name_or_path and architectures (null or absent: not recorded); a value
+    of another JSON type is refused, never read as something else (a string's letters as architectures)."""
+    spec = cfg.get("speculators_config")
+    if spec is not None and not isinstance(spec, dict):
+        raise SpecdecError(f"{where}: speculators_config is {spec!r}, expected an object")
+    verifier = (spec or {}).get("verifier")
+    if verifier is not None and not isinstance(verifier, dict):
+        raise SpecdecError(f"{where}: speculators_config.verifier is {verifier!r}, expected an object")
+    rec = {k: (verifier or {}).get(k) for k in ("name_or_path", "architectures")}
+    archs = rec["architectures"]
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise SpecdecError(f"{where}: speculators_config.verifier.architectures is {archs!r}, expected a list "
+                           f"of class names like [\"LlamaForCausalLM\"]")
+    if rec["name_or_path"] is not None and not isinstance(rec["name_or_path"], str):
+        raise SpecdecError(f"{where}: speculators_config.verifier.name_or_path is {rec['name_or_path']!r}, "
+                           f"expected a string")
+    return rec
+
+
 def read_checkpoint(path: str | Path) -> Eagle3Checkpoint:
     """The checkpoint at ``path``, its config and tensors checked against each other (not yet the target)."""
     path = Path(path)
@@ -180,12 +211,8 @@ def read_checkpoint(path: str | Path) -> Eagle3Checkpoint:
     if dv > layer["target_vocab"]:
         raise SpecdecError(f"{where}: draft_vocab_size {dv} is larger than the target vocabulary "
                            f"{layer['target_vocab']}")
-    spec = cfg.get("speculators_config") or {}
-    verifier = (spec.get("verifier") or {}) if isinstance(spec, dict) else {}
-    if not isinstance(verifier, dict):
-        raise SpecdecError(f"{where}: speculators_config.verifier is {verifier!r}, expected an object")
     ck = Eagle3Checkpoint(path=path, draft_vocab=dv, aux_ids=_aux_ids(cfg, where), flags=flags,
-                          verifier={k: verifier.get(k) for k in ("name_or_path", "architectures")}, **layer)
+                          verifier=_verifier(cfg, where), **layer)
     f = path / WEIGHTS
     if not f.is_file():
         raise SpecdecError(f"{path}: no {WEIGHTS} (sharded checkpoints are not supported)")
@@ -242,9 +269,17 @@ def check_tensors(ck: Eagle3Checkpoint, f: Path) -> None:
         if t[name].dtype.kind not in (want + ("u" if want != "f" else "")):
             raise SpecdecError(f"{f}: tensor {name!r} has dtype {t[name].dtype}, expected "
                                f"{ {'i': 'integer', 'b': 'bool', 'f': 'floating point'}[want] }")
+        if want == "f" and not _finite(t[name]):
+            raise SpecdecError(f"{f}: tensor {name!r} holds NaN or infinite values (a damaged checkpoint)")
     if ("d2t" in t) != ("t2d" in t):
         raise SpecdecError(f"{f}: has {'d2t' if 'd2t' in t else 't2d'} without "
                            f"{'t2d' if 'd2t' in t else 'd2t'} (they map the vocabularies together)")
+
+
+def _finite(a: np.ndarray, chunk: int = 1 << 22) -> bool:
+    """No NaN or infinity in ``a`` (checked in chunks: no temporary the size of an embedding table)."""
+    flat = a.reshape(-1)
+    return all(np.isfinite(flat[i:i + chunk]).all() for i in range(0, flat.size, chunk))
 
 
 def draft_to_target(ck: Eagle3Checkpoint, target_vocab: int) -> np.ndarray:

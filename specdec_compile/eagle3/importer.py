@@ -140,6 +140,14 @@ def _amend(manifest_path: Path, ck: Eagle3Checkpoint, record: dict) -> dict:
     return m
 
 
+def check_out_spares(out: Path, ckpt: Path) -> None:
+    """OUT is not the checkpoint's folder nor one that holds it: replacing OUT (--force) would delete it."""
+    o, src = Path(os.path.abspath(out)).resolve(), Path(ckpt).resolve()
+    if o == src or o in src.parents:
+        raise SpecdecError(f"output directory {out} holds the checkpoint {ckpt} (replacing it would delete the "
+                           f"checkpoint); choose another -o")
+
+
 def move_into_place(staged: Path, out: Path) -> None:
     """Rename the finished directory ``staged`` to ``out`` (a previous ``out`` set aside, then removed)."""
     out = Path(os.path.abspath(out))
@@ -185,6 +193,7 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
                    feature_layers=layers, feature_target=(t.file, t.sha256), **compile_options)
     out = Path(out)
     check_out(out, force, t.model)
+    check_out_spares(out, ck.path)
     from .head import export_head
     parent = Path(os.path.abspath(out)).parent
     parent.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ def _entry(path: Path, name: str, e, size: int) -> tuple[str, tuple[int, ...], i
     if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
         raise _bad(path, f"tensor {name!r}: expected keys dtype, shape, data_offsets")
     dt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
-    if dt not in DTYPES:
+    if not isinstance(dt, str) or dt not in DTYPES:
         raise _bad(path, f"tensor {name!r}: unknown dtype {dt!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in shape):
@@ -80,7 +80,10 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     for name, e in head.items():
         dt, shape, lo, hi = _entry(path, name, e, len(body))
         spans.append((lo, hi, name))
-        a = np.frombuffer(body[lo:hi], dtype=DTYPES[dt]).reshape(shape)
+        try:
+            a = np.frombuffer(body[lo:hi], dtype=DTYPES[dt]).reshape(shape)
+        except ValueError:   # no bytes, but dimensions numpy cannot hold (past 2**63, more than 64 of them)
+            raise _bad(path, f"tensor {name!r}: shape {list(shape)} cannot be held") from None
         if dt == "BF16":
             a = (a.astype(np.uint32) << 16).view(np.float32)
         elif dt == "F16":

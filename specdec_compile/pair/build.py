@@ -10,6 +10,7 @@ the finished directory is renamed into place. Any refusal leaves OUT as it was.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,11 +22,9 @@ from ..contract import MANIFEST_FILE, MODEL_FILE
 from ..errors import SpecdecError
 from ..options import Options
 from .inputs import SIDE_FILES, ModelInput, digest, known_inputs, resolve, resolve_head
-from .manifest import DRAFT_KINDS, FORMAT, FORMAT_VERSION, PAIR_FILE, cache_key, dumps, read_pair
+from .manifest import DRAFT_KINDS, FORMAT, FORMAT_VERSION, PAIR_FILE, TARGETS, cache_key, dumps, read_pair
 
 _log = logging.getLogger(__name__)
-#: the targets a pair is built for (verify runs both on ONNX Runtime)
-TARGETS = ("ort", "qaic")
 
 
 class VerifyFailed(SpecdecError):
@@ -177,7 +176,7 @@ def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, boo
     records = {name: digest(inp, known.get(name)) for name, inp in inputs_.items()}
     settings = _settings(req, tlm_opts, dlm_opts)
     key = cache_key(settings, records)
-    if old is not None and old.get("key") == key and not force and _complete(out, old):
+    if old is not None and old.get("key") == key and not force and _complete(out, old, settings):
         return old, True
     _check_out(out, force, old, key, inputs_.values())
     from .export import check_optimum
@@ -199,8 +198,11 @@ def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, boo
     return read_pair(out), False
 
 
-def _complete(out: Path, m: dict) -> bool:
-    return all((Path(m[k]) / MANIFEST_FILE).is_file() for k in ("tlm", "dlm") if m.get(k))
+def _complete(out: Path, m: dict, settings: dict) -> bool:
+    """OUT's pair.json says what the key stands for (an edited one is no hit) and its artifacts are there."""
+    same = json.loads(dumps(settings)) == m.get("settings") and all(
+        m.get(k) == settings[k] for k in ("draft", "k", "target"))
+    return same and all((Path(m[k]) / MANIFEST_FILE).is_file() for k in ("tlm", "dlm") if m.get(k))
 
 
 def _check_out(out: Path, force: bool, old: dict | None, key: str, inputs) -> None:
@@ -208,6 +210,10 @@ def _check_out(out: Path, force: bool, old: dict | None, key: str, inputs) -> No
         if out.is_symlink() or not out.is_dir():
             raise SpecdecError(f"output {out} exists and is not a directory")
         if any(out.iterdir()) and not force:
+            if old is not None and old.get("key") == key:
+                raise SpecdecError(f"output directory {out} holds this pair (key {key}), but its {PAIR_FILE} or "
+                                   f"artifacts are not what the key stands for (edited or incomplete): --force "
+                                   f"rebuilds it")
             if old is not None:
                 raise SpecdecError(f"output directory {out} holds a pair built with other settings or inputs "
                                    f"(key {old.get('key')}, now {key}): --force rebuilds it, or choose another -o")

@@ -60,15 +60,15 @@ def resolve(path: str | os.PathLike, flag: str, known: dict | None = None) -> Mo
     p = Path(path)
     if not p.exists():
         raise SpecdecError(f"{flag} {p}: no such file or directory")
+    if (p / MANIFEST_FILE).is_file():   # a compiled artifact has a model.onnx too: not an optimum export
+        raise SpecdecError(f"{flag} {p}: a compiled artifact ({MANIFEST_FILE}), not a model: give the export or "
+                           f"Hugging Face folder it was compiled from (expected {EXPECTED})")
     if p.is_file():
         return _onnx_input(flag, p, p, "onnx", known)
     if (p / "model.onnx").is_file():
         return _onnx_input(flag, p, p / "model.onnx", "optimum", known)
     if _is_hf_folder(p):
         return ModelInput(flag, p, "hf", p, None, _top_files(p))
-    if (p / MANIFEST_FILE).is_file():
-        raise SpecdecError(f"{flag} {p}: a compiled artifact ({MANIFEST_FILE}), not a model: give the export or "
-                           f"Hugging Face folder it was compiled from (expected {EXPECTED})")
     raise SpecdecError(f"{flag} {p}: a folder with no model in it: expected {EXPECTED}")
 
 

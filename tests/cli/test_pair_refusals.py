@@ -165,3 +165,88 @@ def test_missing_external_data_and_a_damaged_pair_json(tmp_path, capsys):
     (src / "weights.bin").unlink()
     err = refused(argv, capsys, tmp_path)
     assert "weights.bin" in err and "cannot read" in err
+
+
+# --------------------------------------------------------------------------- a hand-edited pair.json
+
+@pytest.fixture(scope="module")
+def ngram_pair(tmp_path_factory):
+    """A built ngram pair (the TLM alone, from an .onnx export): the pair.json the cases below edit."""
+    out = tmp_path_factory.mktemp("ngram") / "pair"
+    assert cli.main(["pair", "--tlm", str(target_export("eagle3_llama")), "--draft", "ngram", *SHAPES,
+                     "-o", str(out), "--quiet"]) == 0
+    return out
+
+
+def _edit(key, value):
+    def fn(m, d):
+        m[key] = value
+    return fn
+
+
+def _edit_qaic(value):
+    def fn(m, d):
+        m["settings"]["qaic"] = value
+    return fn
+
+
+def _tlm_link_out(m, d):
+    """pair.json untouched; its tlm folder a link to a folder outside the pair directory."""
+    import shutil
+    shutil.move(str(d / "tlm"), str(d.parent / "elsewhere"))
+    (d / "tlm").symlink_to(d.parent / "elsewhere")
+
+
+# (edit, extra specdec-run arguments, words the one line has); each was a traceback (exit 3) or was
+# read as something else (a device_group string ignored, a link leading out of the pair followed)
+PAIR_JSON_CASES = {
+    "settings a list": (_edit("settings", [1]), [], "settings [1] is not an object"),
+    "qaic a string": (_edit_qaic("x"), [], "settings.qaic 'x' is not an object"),
+    "device_group a number": (_edit_qaic({"device_group": 5}), ["--backend", "qaic"],
+                              "settings.qaic.device_group 5 is not a list"),
+    "device_group a string": (_edit_qaic({"device_group": "0,1"}), ["--backend", "qaic"],
+                              "settings.qaic.device_group '0,1' is not a list"),
+    "no target (--compile)": (lambda m, d: m.pop("target"), ["--compile"], "target None is not one of ort, qaic"),
+    "target a list": (_edit("target", ["qaic"]), [], "target ['qaic'] is not one of"),
+    "k a string": (_edit("k", "3"), [], "k '3' is not an integer >= 1"),
+    "format_version true": (_edit("format_version", True), [], "format_version True"),
+    "tlm a link out of the pair": (_tlm_link_out, [], "is not a folder inside the pair directory"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAIR_JSON_CASES))
+def test_a_damaged_pair_json_is_refused_in_one_line(ngram_pair, tmp_path, capsys, name):
+    import shutil
+    edit, extra, needle = PAIR_JSON_CASES[name]
+    d = tmp_path / "p" / "pair"
+    shutil.copytree(ngram_pair, d)
+    m = json.loads((d / "pair.json").read_text())
+    edit(m, d)
+    (d / "pair.json").write_text(json.dumps(m))
+    err = refused(["--pair", d, "--prompt-ids", "1,2", "--max-new-tokens", "2", *extra], capsys, tmp_path,
+                  main=_run)
+    assert needle in err, err
+
+
+def test_an_edited_pair_json_is_no_cache_hit(ngram_pair, tmp_path, capsys):
+    """pair.json says draft suffix where the key stands for ngram: not reported cached ("same settings"),
+    refused without --force; --force rebuilds what the command asks for."""
+    import shutil
+    out = tmp_path / "work" / "pair"
+    shutil.copytree(ngram_pair, out)
+    m = json.loads((out / "pair.json").read_text())
+    m["draft"] = m["settings"]["draft"] = "suffix"
+    (out / "pair.json").write_text(json.dumps(m))
+    argv = ["--tlm", target_export("eagle3_llama"), "--draft", "ngram", *SHAPES, "-o", out]
+    err = refused(argv, capsys, tmp_path)
+    assert "holds this pair" in err and "edited or incomplete" in err
+    assert cli.main(["pair", *(str(a) for a in argv), "--force", "--quiet"]) == 0
+    assert json.loads((out / "pair.json").read_text())["draft"] == "ngram"
+
+
+def test_a_compiled_artifact_with_its_model_onnx_is_no_model(ngram_pair, tmp_path, capsys):
+    """A TLM artifact holds model.onnx too: refused as an artifact up front, not compiled again as if an
+    optimum export (which failed only after the TLM was built, naming the rewritten cache)."""
+    err = refused(["--tlm", ngram_pair / "tlm", "--draft", "ngram", *SHAPES, "-o", tmp_path / "work" / "o"],
+                  capsys, tmp_path)
+    assert "a compiled artifact" in err

@@ -145,6 +145,26 @@ CASES = {
                                ["speculators_config.verifier is 'llama'"]),
     "draft vocabulary past the target's": (lambda d: _config(d, draft_vocab_size=400),
                                            ["draft_vocab_size 400 is larger than the target vocabulary 211"]),
+    # config values of the wrong JSON type: one line, never a traceback, never read as something else
+    "rope_scaling a string": (lambda d: _config(d, layer={"rope_parameters": None, "rope_scaling": "linear"}),
+                              ["rope parameters 'linear' are not an object"]),
+    "partial rotary a string": (lambda d: _config(d, layer={"partial_rotary_factor": "half"}),
+                                ["partial_rotary_factor 'half' is not supported"]),
+    "eps NaN": (lambda d: _config(d, layer={"rms_norm_eps": float("nan")}), ["rms_norm_eps is nan"]),
+    "rope_theta infinite": (lambda d: _config(d, layer={"rope_parameters": {"rope_type": "default",
+                                                                            "rope_theta": float("inf")}}),
+                            ["rope_theta inf is not a positive number"]),
+    "attention_bias a string": (lambda d: _config(d, layer={"attention_bias": "false"}),
+                                ["attention_bias is 'false', expected true or false"]),
+    "head_dim 0": (lambda d: _config(d, layer={"head_dim": 0}), ["head_dim 0 do not fit"]),
+    # a string's letters were read as architectures: 'l' matched the llama target, so a qwen2 head passed
+    "architectures a string": (lambda d: _config(d, speculators_config={"verifier": {
+                                   "architectures": "Qwen2ForCausalLM"}}),
+                               ["verifier.architectures is 'Qwen2ForCausalLM', expected a list"]),
+    "speculators_config a list": (lambda d: _config(d, speculators_config=["eagle3"]),
+                                  ["speculators_config is ['eagle3'], expected an object"]),
+    "NaN in a weight": (_set("fc.weight", lambda a: np.where(np.arange(a.size).reshape(a.shape) == 5, np.nan, a)
+                             .astype(np.float32)), ["'fc.weight' holds NaN or infinite values"]),
 }
 
 
@@ -154,6 +174,21 @@ def test_bad_checkpoint_is_refused_in_one_line(tmp_path, capsys, name):
     mutate, needles = CASES[name]
     mutate(d)
     _refused(tmp_path, capsys, d, *needles)
+
+
+def test_an_output_that_holds_the_checkpoint_is_refused_even_with_force(tmp_path, capsys):
+    """-o naming a previous artifact that holds the checkpoint: --force would replace the directory and
+    delete the checkpoint with it (it did); refused in one line, both kept."""
+    art = tmp_path / "art"
+    argv = ["--tlm", str(target_export("eagle3_llama")), "--target", "ort", "-o", str(art), "--quiet"]
+    assert cli.main(["import-head", str(DATA / "llama"), *argv]) == 0
+    ckpt = _copy(art)
+    capsys.readouterr()
+    assert cli.main(["import-head", str(ckpt), *argv, "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds the checkpoint" in err[0], err
+    assert (ckpt / "model.safetensors").is_file() and (art / "manifest.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
 
 def test_missing_checkpoint_and_target(tmp_path, capsys):

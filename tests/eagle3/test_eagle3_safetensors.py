@@ -41,6 +41,10 @@ def test_round_trip_and_16_bit_floats(tmp_path):
       "y": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 8, "overlap"),
     ({"x": {"dtype": "F32", "shape": [1]}}, b"\0" * 4, "expected keys dtype, shape, data_offsets"),
     ([1, 2], b"", "not a JSON object"),
+    # a dtype of another JSON type, and dimensions numpy cannot hold (no bytes needed): one line, no TypeError
+    ({"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, "unknown dtype ['F32']"),
+    ({"x": {"dtype": "F32", "shape": [0, 10 ** 30], "data_offsets": [0, 0]}}, b"", "cannot be held"),
+    ({"x": {"dtype": "F32", "shape": [0, 1 << 62, 1 << 62], "data_offsets": [0, 0]}}, b"", "cannot be held"),
     ({"__metadata__": {"a": 1}}, b"", "__metadata__ is not an object of strings"),
 ])
 def test_malformed_files_are_one_line_errors(tmp_path, header, data, needle):
