@@ -42,6 +42,12 @@ def _at_least_one(flag: str, value, most: int | None = None) -> None:
         raise SpecdecError(f"{flag} {value} is over the limit of {most}")
 
 
+def check_num_cores(value, flag: str = "--num-cores") -> None:
+    """A core count of one model: 1 to MAX_CORES (``flag``: the option as the user gave it)."""
+    if not _is_int(value) or not 1 <= value <= MAX_CORES:
+        raise SpecdecError(f"{flag} must be between 1 and {MAX_CORES}, got {value!r}")
+
+
 def check_options(role: str | None = None, target: str | None = None, k: int | None = None, *,
                   optional: bool = False, prefill_len: int | None = None, ctx_len: int | None = None,
                   batch_size: int | None = None, k_list: tuple[int, ...] = ()) -> None:
@@ -153,8 +159,7 @@ class Options:
             raise SpecdecError(f"--logits-dtype {self.logits_dtype!r} is not one of {', '.join(DTYPES)}")
         if self.hw_version is not None and self.hw_version not in HW_VERSIONS:
             raise SpecdecError(f"--hw-version {self.hw_version!r} is not one of {', '.join(HW_VERSIONS)}")
-        if not _is_int(self.num_cores) or not 1 <= self.num_cores <= MAX_CORES:
-            raise SpecdecError(f"--num-cores must be between 1 and {MAX_CORES}, got {self.num_cores!r}")
+        check_num_cores(self.num_cores)
         _at_least_one("--num-devices", self.num_devices, MAX_DEVICES)
         if self.role == "dlm" and self.hidden_states:
             raise SpecdecError("--hidden-states is for the target model (--role tlm); a feature draft "

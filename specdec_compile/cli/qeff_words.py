@@ -37,6 +37,9 @@ def resolve_qeff_run_flags(args) -> None:
     """Fold QEfficient's spellings into ours (--generation-len, --device-group); a clash is an error."""
     if args.generation_len is not None and args.max_new_tokens is not None:
         raise SpecdecError("give --max-new-tokens or --generation-len (QEfficient's name for it), not both")
+    for flag, v in (("--max-new-tokens", args.max_new_tokens), ("--generation-len", args.generation_len)):
+        if v is not None and v < 0:     # named as the user spelled it
+            raise SpecdecError(f"{flag} must be >= 0 (got {v})")
     if args.max_new_tokens is None:
         args.max_new_tokens = args.generation_len if args.generation_len is not None else DEFAULT_MAX_NEW_TOKENS
     if args.device_group is not None:
@@ -135,6 +138,8 @@ def resolve_qeff_compile_flags(a) -> None:
     fbs = a.full_batch_size
     a.continuous_batching = fbs is not None
     if fbs is not None:
+        if isinstance(fbs, bool) or not isinstance(fbs, int) or fbs < 1:    # named as given, not as --batch-size
+            raise SpecdecError(f"--full-batch-size must be >= 1 (got {fbs})")
         if a.interface == "default":
             raise SpecdecError(f"--full-batch-size {fbs} is QEfficient's continuous batching (--interface qeff): "
                                f"drop --interface default")

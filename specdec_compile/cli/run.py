@@ -443,9 +443,7 @@ def run(argv: list[str]) -> int:
         raise SpecdecError("standard output is closed: nowhere to write the output")
     start_progress(PROG, args)
     resolve_pair(args)
-    resolve_qeff_run_flags(args)
-    if args.max_new_tokens < 0:
-        raise SpecdecError("--max-new-tokens must be >= 0")
+    resolve_qeff_run_flags(args)     # also refuses a negative --max-new-tokens / --generation-len
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     _check_args(args)
     if compile_pair(args):

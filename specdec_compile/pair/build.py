@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..contract import MANIFEST_FILE, MODEL_FILE
 from ..errors import SpecdecError
-from ..options import Options
+from ..options import Options, check_num_cores
 from .inputs import SIDE_FILES, ModelInput, digest, known_inputs, resolve, resolve_head
 from .manifest import DRAFT_KINDS, FORMAT, FORMAT_VERSION, PAIR_FILE, TARGETS, cache_key, dumps, read_pair
 
@@ -91,6 +91,8 @@ def _compile_kw(req: PairRequest, role: str) -> dict:
                            f"(the {req.target} graphs would not be what pair.json says)")
     kw = {"precision": "mx6"} if req.mxfp6_matmul else {}
     cores = req.dlm_num_cores if role == "dlm" and req.dlm_num_cores is not None else req.num_cores
+    if role == "dlm" and req.dlm_num_cores is not None:     # named as given, and before the TLM is built
+        check_num_cores(req.dlm_num_cores, "--dlm-num-cores")
     if cores is not None:
         kw["num_cores"] = cores
     devices = req.num_devices
@@ -133,6 +135,8 @@ def _options(req: PairRequest) -> tuple[Options, Options | None]:
     if req.draft != "model":
         if req.draft != "head" and req.dlm_num_cores is not None:
             raise SpecdecError(f"--dlm-num-cores: draft {req.draft!r} has no draft model to compile")
+        if req.draft == "head":
+            _compile_kw(req, "dlm")      # the head's options (its cores), checked before any work
         return tlm, None
     dlm = Options(role="dlm", **shapes, **_compile_kw(req, "dlm"))
     from ..runtime.pairing import check_compile_pair

@@ -83,7 +83,7 @@ BAD = [(args + ["--target", target], msg) for args, msg in QAIC_ONLY for target 
     (["--hw-version", "ai300"], "invalid choice: 'ai300'"),
     (["--full-batch-size", "4", "--interface", "default"], "drop --interface default"),
     (["--full-batch-size", "4", "--batch-size", "2"], "--batch-size 2 contradicts it"),
-    (["--full-batch-size", "0"], "--batch-size must be at least 1"),
+    (["--full-batch-size", "0"], "--full-batch-size must be >= 1"),
     (["--full-batch-size", "4", "--target", "openvino"], "the openvino target has the default interface only"),
 ]
 

@@ -93,6 +93,7 @@ def test_qaic_words_with_target_ort_are_refused_in_one_line(tmp_path, capsys, wo
 @pytest.mark.parametrize("words, needle", [
     (["--full-batch-size", "4", "--batch-size", "2"], "--batch-size 2 contradicts it"),
     (["--full-batch-size", "4", "--interface", "default"], "drop --interface default"),
+    (["--full-batch-size", "0"], "--full-batch-size must be >= 1"),
     (["--num-devices", "3", "--device-group", "[0,1]"], "--num-devices 3 contradicts it"),
     (["--device-group", "[0,1"], "unbalanced brackets"),
     (["--mxfp6-matmul", "--num-cores", "17"], "--num-cores must be between 1 and 16"),
@@ -259,7 +260,10 @@ def test_python_api_refuses_bad_qaic_requests(tmp_path):
                        (PairRequest(tlm="x", draft="ngram", device_group=(0, 1), num_devices=4), "contradicts"),
                        (PairRequest(tlm="x", draft="ngram", dlm_num_cores=4), "no draft model to compile"),
                        (PairRequest(tlm="x", draft="ngram", continuous_batching=True), "needs --interface qeff"),
-                       (PairRequest(tlm="x", draft="head", dlm="y", interface="qeff"), "no outputs for")):
+                       (PairRequest(tlm="x", draft="head", dlm="y", interface="qeff"), "no outputs for"),
+                       # the draft's cores, named as given, and checked before the TLM is built (a head too)
+                       (PairRequest(tlm="x", draft="model", dlm="y", dlm_num_cores=0), "--dlm-num-cores must be"),
+                       (PairRequest(tlm="x", draft="head", dlm="y", dlm_num_cores=99), "--dlm-num-cores must be")):
         with pytest.raises(SpecdecError, match=words):
             build_pair(req, tmp_path / "out")
     assert not (tmp_path / "out").exists()

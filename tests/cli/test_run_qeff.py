@@ -113,7 +113,8 @@ def test_generation_len_is_max_new_tokens(pair, capsys):
     assert code == 0 and json.loads(out)["results"][0]["metrics"]["stop_reason"] == "ctx_len"
     one_line_error(*run(base + ["--generation-len", 7, "--max-new-tokens", 7], capsys)[::2],
                    "--generation-len", "not both")
-    one_line_error(*run(base + ["--generation-len", -1], capsys)[::2], "--max-new-tokens must be >= 0")
+    one_line_error(*run(base + ["--generation-len", -1], capsys)[::2], "--generation-len must be >= 0")
+    one_line_error(*run(base + ["--max-new-tokens", -1], capsys)[::2], "--max-new-tokens must be >= 0")
 
 
 def test_pipe_separated_prompts_and_a_literal_pipe(pair, capsys):
