@@ -411,6 +411,12 @@ def check(a) -> list[dict]:
     parse_methods(a.mtbench_methods)
     if a.mtbench_max_new_tokens < 2 or a.mtbench_repeats < 1:
         raise SystemExit("mtbench: --mtbench-max-new-tokens must be at least 2 and --mtbench-repeats at least 1")
+    head = getattr(a, "mtbench_head", None)
+    wants_head = any(split_method(m)[0].startswith("eagle3") for m in parse_methods(a.mtbench_methods))
+    if wants_head and (head is None or not (head / "config.json").is_file()
+                       or not (head / "model.safetensors").is_file()):   # asked for: not skipped in silence
+        raise SystemExit(f"mtbench: --mtbench-head {head}: no EAGLE-3 checkpoint there (config.json + "
+                         f"model.safetensors), which the eagle3 methods read")
     return select(qs, None if a.mtbench_full else a.mtbench_per_category)
 
 

