@@ -14,8 +14,9 @@ head's pair, real model) and OUT/demo.json with "model", "draft",
 "prompts" (each with "prompt", "new_tokens", "speedup", "identical"), "speedup" and
 "identical" (greedy speculative output equal to target-only output for every prompt).
 
-Exit status: 0, 1 when a speculative output differed from the target-only output, 2 when the
-EAGLE-3 head is refused (one line: another target's head, a missing --eagle3-head DIR).
+Exit status: 0, 1 when a speculative output differed from the target-only output, 2 when an
+option or the EAGLE-3 head is refused (one line: a count below 1, a missing --fdraft-head,
+another target's head, a missing --eagle3-head DIR, a --decode-k the artifacts lack).
 """
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="with the EAGLE-3 head, also train the feature draft here (rows feature and hybrid; about "
                          "19 minutes on 2 cores); without a head, with --no-eagle3 or --fdraft-head it is always built")
     a = ap.parse_args(argv)
+    bad = check_args(a)
+    if bad:
+        print(f"demo: {bad}", file=sys.stderr)
+        return 2
     toy = a.toy or a.micro
     name = "demo-micro" if a.micro else "demo-toy" if a.toy else "demo"
     a.out = a.out or ROOT / "build" / name
@@ -83,11 +88,34 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg):
         console.print(msg, markup=False, highlight=False)
 
-    if not toy:
-        from . import real_demo
-        return real_demo.main(a, console, log)
-    from . import toy_demo
-    return toy_demo.main(a, console, log)
+    from specdec_compile.errors import SpecdecError
+    try:
+        if not toy:
+            from . import real_demo
+            return real_demo.main(a, console, log)
+        from . import toy_demo
+        return toy_demo.main(a, console, log)
+    except SpecdecError as e:      # a refusal found late (a --decode-k the artifacts lack): one line, exit 2
+        print(f"demo: {e}", file=sys.stderr)
+        return 2
+
+
+def check_args(a) -> str | None:
+    """What is wrong with the options, in one line (None: nothing), before any work. A 0 is refused, not
+    read as 'the default'."""
+    for flag, v, low in (("--k", a.k, 1), ("--decode-k", a.decode_k, 0), ("--prefill-len", a.prefill_len, 1),
+                         ("--ctx-len", a.ctx_len, 2), ("--prompts", a.prompts, 1),
+                         ("--max-new-tokens", a.max_new_tokens, 1), ("--repeats", a.repeats, 1),
+                         ("--threads", a.threads, 1), ("--ort-threads", a.ort_threads, 1)):
+        if v is not None and v < low:
+            return f"{flag} must be at least {low} (got {v})"
+    widths = [x.strip() for x in a.k_list.split(",") if x.strip()]
+    if not all(x.isdigit() for x in widths):
+        return f"--k-list must be a comma list of widths >= 0 (got {a.k_list!r})"
+    if a.fdraft_head is not None and not (a.fdraft_head / "head.pt").is_file():
+        return (f"--fdraft-head {a.fdraft_head}: no head.pt there (python -m scripts.feature_scaling --save-head DIR "
+                f"writes one)")
+    return None
 
 
 if __name__ == "__main__":
