@@ -511,8 +511,11 @@ def checked(a) -> tuple[dict, str | None]:
         if k not in CONFIG:
             return {}, f"--set {k}: not a CONFIG key ({', '.join(CONFIG)})"
         cfg[k] = json.loads(v)
-    if a.steps is not None and a.steps < 1:
-        return cfg, "--steps must be positive"
+    for flag, v in (("--steps", a.steps), ("--epochs", a.epochs), ("--compare-epochs", a.compare_epochs),
+                    ("--limit", a.limit), ("--threads", a.threads), ("--budget-s", a.budget_s),
+                    ("--compare-budget-s", a.compare_budget_s)):
+        if v is not None and not v > 0:      # a 0 would train or evaluate nothing, after loading everything
+            return cfg, f"{flag} must be positive (got {v})"
     why = bad_init(a.init, cfg)
     if why:
         return cfg, f"--init {why}"

@@ -515,6 +515,10 @@ def bad_args(a) -> str | None:
     budget = getattr(a, "budget_s", None)                   # a Namespace built without it (tests)
     if (a.shards is not None and a.shards < 1) or a.tokens < 1 or a.threads < 1 or (budget is not None and budget <= 0):
         return "--shards, --tokens, --threads and --budget-s must be positive"
+    for flag in ("batch", "per_shard", "pool_per_shard", "gen_len"):   # 0 made empty shards, exit 0
+        v = getattr(a, flag, None)
+        if v is not None and v < 1:
+            return f"--{flag.replace('_', '-')} must be positive (got {v})"
     if a.context:
         return None if a.context.is_file() else f"--context {a.context}: no such file"
     try:

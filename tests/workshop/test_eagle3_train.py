@@ -176,6 +176,9 @@ def test_magpie_data_takes_the_gpu_runs_options(tmp_path):
     why = md.bad_args(argparse.Namespace(**{**base, "context": tmp_path / "none.json"}, gguf=tmp_path / "x.gguf",
                                          target_sha256="ab"))
     assert why and "no such file" in why
+    for flag in ("batch", "per_shard", "pool_per_shard", "gen_len"):     # a 0 wrote empty shards, exit 0
+        ns = argparse.Namespace(**{**base, flag: 0}, gguf=tmp_path / "x.gguf", target_sha256="ab")
+        assert md.bad_args(ns) == f"--{flag.replace('_', '-')} must be positive (got 0)"
 
 
 def test_length_groups_keep_the_padded_size_within_the_budget():
@@ -224,6 +227,15 @@ def test_a_saved_head_loads_back_and_evaluates_as_it_was(tmp_path, nbr):
     cfg = {**tr.CONFIG, "ttt_steps": 2, "draft_vocab": 150}
     head.embed, loaded.embed = emb, emb
     assert tr.evaluate(loaded, data, cfg, 2) == tr.evaluate(head, data, cfg, 2)
+
+
+@pytest.mark.parametrize("argv", [["--epochs", "0"], ["--steps", "-1"], ["--limit", "0"], ["--threads", "0"],
+                                  ["--compare-epochs", "0"], ["--budget-s", "0"]])
+def test_counts_below_one_are_refused_in_one_line(capsys, argv):
+    """A 0 would load the target and the data, then train or evaluate nothing."""
+    assert tr.main([*argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"eagle3_train: {argv[0]} must be positive"), err
 
 
 def test_evaluate_refuses_a_directory_without_a_head(tmp_path, capsys):
