@@ -274,12 +274,13 @@ def read_limited(path: str | os.PathLike, what: str, limit: int) -> bytes:
         raise SpecdecError(f"{p}: is a directory, expected {what}") from None
     except OSError as e:
         raise SpecdecError(f"{p}: cannot read: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
+    st = os.fstat(fd)   # before fdopen: it refuses a directory (opened read-only here) with IsADirectoryError
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
         if stat.S_ISDIR(st.st_mode):
             raise SpecdecError(f"{p}: is a directory, expected {what}")
-        if not stat.S_ISREG(st.st_mode):
-            raise SpecdecError(f"{p}: not a regular file (a FIFO, device or socket), expected {what}")
+        raise SpecdecError(f"{p}: not a regular file (a FIFO, device or socket), expected {what}")
+    with os.fdopen(fd, "rb") as f:
         if st.st_size > limit:
             raise SpecdecError(f"{p}: {st.st_size} bytes, over the {limit}-byte limit for {what}")
         try:

@@ -181,8 +181,9 @@ class Options:
 
     def seq_lens(self) -> list[int]:
         """seq_len of each specialization, in file order (contract sections 3 and 7)."""
-        if self.interface == "qeff":  # QEfficient's: prefill, then one decode per K (TLM: K+1)
-            return [self.prefill_len] + ([1] if self.role == "dlm" else [j + 1 for j in self.widths()])
+        if self.interface == "qeff":  # QEfficient's: prefill, then one decode per K (TLM: K+1); its plain
+            decodes = [1] if self.role == "dlm" else [j + 1 for j in self.widths()]   # one drops the prefill's twin
+            return [self.prefill_len] + [s for s in decodes if self.continuous_batching or s != self.prefill_len]
         if self.role == "dlm" and self.feature_layers:  # feature draft: prompt, a round's accepted tokens, one draft
             wanted = [self.prefill_len, self.k + 1, 1] + [j + 1 for j in sorted(set(self.k_list))]
         elif self.role == "dlm":

@@ -54,6 +54,8 @@ def specializations(options) -> list[list[tuple[str, int]]]:
     prefill += [(FULL_BATCH, B), ("full_batch_exec_size", prefill_batch)] if cb else []
     specs = [prefill]
     for j in (options.widths() if tlm else [0]):
+        if j + 1 == options.prefill_len and not cb:   # QEfficient's plain interface drops the prefill's twin
+            continue
         decode = [("batch_size", B), ("seq_len", j + 1), ("ctx_len", options.ctx_len)]
         decode += [(NUM_LOGITS_TO_KEEP, j + 1)] if tlm else []
         specs.append(decode + ([(FULL_BATCH, B)] if cb else []))

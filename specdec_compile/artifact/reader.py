@@ -201,6 +201,10 @@ def _shapes(p: Path, m: Manifest, specs: list[dict]) -> tuple[int, int, int, tup
         raise SpecdecError(f"{where}: ctx_len differs between specializations ({sorted(ctxs)})")
     B, CL = batches.pop(), ctxs.pop()
     seq_lens = tuple(sorted({s["seq_len"] for s in specs}))
+    listed = tuple(s["seq_len"] for s in specs)
+    if m.specializations and tuple(m.specializations) != listed:   # verify and pair read the manifest's list
+        raise SpecdecError(f"{p}: {MANIFEST_FILE} lists the seq_lens {list(m.specializations)} but "
+                           f"{SPECIALIZATIONS_FILE} has {list(listed)}")
     for key, value in (("batch_size", B), ("ctx_len", CL)):
         if getattr(m, key) != value:
             raise SpecdecError(f"{p}: {MANIFEST_FILE} says {key}={getattr(m, key)} but {SPECIALIZATIONS_FILE} "

@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..contract import MANIFEST_FILE
+from ..contract import MANIFEST_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
 from ..model_io import load_model, resolve_model_path
 from ..artifact.manifest import Manifest
@@ -31,7 +31,14 @@ def defaults_from_manifest(rewritten: Path) -> dict:
         check_options(k=m.k, prefill_len=m.prefill_len, ctx_len=m.ctx_len, batch_size=m.batch_size, optional=True)
     except SpecdecError as e:
         raise SpecdecError(f"{where}: {e}") from None
+    _check_graph_agrees(m, rewritten, where)
     widths = list(m.specializations or [])
+    spec_file = rewritten.parent / SPECIALIZATIONS_FILE
+    if widths and spec_file.is_file():    # the widths verified are the compiled ones, or none are
+        from ..artifact.reader import read_specializations
+        listed = [s["seq_len"] for s in read_specializations(spec_file)]
+        if listed != widths:
+            raise SpecdecError(f"{where}: lists the seq_lens {widths} but {SPECIALIZATIONS_FILE} has {listed}")
     bad = [w for w in widths if not 1 <= w <= m.ctx_len]
     if bad:
         raise SpecdecError(f"{where}: specializations lists seq_len {bad[0]}, outside 1 to ctx_len {m.ctx_len}")
@@ -39,6 +46,18 @@ def defaults_from_manifest(rewritten: Path) -> dict:
     if m.k is not None:
         out["k"] = m.k
     return out
+
+
+def _check_graph_agrees(m: Manifest, rewritten: Path, where: Path) -> None:
+    """Refuse a manifest whose role, target, ctx_len or batch is not the graph's (what the graph
+    says of itself, ``graph_facts``): the replay would verify another artifact than it describes."""
+    from types import SimpleNamespace
+    from ..artifact.graph_facts import graph_claims
+    claims = graph_claims(SimpleNamespace(model=load_model(rewritten)))
+    for key in ("role", "target", "ctx_len", "batch_size"):
+        for got, source in claims[key]:
+            if got != getattr(m, key):
+                raise SpecdecError(f"{where}: {key} {getattr(m, key)}, but {rewritten} is for {key} {got} ({source})")
 
 
 def _looks_rewritten(model) -> bool:

@@ -251,10 +251,13 @@ class _Rewritten:
         return out[0], (out[-1] if self.req.output else None)
 
 
-def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int, widths: tuple[int, ...] = ()):
+def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int, widths: tuple[int, ...] = (),
+              fill_calls: int | None = None):
     """[(label, width, start, n_valid)] for one row. Starts are absolute positions. ``widths``:
     further call widths (an artifact's other specializations), each run once, full, all at the
-    same start (each rewrites the one before: the context they need is the widest's)."""
+    same start (each rewrites the one before: the context they need is the widest's).
+    ``fill_calls``: how many calls fill the context (default: as few as hold it), so that the rows
+    of a batch, which start at other positions, make calls of the same widths."""
     calls = []
     pos = 0
     while pos < n_prompt:  # chunked prefill; the last chunk right-padded
@@ -275,8 +278,9 @@ def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int, widths: tup
     pos += 2
     # fill up to the end of the context, then a fixed-width call padded past it
     end_start = ctx_len - 2
-    while pos < end_start:
-        v = min(prefill_len, end_start - pos)
+    n_fill = max(0, -(-(end_start - pos) // prefill_len)) if fill_calls is None else fill_calls
+    for i in range(n_fill):   # full chunks first; the last ones hold what is left (at least 1 each)
+        v = min(prefill_len, end_start - pos - (n_fill - 1 - i))
         calls.append(("fill", prefill_len, pos, v))
         pos += v
     calls.append(("ctx end (padded)", k + 1, pos, ctx_len - pos))
@@ -376,9 +380,8 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
     report = VerifyReport(role=new.role, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
                           batch_size=batch_size, tol=tol, backend="openvino" if hasattr(new, "precision") else "ort",
                           precision=getattr(new, "precision", None))
-    rows = [_scenario(prefill_len, k, ctx_len, prefill_len + prefill_len // 2 + 1 + b, widths)
-            for b in range(batch_size)]
-    n_calls = min(len(r) for r in rows)
+    rows = _batch_rows(prefill_len, k, ctx_len, batch_size, widths)
+    n_calls = len(rows[0])
     tokens = [rng.integers(0, vocab, size=ctx_len + k + 2) for _ in range(batch_size)]
     feats = [random_features(rng, ctx_len + k + 2, new.req.feature_width) for _ in range(batch_size)]
     caches = [orig.empty() for _ in range(batch_size)]
@@ -434,6 +437,21 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
             report.backend_width_max_abs_diff, report.backend_width_top_token_changes = backend_width_dependence(
                 new, tokens[0], prefill_len, k + 1, new.req.feature_width)
     return report
+
+
+def _batch_rows(prefill_len: int, k: int, ctx_len: int, batch_size: int, widths: tuple[int, ...]) -> list:
+    """One ``_scenario`` per row, each row's prompt longer by a few tokens (but not by a prefill
+    call more), all of the same call widths: every call of the batch has one width."""
+    base = prefill_len + prefill_len // 2 + 1
+    slack = -(-base // prefill_len) * prefill_len - base   # tokens a row may add without another call
+    first = _scenario(prefill_len, k, ctx_len, base, widths)
+    n_fill = sum(1 for c in first if c[0] == "fill")
+    rows = [first] + [_scenario(prefill_len, k, ctx_len, base + b % (slack + 1), widths, n_fill)
+                      for b in range(1, batch_size)]
+    if any([c[1] for c in r] != [c[1] for c in first] or min(c[3] for c in r) < 1 for r in rows[1:]):
+        raise SpecdecError(f"ctx_len {ctx_len} leaves too little context to fill for the rows of batch "
+                           f"{batch_size} at prefill {prefill_len}: raise --ctx-len or lower --batch-size")
+    return rows
 
 
 def _check_same_model(orig: OriginalModel, new: _Rewritten, rewritten) -> None:

@@ -97,6 +97,43 @@ def test_missing_file_and_directory(tmp_path, capsys):
     assert code == 2 and "not a file" in _one_line(err)
 
 
+@pytest.mark.parametrize("name, rows, offset", [("gpt2", 512, 0), ("opt", 4098, 2)])
+def test_ctx_len_past_a_learned_position_table(name, rows, offset, fixture_path, tmp_path, capsys):
+    """GPT-2's wpe and OPT's embed_positions (offset by 2) hold so many positions: a longer
+    --ctx-len is refused (it would index rows that do not exist); the longest one fits."""
+    model, out = fixture_path(name), tmp_path / "out"
+    longest = rows - offset
+    code, err = _run([str(model), "--role", "tlm", "--k", "3", "--ctx-len", str(longest + 1), "-o", str(out)],
+                     capsys)
+    line = _one_line(err)
+    assert code == 2 and "learned position table" in line and f"--ctx-len {longest} or less" in line
+    assert not out.exists()
+    assert cli.main([str(model), "--role", "dlm", "--ctx-len", str(longest), "--target", "ort", "-o", str(out)]) == 0
+
+
+@pytest.mark.parametrize("where", ["supported_ops", "config", "manifest"])
+def test_a_directory_where_a_file_is_read(where, fixture_path, tmp_path, capsys):
+    """A directory given (or found) where a small file is read: one line naming it, exit 2, never an
+    internal error (os.fdopen refuses a directory that os.open opened)."""
+    model, out = fixture_path("llama_gqa"), tmp_path / "out"
+    if where == "supported_ops":
+        argv = [str(model), "--role", "tlm", "--k", "3", "--supported-ops", str(tmp_path), "-o", str(out)]
+    elif where == "config":
+        (tmp_path / "export").mkdir()
+        shutil.copy(model, tmp_path / "export" / "model.onnx")
+        (tmp_path / "export" / "config.json").mkdir()
+        argv = [str(tmp_path / "export" / "model.onnx"), "--role", "tlm", "--k", "3", "-o", str(out)]
+    else:
+        assert cli.main([str(model), "--role", "tlm", "--k", "3", "-o", str(tmp_path / "art")]) == 0
+        (tmp_path / "art" / "manifest.json").unlink()
+        (tmp_path / "art" / "manifest.json").mkdir()
+        capsys.readouterr()
+        argv = ["verify", str(model), str(tmp_path / "art")]
+    code, err = _run(argv, capsys)
+    assert code == 2 and "is a directory" in _one_line(err)
+    assert not out.exists()
+
+
 def test_verify_bad_inputs(fixture_path, mlp, tmp_path, capsys):
     code, err = _run(["verify", str(tmp_path / "missing.onnx"), str(fixture_path("gpt2"))], capsys)
     assert code == 2 and "no such file" in _one_line(err)

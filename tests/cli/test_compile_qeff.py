@@ -116,3 +116,19 @@ def test_full_batch_size_is_qeff_continuous_batching(fixture_path, tmp_path, cap
     specs = json.loads((tmp_path / "plain" / "specializations.json").read_text())["specializations"]
     assert specs == [{"batch_size": "2", "seq_len": "8", "ctx_len": "32", "num_logits_to_keep": "1"},
                      {"batch_size": "2", "seq_len": "4", "ctx_len": "32", "num_logits_to_keep": "4"}]
+
+
+@pytest.mark.parametrize("cb, seq_lens", [(False, [1]), (True, [1, 1])])
+def test_qeff_dlm_at_prefill_1_has_no_duplicate_decode(cb, seq_lens, fixture_path, tmp_path, capsys):
+    """QEfficient's plain interface drops a decode whose seq_len is the prefill's (its DLM at
+    --prefill-len 1 has the one specialization); continuous batching keeps both (other batches)."""
+    qeff = ["--full-batch-size", "2"] if cb else ["--interface", "qeff"]
+    out = tmp_path / "dlm"
+    assert cli.main([str(fixture_path("llama_gqa")), "--role", "dlm", "--prefill-len", "1", "--ctx-len", "32",
+                     "--target", "ort", *qeff, "-o", str(out)]) == 0
+    capsys.readouterr()
+    specs = json.loads((out / "specializations.json").read_text())["specializations"]
+    record = Manifest.read(out)
+    assert [int(s["seq_len"]) for s in specs] == seq_lens == list(record.specializations)
+    assert len(record.qeff["specializations"]) == len(specs)
+    assert len({json.dumps(s, sort_keys=True) for s in specs}) == len(specs)

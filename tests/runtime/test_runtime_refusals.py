@@ -54,6 +54,17 @@ def test_a_qeff_manifest_over_a_plain_graph_is_refused_at_load(arts, tmp_path, c
         one_line_error(code, err, "--interface qeff", "num_logits_to_keep", "does not describe this graph")
 
 
+@pytest.mark.parametrize("edit", [lambda l: l[::-1], lambda l: l[:-1], lambda l: l + [9]])
+def test_a_manifest_listing_other_specializations_is_refused(arts, tmp_path, capsys, edit):
+    """verify and pair read the manifest's seq_lens: a list the specializations file does not have is
+    a manifest that does not describe its artifact."""
+    bad = _edited(arts, tmp_path, "tlm", lambda m: m.update(specializations=edit(m["specializations"])))
+    with pytest.raises(SpecdecError, match="lists the seq_lens"):
+        load_artifact(bad)
+    code, out, err = run(["--tlm", bad, "--target-only", "--prompt-ids", PROMPT, "--max-new-tokens", 4], capsys)
+    one_line_error(code, err, "lists the seq_lens", "specializations.json has")
+
+
 def _feature(**kw):
     rec = {"target_layers": [-1], "width": 64, "input": "hidden_states", "draft_output": "draft_hidden_states",
            "draft_width": 64, **kw}

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 
 from specdec_compile import cli
 from specdec_compile.contract import CTX_LEN_KEY
@@ -100,3 +101,47 @@ def test_verify_reports_the_width_check_of_a_tlm(fixture_path, tmp_path, capsys)
     assert r["width_top_token_changes"] == 0 and 0 <= r["width_max_abs_diff"] <= 1e-4
     assert cli.main(["verify", str(fixture_path("llama_gqa")), str(model)]) == 0
     assert "top token differs at 0 of 4 positions" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("prefill_len, ctx_len, batch", [(32, 256, 2), (1, 64, 3), (8, 64, 5)])
+def test_verify_runs_every_batch_size(prefill_len, ctx_len, batch, fixture_path, tmp_path, capsys):
+    """The rows of a batch start at other positions; every call still has one width for all of
+    them (an artifact's defaults, 32/256, at --batch-size 2 once failed with an internal error)."""
+    src, out = fixture_path("llama_gqa"), tmp_path / "tlm"
+    assert cli.main([str(src), "--role", "tlm", "--k", "3", "--target", "ort", "--prefill-len", str(prefill_len),
+                     "--ctx-len", str(ctx_len), "--batch-size", str(batch), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["verify", str(src), str(out), "--batch-size", str(batch), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["batch_size"] == batch and report["ok"]
+
+
+@pytest.mark.parametrize("key, value", [("ctx_len", 48), ("role", "dlm"), ("target", "ort")])
+def test_verify_refuses_a_manifest_that_is_not_the_graphs(key, value, fixture_path, tmp_path, capsys):
+    """A manifest beside the rewrite that says another ctx_len, role or target than the graph says of
+    itself is refused in one line (a PASS would vouch for an artifact that does not exist)."""
+    src = fixture_path("llama_gqa")
+    model = _compile(src, tmp_path / "qaic", "qaic", capsys)
+    manifest = tmp_path / "qaic" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record[key] = value
+    if key == "role":
+        record["k"] = record["k_list"] = None
+    manifest.write_text(json.dumps(record))
+    assert cli.main(["verify", str(src), str(model)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"{key} {value}, but" in err[0] and "manifest.json" in err[0]
+
+
+def test_verify_refuses_a_manifest_listing_other_widths(fixture_path, tmp_path, capsys):
+    """The widths verify checks are the manifest's: a list the specializations file does not have is
+    refused (a PASS would cover widths the artifact was not compiled for, or miss ones it was)."""
+    src = fixture_path("llama_gqa")
+    model = _compile(src, tmp_path / "qaic", "qaic", capsys)
+    manifest = tmp_path / "qaic" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["specializations"] = record["specializations"][:-1]
+    manifest.write_text(json.dumps(record))
+    assert cli.main(["verify", str(src), str(model)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "lists the seq_lens" in err[0] and "specializations.json has" in err[0]
