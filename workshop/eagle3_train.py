@@ -511,9 +511,8 @@ def checked(a) -> tuple[dict, str | None]:
         if k not in CONFIG:
             return {}, f"--set {k}: not a CONFIG key ({', '.join(CONFIG)})"
         cfg[k] = json.loads(v)
-    for flag, v in (("--steps", a.steps), ("--epochs", a.epochs), ("--compare-epochs", a.compare_epochs),
-                    ("--limit", a.limit), ("--threads", a.threads), ("--budget-s", a.budget_s),
-                    ("--compare-budget-s", a.compare_budget_s)):
+    for flag in ("steps", "epochs", "compare_epochs", "limit", "threads", "budget_s", "compare_budget_s"):
+        flag, v = "--" + flag.replace("_", "-"), getattr(a, flag)
         if v is not None and not v > 0:      # a 0 would train or evaluate nothing, after loading everything
             return cfg, f"{flag} must be positive (got {v})"
     why = bad_init(a.init, cfg)
