@@ -153,6 +153,8 @@ def test_with_a_head_the_feature_draft_is_built_only_when_asked(tmp_path, monkey
     clone's make demo): built with --feature-head, --fdraft-head, or without a head."""
     seen = _stub_build(monkeypatch)
     monkeypatch.setattr(eagle3, "resolve", lambda head, disabled, log: None if disabled else tmp_path / "head")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "head.pt").write_bytes(b"")     # run_demo checks that the head is there
     for extra, want in (([], False), (["--feature-head"], True), (["--no-eagle3"], True),
                         (["--fdraft-head", str(tmp_path / "elsewhere")], True)):
         with pytest.raises(_Stop):
