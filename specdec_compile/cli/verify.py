@@ -33,15 +33,15 @@ def defaults_from_manifest(rewritten: Path) -> dict:
         raise SpecdecError(f"{where}: {e}") from None
     _check_graph_agrees(m, rewritten, where)
     widths = list(m.specializations or [])
+    bad = [w for w in widths if not 1 <= w <= m.ctx_len]
+    if bad:
+        raise SpecdecError(f"{where}: specializations lists seq_len {bad[0]}, outside 1 to ctx_len {m.ctx_len}")
     spec_file = rewritten.parent / SPECIALIZATIONS_FILE
     if widths and spec_file.is_file():    # the widths verified are the compiled ones, or none are
         from ..artifact.reader import read_specializations
         listed = [s["seq_len"] for s in read_specializations(spec_file)]
         if listed != widths:
             raise SpecdecError(f"{where}: lists the seq_lens {widths} but {SPECIALIZATIONS_FILE} has {listed}")
-    bad = [w for w in widths if not 1 <= w <= m.ctx_len]
-    if bad:
-        raise SpecdecError(f"{where}: specializations lists seq_len {bad[0]}, outside 1 to ctx_len {m.ctx_len}")
     out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len, "widths": widths}
     if m.k is not None:
         out["k"] = m.k
