@@ -190,6 +190,15 @@ def _check_role(p: Path, m: Manifest, expect_role: str | None) -> None:
                            f"(were --tlm and --dlm swapped?)")
 
 
+def check_listed_seq_lens(p: Path, m: Manifest, specs: list[dict]) -> None:
+    """The manifest's ``specializations`` (seq_lens in file order) are the file's: verify and pair
+    read the manifest's list."""
+    listed = [s["seq_len"] for s in specs]
+    if m.specializations and list(m.specializations) != listed:
+        raise SpecdecError(f"{p}: {MANIFEST_FILE} lists the seq_lens {list(m.specializations)} but "
+                           f"{SPECIALIZATIONS_FILE} has {listed}")
+
+
 def _shapes(p: Path, m: Manifest, specs: list[dict]) -> tuple[int, int, int, tuple[int, ...]]:
     """(batch size, context length, prefill length, compiled seq_lens), checked against the manifest."""
     where = p / SPECIALIZATIONS_FILE
@@ -201,10 +210,7 @@ def _shapes(p: Path, m: Manifest, specs: list[dict]) -> tuple[int, int, int, tup
         raise SpecdecError(f"{where}: ctx_len differs between specializations ({sorted(ctxs)})")
     B, CL = batches.pop(), ctxs.pop()
     seq_lens = tuple(sorted({s["seq_len"] for s in specs}))
-    listed = tuple(s["seq_len"] for s in specs)
-    if m.specializations and tuple(m.specializations) != listed:   # verify and pair read the manifest's list
-        raise SpecdecError(f"{p}: {MANIFEST_FILE} lists the seq_lens {list(m.specializations)} but "
-                           f"{SPECIALIZATIONS_FILE} has {list(listed)}")
+    check_listed_seq_lens(p, m, specs)
     for key, value in (("batch_size", B), ("ctx_len", CL)):
         if getattr(m, key) != value:
             raise SpecdecError(f"{p}: {MANIFEST_FILE} says {key}={getattr(m, key)} but {SPECIALIZATIONS_FILE} "

@@ -38,10 +38,8 @@ def defaults_from_manifest(rewritten: Path) -> dict:
         raise SpecdecError(f"{where}: specializations lists seq_len {bad[0]}, outside 1 to ctx_len {m.ctx_len}")
     spec_file = rewritten.parent / SPECIALIZATIONS_FILE
     if widths and spec_file.is_file():    # the widths verified are the compiled ones, or none are
-        from ..artifact.reader import read_specializations
-        listed = [s["seq_len"] for s in read_specializations(spec_file)]
-        if listed != widths:
-            raise SpecdecError(f"{where}: lists the seq_lens {widths} but {SPECIALIZATIONS_FILE} has {listed}")
+        from ..artifact.reader import check_listed_seq_lens, read_specializations
+        check_listed_seq_lens(rewritten.parent, m, read_specializations(spec_file))
     out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len, "widths": widths}
     if m.k is not None:
         out["k"] = m.k

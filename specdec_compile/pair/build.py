@@ -91,8 +91,6 @@ def _compile_kw(req: PairRequest, role: str) -> dict:
                            f"(the {req.target} graphs would not be what pair.json says)")
     kw = {"precision": "mx6"} if req.mxfp6_matmul else {}
     cores = req.dlm_num_cores if role == "dlm" and req.dlm_num_cores is not None else req.num_cores
-    if role == "dlm" and req.dlm_num_cores is not None:     # named as given, and before the TLM is built
-        check_num_cores(req.dlm_num_cores, "--dlm-num-cores")
     if cores is not None:
         kw["num_cores"] = cores
     devices = req.num_devices
@@ -129,14 +127,14 @@ def _options(req: PairRequest) -> tuple[Options, Options | None]:
     if req.draft == "head":
         from ..eagle3.quantize import check_weights
         check_weights(req.head_weights, req.target, "--head-weights", targets=("ort",))
+    if req.dlm_num_cores is not None:      # the draft's or the head's cores, named as given, before any work
+        check_num_cores(req.dlm_num_cores, "--dlm-num-cores")
     shapes = dict(prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size, target=req.target,
                   interface=req.interface, continuous_batching=req.continuous_batching)
     tlm = Options(role="tlm", k=req.k, **shapes, **_compile_kw(req, "tlm"))
     if req.draft != "model":
         if req.draft != "head" and req.dlm_num_cores is not None:
             raise SpecdecError(f"--dlm-num-cores: draft {req.draft!r} has no draft model to compile")
-        if req.draft == "head":
-            _compile_kw(req, "dlm")      # the head's options (its cores), checked before any work
         return tlm, None
     dlm = Options(role="dlm", **shapes, **_compile_kw(req, "dlm"))
     from ..runtime.pairing import check_compile_pair

@@ -91,12 +91,11 @@ class Backend:
 
     # -- calls ----------------------------------------------------------
     def check_inputs(self, input_ids, position_ids) -> tuple[np.ndarray, np.ndarray]:
-        for what, a in (("input_ids", input_ids), ("position_ids", position_ids)):
-            a = np.asarray(a)
+        ids, pos = np.asarray(input_ids), np.asarray(position_ids)
+        for what, a in (("input_ids", ids), ("position_ids", pos)):
             if a.size and a.dtype.kind not in "iu":     # 1.7 would be cast to token 1 without a word
                 raise SpecdecError(f"{self.artifact.name}: {what} must be integers, got dtype {a.dtype}")
-        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
-        pos = np.ascontiguousarray(position_ids, dtype=np.int64)
+        ids, pos = np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(pos, dtype=np.int64)
         if ids.ndim != 2 or pos.shape != ids.shape:
             raise SpecdecError(f"{self.artifact.name}: input_ids {list(ids.shape)} and position_ids "
                                f"{list(pos.shape)} must both be [batch, seq_len]")
