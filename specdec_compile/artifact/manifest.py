@@ -31,8 +31,8 @@ SCHEMA: dict[str, tuple[str, bool]] = {
     "num_layers": (_INT, True), "num_heads": (_INT, True), "num_kv_heads": (_INT, True),
     "head_dim": (_INT, True), "vocab_size": (_INT, True),
     "dtype": (_STR, True), "family": (_STR, True), "exporter": (_STR, True),
-    "kv_dtype": (_STR, False), "logits_dtype": (_STR, True), "precision": (_STR, False),
-    "num_cores": (_INT, False), "num_devices": (_INT, False), "hw_version": (_STR, True),
+    "kv_dtype": (_STR, False), "logits_dtype": (_STR, True), "precision": (_STR, True),
+    "num_cores": (_INT, True), "num_devices": (_INT, True), "hw_version": (_STR, True),
     "bos_token_id": (_INT, True), "eos_token_id": (_INT, True), "pad_token_id": (_INT, True),
     "eos_token_ids": (_INTS, True),
     "source": (_DICT, False), "passes": (_STRS, False), "ops": (_DICT, False),
@@ -40,10 +40,14 @@ SCHEMA: dict[str, tuple[str, bool]] = {
 }
 
 #: keys written only when the artifact has them (contract sections 5 and 7): a TLM compiled with
-#: --hidden-states, a feature draft compiled with --feature-layers, --interface qeff, and
-#: --mxint8-kv-cache / --qaic-flag
+#: --hidden-states, a feature draft compiled with --feature-layers, --interface qeff,
+#: --mxint8-kv-cache / --qaic-flag, and the sha256 of every other file (``digests``; older
+#: artifacts lack it)
 OPTIONAL: dict[str, str] = {"hidden_states": _DICT, "feature_draft": _DICT, "qeff": _DICT,
-                            "compile_options": _DICT}
+                            "compile_options": _DICT, "digests": _DICT}
+
+#: the options only the Cloud AI 100 compiler reads: recorded for a qaic artifact, null for the others
+QAIC_KEYS = ("precision", "num_cores", "num_devices", "hw_version", "logits_dtype")
 
 
 @dataclass(frozen=True)
@@ -67,11 +71,11 @@ class Manifest:
     dtype: str | None
     family: str | None
     exporter: str | None
-    kv_dtype: str
+    kv_dtype: str                        # qaic: the custom IO's cache precision; ort/openvino: the graph's cache dtype
     logits_dtype: str | None
-    precision: str
-    num_cores: int
-    num_devices: int
+    precision: str | None                # QAIC_KEYS: null unless target is qaic
+    num_cores: int | None
+    num_devices: int | None
     hw_version: str | None
     bos_token_id: int | None
     eos_token_id: int | None
@@ -88,6 +92,7 @@ class Manifest:
     feature_draft: dict | None = None    # feature draft: target_layers, width, input, draft_output, draft_width, pairing
     qeff: dict | None = None             # --interface qeff: (full_batch_size, batch_index) or batch_size, ...
     compile_options: dict | None = None  # mxint8_kv_cache, qaic_flags (passed to the compiler as given)
+    digests: dict | None = None          # file name -> sha256, every file of ``files`` but manifest.json
 
     def to_json(self) -> dict:
         """The JSON object ``manifest.json`` holds (lists for tuples)."""
@@ -140,9 +145,12 @@ class Manifest:
             raise SpecdecError(f"{where}: role is {self.role!r}, expected tlm or dlm")
         if self.target not in TARGETS:
             raise SpecdecError(f"{where}: target is {self.target!r}, expected one of {', '.join(TARGETS)}")
-        for key in ("prefill_len", "ctx_len", "batch_size", "num_cores", "num_devices"):
+        self._check_compile_keys(where)
+        for key in ("prefill_len", "ctx_len", "batch_size"):
             if getattr(self, key) < 1:
                 raise SpecdecError(f"{where}: {key}={getattr(self, key)}, expected at least 1")
+        if self.digests is not None:
+            self._check_digests(where)
         if self.role == "dlm" and self.feature_draft is None and (self.k is not None or self.k_list is not None):
             raise SpecdecError(f"{where}: a DLM manifest has k={self.k}, k_list={self.k_list}; expected null")
         if self.hidden_states is not None and self.role != "tlm":
@@ -158,6 +166,33 @@ class Manifest:
                 raise SpecdecError(f"{where}: k={self.k}, expected k >= 1")
             if not self.k_list or self.k not in self.k_list:
                 raise SpecdecError(f"{where}: k_list {self.k_list} does not hold k={self.k}")
+
+
+    def _check_compile_keys(self, where) -> None:
+        """A qaic artifact records the compile's precision and counts; an ort or openvino one
+        records none of them (its graph runs at its own dtypes, on no Cloud AI 100 cores)."""
+        if self.target != "qaic":
+            given = next((k for k in QAIC_KEYS if getattr(self, k) is not None), None)
+            if given is not None:
+                raise SpecdecError(f"{where}: {given} is {getattr(self, given)!r}, an option of the Cloud AI 100 "
+                                   f"compiler, on an {self.target} artifact (expected null: its graph has no such "
+                                   f"setting; an older specdec-compile wrote one, so compile the artifact again)")
+            return
+        if self.precision is None:
+            raise SpecdecError(f"{where}: precision is null, expected the compile's (fp16 or mx6)")
+        for key in ("num_cores", "num_devices"):
+            if getattr(self, key) is None or getattr(self, key) < 1:
+                raise SpecdecError(f"{where}: {key}={getattr(self, key)}, expected at least 1")
+
+    def _check_digests(self, where) -> None:
+        listed = set(self.files) - {MANIFEST_FILE}
+        if set(self.digests) != listed:
+            raise SpecdecError(f"{where}: digests name {sorted(self.digests)}, expected the files "
+                               f"{sorted(listed)}")
+        bad = next((k for k, v in self.digests.items()
+                    if not isinstance(v, str) or len(v) != 64 or set(v) - set("0123456789abcdef")), None)
+        if bad is not None:
+            raise SpecdecError(f"{where}: digests[{bad!r}] is {self.digests[bad]!r}, expected a sha256 (64 hex digits)")
 
 
 FIELDS = tuple(f.name for f in fields(Manifest))

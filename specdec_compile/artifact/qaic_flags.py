@@ -5,8 +5,11 @@ flags of templates/qaic_flags.j2 (so ``compile.sh``, ``--compile`` and the
 manifest's ``compile_options`` carry it). Flags the compiler knows but we do
 not (``-aic-enable-depth-first``, ``-mos=1``, ``-allow-mxint8-mdp-io``, ...)
 pass unchanged. Refused, in one line: a flag that sets what an option of ours
-sets (it would contradict or duplicate it: the option is named), and a flag
-with characters a shell would read (compile.sh lists flags unquoted).
+sets (it would contradict or duplicate it: the option is named), a flag that
+would compile another program than the manifest describes (``-onnx-define-symbol``:
+the shapes are the specializations'; the quantization flags: the precision is
+``--precision``'s), and a flag with characters a shell would read (compile.sh
+lists flags unquoted).
 
 ``--mxint8-kv-cache`` (QEfficient's option of the same name) gives the KV cache
 the custom IO precision ``mxint8``: the device keeps it MXINT8-compressed.
@@ -32,6 +35,16 @@ OURS = {
     "aic-num-cores": "--num-cores", "mxfp6-matmul": "--precision mx6",
     "mdp-load-partition-config": "--num-devices", "mdp-dump-partition-config": "--num-devices",
 }
+#: flags that would make the compiled program another than the manifest says: symbol values (the
+#: shapes are the specializations') and quantization (every artifact compiles with -convert-to-fp16,
+#: under which the compiler quantizes nothing; the precision is --precision's)
+_SHAPES = "the specializations (specializations.json: batch_size, seq_len, ctx_len)"
+_QUANT = "--precision (the artifact compiles with -convert-to-fp16: fp16, or mx6 matmuls; no quantization)"
+OURS.update({"onnx-define-symbol": _SHAPES, "onnx-define-symbol-batch-size": _SHAPES})
+OURS.update({name: _QUANT for name in (
+    "quantization-precision", "quantization-precision-bias", "quantization-schema-activations",
+    "quantization-schema-constants", "quantization-calibration", "percentile-calibration-value",
+    "num-histogram-bins", "external-quantization")})
 #: one flag, matched whole (``fullmatch``: a trailing newline is not "the end", as ``$`` would take it)
 _SAFE = re.compile(r"-[A-Za-z0-9][A-Za-z0-9_.,:/=+@%-]*")
 

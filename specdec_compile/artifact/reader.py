@@ -1,8 +1,8 @@
 """Reading an artifact directory (contract section 5) for the runtime.
 
 An artifact directory holds ``model.onnx`` (plus its external data),
-``specializations.json``, ``manifest.json``, ``custom_io.yaml`` and
-``compile.sh``; for the Cloud AI 100 backend also a QPC directory. The runtime
+``specializations.json`` and ``manifest.json``; a qaic one also ``custom_io.yaml``
+and ``compile.sh``, and for the Cloud AI 100 backend a QPC directory. The runtime
 needs from it: the role, the lowering target, the specializations (batch,
 prefill length, context length, the compiled seq_lens) and, for a TLM, the
 speculation length(s). Everything is checked here, once, so that a bad
@@ -20,7 +20,7 @@ from pathlib import Path
 from ..contract import BATCH_INDEX, DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
 from .manifest import Manifest, read_json
-from .records import check_records, check_sizes
+from .records import check_interface, check_records, check_sizes
 
 
 def _as_int(value, what: str, where: Path) -> int:
@@ -177,6 +177,7 @@ def _read_dir(p: Path) -> tuple[Manifest, list[dict]]:
         raise SpecdecError(f"{p / MANIFEST_FILE}: nested too deeply to be a manifest") from None
     check_sizes(p, m)
     check_records(p, m)
+    check_interface(p, m)
     try:
         specs = read_specializations(p / SPECIALIZATIONS_FILE)
     except RecursionError:

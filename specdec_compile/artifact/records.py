@@ -97,3 +97,44 @@ def check_records(p: Path, m) -> None:
                                    or not all(isinstance(target.get(k), (str, type(None))) for k in ("file", "sha256"))):
             raise SpecdecError(f"{where}: feature_draft.target is {target!r}, expected {{\"file\": name, "
                                f"\"sha256\": hex}}")
+
+
+def check_interface(p: Path, m) -> None:
+    """What the manifest says of the cache against its own ``interface`` record (the graph's
+    inputs and outputs as written): ``num_layers`` is the count of ``past_key.{i}`` inputs (the
+    runtime resolves negative feature layers by it), and an ort or openvino artifact's
+    ``kv_dtype`` is their dtype."""
+    where = p / MANIFEST_FILE
+    inputs = m.interface.get("inputs")
+    if not isinstance(inputs, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str)
+                                               for s in inputs):
+        raise SpecdecError(f"{where}: interface.inputs is not a list of {{\"name\", \"dtype\", \"shape\"}} objects")
+    past = [s for s in inputs if s["name"].startswith("past_")]
+    keys = sum(s["name"].startswith("past_key.") for s in past)
+    if m.num_layers is not None and keys and keys != m.num_layers:
+        raise SpecdecError(f"{where}: num_layers is {m.num_layers}, but the interface has {keys} past_key inputs")
+    dtypes = sorted({str(s.get("dtype")) for s in past})
+    if m.target != "qaic" and past and dtypes != [m.kv_dtype]:
+        raise SpecdecError(f"{where}: kv_dtype is {m.kv_dtype!r}, but the {m.target} graph's cache inputs are "
+                           f"{', '.join(dtypes)}")
+
+
+def check_digests(p: Path, m) -> None:
+    """Every file the manifest's ``digests`` names is in ``p`` with that sha256: a file changed,
+    damaged or swapped after the compile wrote it (a ``model.onnx`` of the same shapes but other
+    weights) is refused in one line. An artifact written before digests were recorded has none,
+    and passes (``verify`` says so)."""
+    from ..model_io import sha256_file
+    if m.digests is None:
+        return
+    root = p.resolve()
+    for name, want in sorted(m.digests.items()):
+        f = p / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or root not in f.resolve().parents:
+            raise SpecdecError(f"{p / MANIFEST_FILE}: digests name {name!r}, a file outside the artifact")
+        if not f.is_file():
+            raise SpecdecError(f"{f}: missing (the manifest records its sha256)")
+        got = sha256_file(f)
+        if got != want:
+            raise SpecdecError(f"{f}: sha256 {got[:16]}..., but the manifest records {want[:16]}... (changed "
+                               f"since specdec-compile wrote it: compile the artifact again)")

@@ -5,7 +5,7 @@ the fields of ``pipeline.CompileResult``) and writes::
 
     OUT/model.onnx            the rewritten graph (+ its external data files)
     OUT/specializations.json  from templates/specializations.json.j2
-    OUT/custom_io.yaml        from templates/custom_io.yaml.j2
+    OUT/custom_io.yaml        from templates/custom_io.yaml.j2  (target qaic)
     OUT/compile.sh            from templates/compile.sh.j2   (target qaic)
     OUT/mdp_partition.json    from templates/mdp_partition.json.j2 (qaic, --num-devices > 1)
     OUT/manifest.json         what was built from what, and how
@@ -300,22 +300,33 @@ def _ids(v, path: Path, key: str, vocab: int | None) -> list[int] | None:
     return v
 
 
-def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None) -> Manifest:
-    """The manifest record of the artifact ``_fill`` writes."""
+def build_manifest(result, options: Options, values: dict, files: list[str], source_sha: str | None,
+                   digests: dict | None = None) -> Manifest:
+    """The manifest record of the artifact ``_fill`` writes (``digests``: file name -> sha256)."""
     source = getattr(result, "source", None)
     return Manifest(
         role=options.role, k=options.k, k_list=_tuple(options.widths()), prefill_len=options.prefill_len,
         ctx_len=options.ctx_len, batch_size=options.batch_size, **_info(result),
-        target=options.target, kv_dtype=options.kv_dtype, logits_dtype=options.logits_dtype,
-        precision=options.precision, num_cores=options.num_cores, num_devices=options.num_devices,
-        hw_version=options.hw_version, specializations=tuple(values["seq_lens"]),
+        target=options.target, **_compile_fields(result.model, options), specializations=tuple(values["seq_lens"]),
         **{k: _tuple(v) for k, v in _token_ids(getattr(result, "source_dir", None),
                                                _info(result)["vocab_size"]).items()},
         source_file=Path(source).name if source else None, source_sha256=source_sha,
         passes=tuple(getattr(result, "passes", []) or []), ops=op_set(result.model),
         tool_version=__version__, interface=io_signature(result.model), files=tuple(sorted(files)),
-        **_feature_fields(result, options), **_optional_records(options),
+        **_feature_fields(result, options), **_optional_records(options), digests=digests,
     )
+
+
+def _compile_fields(model: onnx.ModelProto, options: Options) -> dict:
+    """kv_dtype and the Cloud AI 100 compile's options (``manifest.QAIC_KEYS``): a qaic artifact's
+    as given (the custom IO's cache precision); an ort or openvino artifact's cache dtype is its
+    graph's own, and it records no precision, cores, devices or hardware (contract section 5)."""
+    if options.target == "qaic":
+        return dict(kv_dtype=options.kv_dtype, logits_dtype=options.logits_dtype, precision=options.precision,
+                    num_cores=options.num_cores, num_devices=options.num_devices, hw_version=options.hw_version)
+    past = [s["dtype"] for s in io_signature(model)["inputs"] if s["name"].startswith("past_")]
+    return dict(kv_dtype=past[0] if past else "undefined", logits_dtype=None, precision=None,
+                num_cores=None, num_devices=None, hw_version=None)
 
 
 def _feature_fields(result, options: Options) -> dict:
@@ -344,11 +355,9 @@ def _fill(tmp: Path, result, options: Options, values: dict,
     data = save_model(result.model, tmp / MODEL_FILE, source_dir, link=options.link_weights)
     files = [MODEL_FILE] + [str(p.relative_to(tmp)) for p in data]
     specs = "specializations_qeff.json.j2" if options.interface == "qeff" else f"{SPECIALIZATIONS_FILE}.j2"
-    texts = {
-        SPECIALIZATIONS_FILE: render(specs, **values),
-        CUSTOM_IO_FILE: render(f"{CUSTOM_IO_FILE}.j2", **values),
-    }
+    texts = {SPECIALIZATIONS_FILE: render(specs, **values)}
     if options.target == "qaic":
+        texts[CUSTOM_IO_FILE] = render(f"{CUSTOM_IO_FILE}.j2", **values)
         texts[COMPILE_SCRIPT] = render(f"{COMPILE_SCRIPT}.j2", **values)
         if values["partition_file"]:
             texts[PARTITION_FILE] = render(f"{PARTITION_FILE}.j2", **values)
@@ -357,8 +366,9 @@ def _fill(tmp: Path, result, options: Options, values: dict,
     if COMPILE_SCRIPT in texts:
         os.chmod(tmp / COMPILE_SCRIPT, 0o755)
     files += list(texts)
+    digests = {name: sha256_file(tmp / name) for name in files}
     files.append(MANIFEST_FILE)
-    manifest = build_manifest(result, options, values, files, source_sha)
+    manifest = build_manifest(result, options, values, files, source_sha, digests)
     (tmp / MANIFEST_FILE).write_text(manifest.dumps(), encoding="utf-8", newline="\n")
     return files, manifest
 

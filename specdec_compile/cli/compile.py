@@ -37,7 +37,7 @@ example: a draft (DLM) and target (TLM) pair for speculative decoding, k = 7
   specdec-compile target.onnx --role tlm --k 7 --precision mx6 --num-devices 4 -o out/tlm4
       MXFP6 matmuls, partitioned over 4 devices (adds mdp_partition.json)
   specdec-compile target.onnx --role tlm --k 7 --target ort -o out/tlm-ort
-      for the ONNX Runtime backend (opset 24 TensorScatter; no compile.sh)
+      for the ONNX Runtime backend (opset 24 TensorScatter; no compile.sh, no custom_io.yaml)
   specdec-compile target.onnx --role tlm --k 3 --k-list 0 --interface qeff -o out/tlm-qeff
       QEfficient's SpD interface (num_logits_to_keep), for its runtime (docs/serving.md)
   specdec-compile target.onnx --role tlm --k 3 --k-list 0 --full-batch-size 4 -o out/tlm-cb
@@ -315,9 +315,8 @@ def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str,
     fam = m.get("family") or "decoder"
     rows.append(("model", [(f"{fam}, {m['num_layers']} layers, {m['num_heads']} heads ({m['num_kv_heads']} kv), "
                             f"head_dim {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}", "")]))
+    # qaic: the custom IO's cache precision; ort/openvino: the graph's own cache dtype
     kv = "mxint8" if (m.get("compile_options") or {}).get("mxint8_kv_cache") else m["kv_dtype"]
-    if m["target"] != "qaic":  # no custom IO: the cache is what the graph says
-        kv = next((s["dtype"] for s in m["interface"]["inputs"] if s["name"].startswith("past_")), kv)
     batch = (f"full_batch_size {m['batch_size']} (--interface qeff, continuous batching)"
              if (m.get("qeff") or {}).get("full_batch_size") else
              f"batch {m['batch_size']}" + (" (--interface qeff)" if m.get("qeff") else ""))

@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..contract import MANIFEST_FILE, SPECIALIZATIONS_FILE
+from ..contract import MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
 from ..errors import SpecdecError
 from ..model_io import load_model, resolve_model_path
 from ..artifact.manifest import Manifest
@@ -32,6 +32,9 @@ def defaults_from_manifest(rewritten: Path) -> dict:
     except SpecdecError as e:
         raise SpecdecError(f"{where}: {e}") from None
     _check_graph_agrees(m, rewritten, where)
+    if rewritten.resolve() == (rewritten.parent / MODEL_FILE).resolve():
+        from ..artifact.records import check_digests
+        check_digests(rewritten.parent, m)
     widths = list(m.specializations or [])
     bad = [w for w in widths if not 1 <= w <= m.ctx_len]
     if bad:
@@ -48,10 +51,15 @@ def defaults_from_manifest(rewritten: Path) -> dict:
 
 def _check_graph_agrees(m: Manifest, rewritten: Path, where: Path) -> None:
     """Refuse a manifest whose role, target, ctx_len or batch is not the graph's (what the graph
-    says of itself, ``graph_facts``): the replay would verify another artifact than it describes."""
+    says of itself, ``graph_facts``), or whose ``interface`` is not the graph's inputs and outputs:
+    the replay would verify another artifact than it describes."""
     from types import SimpleNamespace
     from ..artifact.graph_facts import graph_claims
-    claims = graph_claims(SimpleNamespace(model=load_model(rewritten)))
+    from ..artifact.writer import io_signature
+    model = load_model(rewritten)
+    if io_signature(model) != m.interface:
+        raise SpecdecError(f"{where}: its interface (inputs and outputs) is not {rewritten}'s")
+    claims = graph_claims(SimpleNamespace(model=model))
     for key in ("role", "target", "ctx_len", "batch_size"):
         for got, source in claims[key]:
             if got != getattr(m, key):

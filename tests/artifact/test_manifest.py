@@ -99,6 +99,12 @@ def _edit(data: dict, **change) -> dict:
     (dict(batch_size=0), "batch_size=0, expected at least 1"),
     (dict(source="model.onnx"), "source is 'model.onnx', expected an object"),
     (dict(source={"file": "m.onnx"}), "expected {\"file\": name, \"sha256\": hex}"),
+    (dict(precision=None), "precision is null, expected the compile's"),
+    (dict(num_cores=None), "num_cores=None, expected at least 1"),
+    (dict(num_devices=0), "num_devices=0, expected at least 1"),
+    (dict(target="ort"), "precision is 'fp16', an option of the Cloud AI 100 compiler, on an ort artifact"),
+    (dict(digests={"model.onnx": "0" * 64}), "expected the files"),
+    (dict(digests=[]), "digests is [], expected an object"),
 ])
 def test_strict_reader_refuses_in_one_line(tmp_path, change, needle):
     data = _edit(_written(tmp_path), **change)

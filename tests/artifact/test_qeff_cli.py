@@ -67,6 +67,8 @@ BAD = [
     (["--role", "dlm", "--qaic-flag", "-aic-num-cores=4"], "-aic-num-cores is set by --num-cores"),
     (["--role", "dlm", "--qaic-flag", "-mxfp6-matmul"], "set by --precision mx6"),
     (["--role", "dlm", "--qaic-flag", "-aic-hw-version=2.0"], "set by --hw-version"),
+    (["--role", "dlm", "--qaic-flag", "-onnx-define-symbol=ctx_len,512"], "set by the specializations"),
+    (["--role", "dlm", "--qaic-flag", "-quantization-precision=Int8"], "set by --precision (the artifact compiles"),
     (["--role", "dlm", "--qaic-flag", "-mos=1;rm -rf x"], "expected one compiler flag"),
     (["--role", "dlm", "--qaic-flag", "mos=1"], "expected one compiler flag"),
     (["--role", "dlm", "--qaic-flag", "-mos=1", "--qaic-flag", "-mos=2"], "mos given twice"),

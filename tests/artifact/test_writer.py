@@ -222,8 +222,7 @@ def test_compile_sh_without_compiler_says_so(tmp_path):
 def test_ort_target_has_no_compile_script(tmp_path):
     a = write_artifact(fake_result(tmp_path, target="ort"), tlm(target="ort"), tmp_path / "o")
     assert not (a.out / "compile.sh").exists() and a.compile_flags == []
-    assert sorted(a.files) == ["custom_io.yaml", "manifest.json", "model.onnx", "specializations.json",
-                               "weights.bin"]
+    assert sorted(a.files) == ["manifest.json", "model.onnx", "specializations.json", "weights.bin"]
 
 
 # --------------------------------------------------------------------------- manifest, determinism
