@@ -9,6 +9,7 @@ library (``specdec_compile.diff``) never imports this module.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .common import Parser, run_cli
@@ -30,13 +31,15 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--passes", action="store_true",
                    help="compile ORIGINAL and show what each pass changed (same sections per pass)")
     p.add_argument("--role", choices=("tlm", "dlm"), help="with --passes: the role to compile for")
-    p.add_argument("--target", choices=TARGETS, default="qaic", help="with --passes: lowering target")
+    p.add_argument("--target", choices=TARGETS, default=None,
+                   help="with --passes: lowering target (default qaic)")
     p.add_argument("--k", type=int, default=None, help="with --passes: speculation length (graph does not depend on it)")
     return p
 
 
 def _main(argv: list[str], prog: str) -> int:
     args = _build_parser(prog).parse_args(argv)
+    _check_stdout()
     if args.passes:
         if len(args.paths) != 1:
             raise SpecdecError("--passes takes exactly one model: the original export")
@@ -44,20 +47,52 @@ def _main(argv: list[str], prog: str) -> int:
             raise SpecdecError("--passes needs --role tlm or --role dlm")
         from ..explain import explain_file  # the compile pipeline: loaded only for --passes
 
-        report = explain_file(args.paths[0], role=args.role, target=args.target, k=args.k)
+        report = explain_file(args.paths[0], role=args.role, target=args.target or "qaic", k=args.k)
     else:
         if len(args.paths) != 2:
             raise SpecdecError(f"expected two models to compare, got {len(args.paths)}")
-        if args.role or args.k is not None:
-            raise SpecdecError("--role/--k only apply with --passes")
+        given = [f for f, v in (("--role", args.role), ("--target", args.target), ("--k", args.k)) if v is not None]
+        if given:
+            raise SpecdecError(f"{'/'.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --passes")
         report = diff_files(args.paths[0], args.paths[1])
-    if args.json:
-        sys.stdout.write(render_json(report))
-        sys.stdout.flush()
-    else:
-        color = {"always": True, "never": False}.get(args.color)
-        print_report(report, sys.stdout, color=color)
-    return 0 if report["identical"] else 1
+    status = 0 if report["identical"] else 1
+    try:
+        if args.json:
+            sys.stdout.write(render_json(report))
+            sys.stdout.flush()
+        else:
+            print_report(report, sys.stdout, color={"always": True, "never": False}.get(args.color))
+    except BrokenPipeError:   # the reader left early (| head): the comparison's status still holds
+        _drop_stdout()
+    except OSError as e:
+        _drop_stdout()
+        raise SpecdecError(f"cannot write the report to stdout: {e.strerror or e}") from None
+    return status
+
+
+def _check_stdout() -> None:
+    """A one-line error before any work when there is no stdout to write the report to."""
+    out = sys.stdout
+    if out is None or getattr(out, "closed", False):
+        raise SpecdecError("stdout is closed: nowhere to write the report")
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError, AttributeError):
+        return   # not a file (a test's capture, an io.StringIO): it takes writes
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise SpecdecError("stdout is closed: nowhere to write the report") from None
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered is not written again (and fails again) at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main(argv: list[str] | None = None, prog: str = "specdec-compile diff") -> int:

@@ -5,13 +5,36 @@ import json
 import os
 import sys
 
+from ..errors import SpecdecError
 from .hashing import short_digest
 from .index import fmt_shape
 from .sections import is_empty
 
 
+def _escape(c: str) -> str:
+    o = ord(c)
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
+        f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+
+
+def _visible(text: str) -> str:
+    """``text`` with each character that does not print (control and format characters such as
+    a newline, a terminal escape or a bidirectional override; separators but the space) written
+    as an escape (``\\n``, ``\\x1b``, ``\\u202e``): a name cannot forge, hide or reorder report lines."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _check_report(report) -> None:
+    if not (isinstance(report, dict) and report.get("kind") in ("diff", "explain")):
+        raise SpecdecError(f"expected a report from diff_files, diff_models or diff_snapshots, "
+                           f"got {type(report).__name__}")
+
+
 def render_json(report: dict) -> str:
     """The report as JSON with sorted keys (stable)."""
+    _check_report(report)
     return json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
@@ -38,6 +61,8 @@ def _change_suffix(e: dict) -> str:
         parts.append(f"dtype {e['dtype'][0]} -> {e['dtype'][1]}")
     if "shape" in e:
         parts.append(f"shape {fmt_shape(e['shape'][0])} -> {fmt_shape(e['shape'][1])}")
+    if "position" in e:
+        parts.append(f"position {e['position'][0]} -> {e['position'][1]}")
     return ("  " + "; ".join(parts)) if parts else ""
 
 
@@ -149,7 +174,9 @@ def _summary(r: dict) -> str:
 
 
 def report_lines(report: dict) -> list[tuple[str, str]]:
-    """The report as (text, rich style) lines; render_text joins the text."""
+    """The report as (text, rich style) lines; render_text joins the text. Control characters in
+    names are escaped (``_visible``), so each line is one line."""
+    _check_report(report)
     lines: list[tuple[str, str]] = []
     if report.get("kind") == "explain":
         n = len(report["passes"])
@@ -171,7 +198,7 @@ def report_lines(report: dict) -> list[tuple[str, str]]:
         lines.append((_summary(report), "dim"))
     for note in report.get("notes", []):
         lines.append((f"note: {note}", "italic"))
-    return lines
+    return [(_visible(t), style) for t, style in lines]
 
 
 def render_text(report: dict) -> str:

@@ -32,6 +32,7 @@ def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dic
     sec = {"added": [], "removed": [], "renamed": [], "changed": []}
     set_b = set(order_b)
     renamed_to = set(renames.values())
+    moved = _moved(order_a, order_b, renames)
     for name in order_a:
         if name in set_b:
             (ta, sa), (tb, sb) = desc_a[name], desc_b[name]
@@ -40,6 +41,8 @@ def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dic
                 e["dtype"] = [ta, tb]
             if sa != sb:
                 e["shape"] = [sa, sb]
+            if name in moved:
+                e["position"] = moved[name]
             if len(e) > 1:
                 sec["changed"].append(e)
         elif name in renames:
@@ -50,6 +53,8 @@ def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dic
                 e["dtype"] = [ta, tb]
             if sa != sb:
                 e["shape"] = [sa, sb]
+            if name in moved:
+                e["position"] = moved[name]
             sec["renamed"].append(e)
         else:
             t, s = desc_a[name]
@@ -60,6 +65,17 @@ def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dic
             t, s = desc_b[name]
             sec["added"].append({"name": name, "dtype": t, "shape": s})
     return sec
+
+
+def _moved(order_a, order_b, renames: dict[str, str]) -> dict[str, list[int]]:
+    """Inputs (outputs) kept in both, by name or renamed, whose order among the kept ones changed:
+    A name -> [index in A, index in B]. Adding or removing others moves nothing."""
+    set_b = set(order_b)
+    kept = [(a, a if a in set_b else renames[a]) for a in order_a if a in set_b or a in renames]
+    pos_a = {a: i for i, a in enumerate(order_a)}
+    pos_b = {b: i for i, b in enumerate(order_b)}
+    by_b = sorted(kept, key=lambda ab: pos_b[ab[1]])
+    return {a: [pos_a[a], pos_b[b]] for (a, b), other in zip(kept, by_b) if (a, b) != other}
 
 
 # --------------------------------------------------------------------------- metadata
@@ -179,6 +195,13 @@ def _origin(g: GraphIndex, x: str) -> str:
     return "?"
 
 
+def _producer_state(g: GraphIndex, x: str, matched, unmatched_word: str) -> str:
+    """The op of the node of ``g`` producing ``x``, after ``unmatched_word`` ("removed" or
+    "added") when that node is not in ``matched``."""
+    i = g.producer[x][0]
+    return ("" if i in matched else unmatched_word + " ") + op_key(g.nodes[i])
+
+
 def _rewired_inputs(ga: GraphIndex, gb: GraphIndex, i: int, j: int, match, in_map, init_map) -> list[dict]:
     """Input slots of matched nodes A[i] ~ B[j] that are fed from somewhere else now."""
     na, nb = ga.nodes[i], gb.nodes[j]
@@ -193,6 +216,10 @@ def _rewired_inputs(ga: GraphIndex, gb: GraphIndex, i: int, j: int, match, in_ma
             if xa is not None and xb is not None and xa == xb:
                 e["from_before"] = _origin(ga, xa) if xa else None
                 e["from_after"] = _origin(gb, xb) if xb else None
+                if e["from_before"] == e["from_after"] and xa in ga.producer and xb in gb.producer:
+                    # the same name, another node (a removed one replaced by an added one): say which
+                    e["from_before"] += f" ({_producer_state(ga, xa, match, 'removed')})"
+                    e["from_after"] += f" ({_producer_state(gb, xb, set(match.values()), 'added')})"
             diffs.append(e)
     return diffs
 
