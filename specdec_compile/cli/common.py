@@ -99,6 +99,16 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+def drop_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered does not fail again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def run_cli(fn, argv, prog: str) -> int:
     """Run ``fn(argv)``, turning expected failures into one line and exit 2 (SIGTERM: cleanup, then 143)."""
     previous = None
@@ -115,8 +125,9 @@ def run_cli(fn, argv, prog: str) -> int:
     except Terminated:
         print(f"{prog}: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError:   # the reader left (| head): quiet, but not "done" (exit 0 would claim it)
+        drop_stdout()
+        return 128 + signal.SIGPIPE
     except Exception as e:  # a bug: still one line unless asked for the traceback
         if os.environ.get("SPECDEC_DEBUG"):
             raise

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from .common import Parser, run_cli
+from .common import Parser, drop_stdout, run_cli
 from ..contract import TARGETS
 from ..errors import SpecdecError
 from ..diff.compare import diff_files
@@ -63,9 +63,9 @@ def _main(argv: list[str], prog: str) -> int:
         else:
             print_report(report, sys.stdout, color={"always": True, "never": False}.get(args.color))
     except BrokenPipeError:   # the reader left early (| head): the comparison's status still holds
-        _drop_stdout()
+        drop_stdout()
     except OSError as e:
-        _drop_stdout()
+        drop_stdout()
         raise SpecdecError(f"cannot write the report to stdout: {e.strerror or e}") from None
     return status
 
@@ -83,16 +83,6 @@ def _check_stdout() -> None:
         os.fstat(fd)
     except OSError:
         raise SpecdecError("stdout is closed: nowhere to write the report") from None
-
-
-def _drop_stdout() -> None:
-    """Point stdout at /dev/null: what is still buffered is not written again (and fails again) at exit."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def main(argv: list[str] | None = None, prog: str = "specdec-compile diff") -> int:

@@ -211,7 +211,7 @@ def test_run_cli_passes_through_and_is_reexported_by_cli(capsys):
     def broken(argv):
         raise BrokenPipeError
 
-    assert cli_common.run_cli(broken, [], "tool") == 0
+    assert cli_common.run_cli(broken, [], "tool") == 141   # 128 + SIGPIPE: quiet, but not success
     assert cli.run_cli is cli_common.run_cli  # specdec_compile.cli re-exports it
 
 
