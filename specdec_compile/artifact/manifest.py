@@ -167,7 +167,6 @@ class Manifest:
             if not self.k_list or self.k not in self.k_list:
                 raise SpecdecError(f"{where}: k_list {self.k_list} does not hold k={self.k}")
 
-
     def _check_compile_keys(self, where) -> None:
         """A qaic artifact records the compile's precision and counts; an ort or openvino one
         records none of them (its graph runs at its own dtypes, on no Cloud AI 100 cores)."""

@@ -122,8 +122,8 @@ def check_interface(p: Path, m) -> None:
 def check_digests(p: Path, m) -> None:
     """Every file the manifest's ``digests`` names is in ``p`` with that sha256: a file changed,
     damaged or swapped after the compile wrote it (a ``model.onnx`` of the same shapes but other
-    weights) is refused in one line. An artifact written before digests were recorded has none,
-    and passes (``verify`` says so)."""
+    weights) is refused in one line. An artifact written before digests were recorded has none:
+    nothing is checked."""
     from ..model_io import sha256_file
     if m.digests is None:
         return
@@ -133,7 +133,7 @@ def check_digests(p: Path, m) -> None:
         if Path(name).is_absolute() or ".." in Path(name).parts or root not in f.resolve().parents:
             raise SpecdecError(f"{p / MANIFEST_FILE}: digests name {name!r}, a file outside the artifact")
         if not f.is_file():
-            raise SpecdecError(f"{f}: missing (the manifest records its sha256)")
+            raise SpecdecError(f"{f}: missing or not a regular file (the manifest records its sha256)")
         got = sha256_file(f)
         if got != want:
             raise SpecdecError(f"{f}: sha256 {got[:16]}..., but the manifest records {want[:16]}... (changed "
