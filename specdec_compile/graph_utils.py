@@ -8,6 +8,8 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
+from .errors import SpecdecError
+
 G_LOGGER.severity = G_LOGGER.ERROR
 
 #: ops whose output carries only the *shape* of their input, never its values
@@ -154,18 +156,35 @@ def name_unnamed_nodes(graph: gs.Graph) -> None:
         seen.add(node.name)
 
 
+class NotInGraph(SpecdecError, KeyError):
+    """A node or tensor looked up by name (one the detection names) is not in the graph. A
+    ``KeyError`` too, so callers that catch one keep working; the passes name themselves
+    around it (``passes.graph_pass``)."""
+
+    __str__ = Exception.__str__   # one line, not KeyError's quoted repr
+
+
 def node_by_name(graph: gs.Graph, name: str) -> gs.Node:
     for n in graph.nodes:
         if n.name == name:
             return n
-    raise KeyError(name)
+    raise NotInGraph(f"the graph has no node {name!r}")
 
 
 def tensor_by_name(graph: gs.Graph, name: str) -> gs.Tensor:
     t = graph.tensors().get(name)
     if t is None:
-        raise KeyError(name)
+        raise NotInGraph(f"the graph has no tensor {name!r}")
     return t
+
+
+def copy_graph(graph: gs.Graph) -> gs.Graph:
+    """``graph.copy()`` with its model-local functions copied too: onnx-graphsurgeon's copy
+    shares the ``Function`` objects, so a ``cleanup()``/``toposort()`` of the copy (which
+    recurse into functions) or a change of a function's opset would change the original."""
+    new = graph.copy()
+    new.functions = [f.copy() for f in graph.functions]
+    return new
 
 
 def toposort(graph: gs.Graph) -> gs.Graph:

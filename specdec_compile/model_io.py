@@ -45,6 +45,8 @@ def read_any(model_or_path, source=None) -> tuple[onnx.ModelProto, Path | None, 
     an ``onnx.ModelProto`` or an ``onnx_ir.Model``; ``kind`` is "path", "proto" or "ir".
     ``source``: the file a model in memory was read from. An ir model's external tensors
     name their directory themselves (their ``base_dir``)."""
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        raise SpecdecError(f"source= is the path of the file the model was read from, got {type(source).__name__}")
     if isinstance(model_or_path, (str, os.PathLike)):
         p = Path(model_or_path)
         return load_model(p), p, p.resolve().parent, "path"

@@ -53,16 +53,27 @@ PARAMS = {
     "feature_layers": (list, None, "DLM: a feature draft reading these target layers"),
 }
 PASS_NAME = "SpecdecCompile"
+#: keys an Olive pass configuration may hold besides the pass's own parameters (Olive's own)
+OLIVE_KEYS = ("user_script", "script_dir")
 
 
 def options_of(params: dict) -> Options:
-    """The ``Options`` of a pass configuration (unknown keys ignored: Olive adds its own)."""
+    """The ``Options`` of a pass configuration: ``PARAMS``' names (None: not given) and Olive's own
+    ``OLIVE_KEYS``; any other name is refused (a misspelt parameter would be a default in silence)."""
+    if not isinstance(params, dict):
+        raise SpecdecError(f"{PASS_NAME}: the pass configuration must be a dict of parameters, "
+                           f"got {type(params).__name__}")
+    unknown = sorted(str(k) for k in params if k not in PARAMS and k not in OLIVE_KEYS)
+    if unknown:
+        raise SpecdecError(f"{PASS_NAME}: unknown parameter {unknown[0]!r} (parameters: {', '.join(PARAMS)})")
     kw = {k: v for k, v in params.items() if k in PARAMS and v is not None}
     if "role" not in kw:
         raise SpecdecError(f"{PASS_NAME}: 'role' is required (tlm or dlm)")
     for key in ("k_list", "hidden_states", "feature_layers"):
         if key in kw:
-            kw[key] = tuple(int(x) for x in kw[key])
+            if not isinstance(kw[key], (list, tuple)):
+                raise SpecdecError(f"{PASS_NAME}: {key} must be a list of integers, got {kw[key]!r}")
+            kw[key] = tuple(kw[key])
     return Options(**kw)
 
 

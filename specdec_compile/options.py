@@ -120,7 +120,21 @@ class Options:
             value = getattr(self, name)
             if value is None or isinstance(value, list):
                 object.__setattr__(self, name, tuple(value or ()))
+        self._check_types()
         self._check()
+
+    def _check_types(self) -> None:
+        """Layer lists and widths: sequences of integers (not a string, 1.5 or True); switches: bools."""
+        for name, flag in (("k_list", "--k-list"), ("hidden_states", "--hidden-states"),
+                           ("feature_layers", "--feature-layers")):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(_is_int(v) for v in value):
+                raise SpecdecError(f"{flag} must be a list of integers, got {value!r}")
+        if not isinstance(self.qaic_flags, tuple) or not all(isinstance(f, str) for f in self.qaic_flags):
+            raise SpecdecError(f"--qaic-flag: qaic_flags must be a list of flags (strings), got {self.qaic_flags!r}")
+        for name in ("continuous_batching", "mxint8_kv_cache", "aic_enable_depth_first", "link_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecdecError(f"Options.{name} must be True or False, got {getattr(self, name)!r}")
 
     def _check(self) -> None:
         if self.role == "dlm" and not self.feature_layers:

@@ -51,7 +51,8 @@ import onnx_graphsurgeon as gs
 from . import __version__
 from . import hidden_features as _features
 from . import passes as _passes
-from .contract import CTX_LEN_KEY, INTERFACE_KEY, PASSES_KEY, POSITION_IDS, ROLE_KEY, TARGET_KEY, TARGET_OPSET
+from .contract import (CTX_LEN_KEY, INTERFACE_KEY, PASSES_KEY, POSITION_IDS, ROLE_KEY, SPECDEC_DOMAIN, TARGET_KEY,
+                       TARGET_OPSET)
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
@@ -170,12 +171,17 @@ def prepare(model_or_path, options: Options, *, source=None, fuse_rotary: bool =
     build the pass context once from ``options`` (the same ``Options`` the CLI builds: role,
     target, k, ctx_len, hidden_states, feature_layers, interface). See ``Prepared``."""
     options = _options(options)
+    if not isinstance(fuse_rotary, bool):
+        raise SpecdecError(f"fuse_rotary= must be True or False, got {fuse_rotary!r}")
+    if fuse_rotary and options.target != "ort":
+        raise SpecdecError(f"fuse_rotary=True is for target 'ort' (ONNX Runtime's RotaryEmbedding kernel), "
+                           f"not {options.target!r}")
     original, source, source_dir, kind = read_any(model_or_path, source)
     graph, det = import_and_detect(original, source, source_dir)
     _check_position_table(graph, options.ctx_len)
     exposed = _features.check(det, options.role, options.hidden_states or None, options.feature_layers or None)
     ctx = _passes.PassContext.from_options(options, detection=det, source_opset=graph.opset,
-                                           exposed_layers=exposed, fuse_rotary=bool(fuse_rotary))
+                                           exposed_layers=exposed, fuse_rotary=fuse_rotary)
     return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface)), original,
                     source, source_dir, kind, options)
 
@@ -235,6 +241,9 @@ def import_and_detect(original: onnx.ModelProto, source=None, source_dir: Path |
     """(graph, detection) of ``original``: imported (onnx-graphsurgeon), unnamed nodes named,
     the decoder's patterns detected (a bad input blamed on ``source``); the one place the
     pipeline and ``verify`` read a model's structure from."""
+    if not isinstance(original, onnx.ModelProto):
+        raise SpecdecError(f"import_and_detect takes an onnx.ModelProto (prepare and rewrite also read paths "
+                           f"and onnx_ir models), got {type(original).__name__}")
     try:
         graph = gs.import_onnx(original)
     except Exception as e:
@@ -271,12 +280,29 @@ def rewrite(model_or_path, options: Options, *, record: bool = False, source=Non
     return prep.finish(graph, snapshots)
 
 
+def _finished_graph(graph) -> None:
+    """Refuse what ``finish`` cannot export: not a graph, or one with the internal cache writes
+    left (``lower`` not run after ``retained_kv``)."""
+    if not isinstance(graph, gs.Graph):
+        raise SpecdecError(f"finish(graph) takes the onnx-graphsurgeon graph the passes returned, "
+                           f"got {type(graph).__name__}")
+    internal = [n.name for n in graph.nodes if n.domain == SPECDEC_DOMAIN]
+    if internal:
+        raise SpecdecError(f"the graph still has the compiler's internal ops ({internal[0]}: {SPECDEC_DOMAIN}); "
+                           f"pass lower must run after retained_kv (run prep.passes in order)")
+
+
 def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
     ctx, original, det = prep.ctx, prep.original, prep.ctx.detection
+    _finished_graph(graph)
     role, target, interface = ctx.role, ctx.target, ctx.interface
     hidden_states, feature_layers = prep.options.hidden_states or None, prep.options.feature_layers or None
     applied = [p.name for p in prep.passes]
     model = _export(graph, original)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset != TARGET_OPSET[target]:
+        raise SpecdecError(f"the graph is at opset {opset}, not the {target} target's {TARGET_OPSET[target]}: "
+                           f"pass lower has not run on it (run prep.passes in order)")
     model.metadata_props.add(key=ROLE_KEY, value=role)
     model.metadata_props.add(key=TARGET_KEY, value=target)
     model.metadata_props.add(key=PASSES_KEY, value=",".join(applied))
@@ -294,7 +320,6 @@ def _finish(prep: Prepared, graph: gs.Graph, snapshots) -> CompileResult:
                                   batch_index=prep.options.continuous_batching)
     if problems:
         raise UnsupportedPatternError("rewritten interface does not match the contract: " + "; ".join(problems))
-    assert model.opset_import[0].version == TARGET_OPSET[target]
     return CompileResult(model=model, info=info, detection=det, role=role, target=target,
                          passes=applied, ctx_len=ctx.ctx_len, source=prep.source, source_dir=prep.source_dir,
                          snapshots=snapshots, hidden_states=hidden_states, feature_layers=feature_layers,

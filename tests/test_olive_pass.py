@@ -17,7 +17,7 @@ PARAMS = {"role": "tlm", "k": 3, "target": "qaic", "ctx_len": 64, "prefill_len":
 
 
 def test_options_are_the_clis(tmp_path, fixture_path):
-    assert olive_pass.options_of({**PARAMS, "k_list": [1], "unrelated": 1}).k_list == (1,)
+    assert olive_pass.options_of({**PARAMS, "k_list": [1], "user_script": None}).k_list == (1,)
     with pytest.raises(SpecdecError, match="'role' is required"):
         olive_pass.options_of({"k": 3})
     with pytest.raises(SpecdecError, match="--k is required"):
@@ -25,6 +25,26 @@ def test_options_are_the_clis(tmp_path, fixture_path):
     model, others = olive_pass.compile_artifact(fixture_path("llama_gqa"), PARAMS, tmp_path / "art")
     assert model == tmp_path / "art" / "model.onnx" and model.is_file()
     assert {f.name for f in others} == {"specializations.json", "custom_io.yaml", "manifest.json", "compile.sh"}
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"ctxlen": 64}, "unknown parameter 'ctxlen'"),           # was: ignored, the artifact built for 256
+    ({"interface": "qeff"}, "unknown parameter 'interface'"),
+    ({"k_list": "12"}, "k_list must be a list of integers, got '12'"),   # was: (1, 2)
+    ({"k_list": [1.9]}, "--k-list must be a list of integers"),          # was: (1,)
+    ({"k_list": 5}, "k_list must be a list of integers, got 5"),
+    ({"hidden_states": "-1"}, "hidden_states must be a list of integers"),
+    ({"hidden_states": [True]}, "--hidden-states must be a list of integers"),
+])
+def test_parameters_of_the_wrong_name_or_type(params, message):
+    with pytest.raises(SpecdecError, match=message):
+        olive_pass.options_of({**PARAMS, **params})
+
+
+def test_a_configuration_that_is_not_a_dict():
+    for bad in (None, [("role", "tlm")]):
+        with pytest.raises(SpecdecError, match="the pass configuration must be a dict"):
+            olive_pass.options_of(bad)
 
 
 def test_the_class_is_built_on_demand():

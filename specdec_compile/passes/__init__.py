@@ -29,7 +29,8 @@ for every target that no-ops on models without the feature. A pass called
 directly runs as asked: the roles/targets of its entry are the pipeline's
 selection rule, not a check inside the pass.
 
-Adding a pass: a module ``passes/<name>.py`` defining ``<name>(graph, ctx)``,
+Adding a pass: a module ``passes/<name>.py`` defining ``<name>(graph, ctx)`` (decorated
+``@graph_pass``: a graph that is not an onnx-graphsurgeon ``Graph`` is refused in one line),
 an entry in ``REGISTRY`` at its place in the order, and
 ``tests/passes/test_<name>.py`` (tests/test_pass_registry.py checks all three),
 then regenerate the table in docs/compiler.md (``python -c "from
@@ -51,7 +52,15 @@ Calling one pass alone, in your own toolchain::
 
 (``pipeline.rewrite`` does the latter, then exports, checks and records.)
 
-A pass refuses a context that lacks what it reads (``SpecdecError`` naming
+Bad arguments are one-line ``SpecdecError``s: a ``graph`` that is not an onnx-graphsurgeon
+``Graph`` (a path, a ``ModelProto``, None) or a ``ctx`` that is not a ``PassContext``
+(``PassArgumentError``, also a ``TypeError``); a ``PassContext`` field out of range (built by
+hand: ``ctx_len`` 0 or over 2^18, a NaN or non-negative ``mask_value``, an unknown
+``interface``, ``source_opset`` outside 13..onnx's newest, booleans that are not ``bool``);
+a node or tensor the detection names that the graph lacks (the detection of another graph);
+``retained_kv``, ``role_logits`` and ``rotary_tables`` run a second time on their own output.
+A pass called alone leaves its input graph as it was (its model-local functions included:
+``graph_utils.copy_graph``). A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,
 ``flatten_to_reshape``, ``castlike_to_cast``,
 ``greater_compares``, ``tile_to_expand``, ``clamp_gather_positions``, ``grouped_attention``, ``gather_rotate_half`` and ``share_shapes`` need nothing (``PassContext()``),
@@ -67,7 +76,7 @@ from typing import Callable
 import onnx_graphsurgeon as gs
 
 from ..contract import FP16_MAX, INTERFACES, MASK_VALUE, ROLES, TARGETS
-from ._context import PassContext, check_options, need
+from ._context import PassArgumentError, PassContext, check_options, graph_pass, need
 from .batch_index import batch_index
 from .canonical_dims import canonical_dims
 from .castlike_to_cast import castlike_to_cast
@@ -275,4 +284,4 @@ def render_table() -> str:
 
 
 __all__ = ["PassContext", "Pass", "REGISTRY", "names", "get", "select", "applicable", "render_table", "check_options",
-           "need", *names()]
+           "need", "graph_pass", "PassArgumentError", *names()]

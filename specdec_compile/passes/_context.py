@@ -2,12 +2,29 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
+from numbers import Real
 
-from ..contract import MASK_VALUE
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..contract import INTERFACES, MASK_VALUE
 from ..detect import Detection
 from ..errors import SpecdecError
-from ..options import check_options
+from ..graph_utils import NotInGraph
+from ..model_checks import MIN_OPSET
+from ..options import MAX_CTX_LEN, check_options
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class PassArgumentError(SpecdecError, TypeError):
+    """A pass called with something other than (an onnx-graphsurgeon graph, a ``PassContext``):
+    a ``SpecdecError`` (one line), and a ``TypeError`` for callers that catch one."""
 
 
 @dataclass(frozen=True)
@@ -61,18 +78,69 @@ class PassContext:
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)
-        if self.ctx_len is not None and (not isinstance(self.ctx_len, int) or self.ctx_len < 1):
-            raise SpecdecError(f"ctx_len must be an integer >= 1, got {self.ctx_len!r}")
+        if self.ctx_len is not None and (not _is_int(self.ctx_len) or not 1 <= self.ctx_len <= MAX_CTX_LEN):
+            raise SpecdecError(f"ctx_len must be an integer >= 1 and <= {MAX_CTX_LEN}, got {self.ctx_len!r}")
         if self.detection is not None and not isinstance(self.detection, Detection):
             raise SpecdecError(f"PassContext.detection must be a Detection, got {type(self.detection).__name__}")
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        """The fields besides role, target, k, ctx_len and detection (a context built by hand)."""
+        mv = self.mask_value
+        if not isinstance(mv, Real) or isinstance(mv, bool) or math.isnan(mv) or mv >= 0:
+            # -inf passes (drop_nan_guards then keeps the export's NaN guards); NaN or >= 0 would unmask
+            raise SpecdecError(f"PassContext.mask_value must be a negative number, got {mv!r}")
+        newest = onnx.defs.onnx_opset_version()
+        if self.source_opset is not None and (not _is_int(self.source_opset)
+                                              or not MIN_OPSET <= self.source_opset <= newest):
+            raise SpecdecError(f"PassContext.source_opset must be an opset from {MIN_OPSET} to {newest} "
+                               f"(None: the graph's own), got {self.source_opset!r}")
+        layers = self.exposed_layers
+        if layers is not None:
+            if not isinstance(layers, (tuple, list)) or not layers or not all(_is_int(v) for v in layers):
+                raise SpecdecError(f"PassContext.exposed_layers must be a non-empty tuple of layer indices "
+                                   f"(integers; None: none), got {layers!r}")
+            object.__setattr__(self, "exposed_layers", tuple(layers))
+        if self.interface not in INTERFACES:
+            raise SpecdecError(f"unknown interface {self.interface!r} (choose from {', '.join(INTERFACES)})")
+        for name in ("continuous_batching", "fuse_rotary"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecdecError(f"PassContext.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.continuous_batching and self.interface != "qeff":
+            raise SpecdecError("PassContext.continuous_batching is QEfficient's: it needs interface='qeff'")
+        if self.interface == "qeff" and self.target == "openvino":
+            raise SpecdecError("interface 'qeff' is for target qaic or ort; openvino has the default interface only")
 
 
 def need(pass_name: str, ctx, *fields: str) -> PassContext:
     """``ctx``, checked: a ``PassContext`` with every field in ``fields`` set."""
     if not isinstance(ctx, PassContext):
-        raise TypeError(f"pass {pass_name} is called as {pass_name}(graph, ctx) with ctx a "
+        raise PassArgumentError(f"pass {pass_name} is called as {pass_name}(graph, ctx) with ctx a "
                         f"specdec_compile.passes.PassContext, got {type(ctx).__name__}")
     missing = [f"ctx.{f}" for f in fields if getattr(ctx, f) is None]
     if missing:
         raise SpecdecError(f"pass {pass_name} needs {', '.join(missing)}")
     return ctx
+
+
+def graph_pass(fn):
+    """``fn(graph, ctx)``, a pass, refusing a ``graph`` that is not an onnx-graphsurgeon graph
+    (a path, a ``ModelProto``, None) in one line, and naming itself when a node or tensor
+    the detection names is not in the graph (the detection of another graph, or the graph
+    already rewritten there: a pass run twice or out of the registry's order)."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def run(graph, ctx):
+        need(name, ctx)   # the context first, as each pass checks it
+        if not isinstance(graph, gs.Graph):
+            raise PassArgumentError(
+                f"pass {name} is called as {name}(graph, ctx) with graph an onnx_graphsurgeon.Graph "
+                f"(gs.import_onnx(onnx.load(path, load_external_data=False))), got {type(graph).__name__}")
+        try:
+            return fn(graph, ctx)
+        except NotInGraph as e:
+            raise SpecdecError(
+                f"pass {name}: {e}, which ctx.detection names: the detection is of another graph, or this "
+                f"part was already rewritten (run each pass once, in registry order: passes.select)") from None
+    return run

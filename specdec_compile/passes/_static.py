@@ -18,14 +18,14 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import const_value, producer, toposort
+from ..graph_utils import copy_graph, const_value, producer, toposort
 
 _DEPTH = 24
 _PASS_THROUGH = ("Cast", "Identity")
 
 
 def _inferred(graph: gs.Graph, data_prop: bool = False) -> onnx.ModelProto:
-    ordered = graph.copy()
+    ordered = copy_graph(graph)
     toposort(ordered)  # inference reads the nodes in order; passes append theirs at the end
     model = gs.export_onnx(ordered, do_type_check=False)
     try:

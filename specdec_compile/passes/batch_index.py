@@ -37,9 +37,9 @@ import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, BATCH_INDEX, CACHE_WRITE, FULL_BATCH, QAIC_DOMAIN, SPECDEC_DOMAIN
 from ..errors import UnsupportedPatternError
-from ..graph_utils import Builder
+from ..graph_utils import copy_graph, Builder
 from ._cb_functions import ctx_gather_cb, ctx_scatter_cb
-from ._context import PassContext, need
+from ._context import PassContext, need, graph_pass
 
 
 def _slots(b: Builder, pos: gs.Tensor, cache: gs.Tensor):
@@ -107,9 +107,10 @@ def _write(b: Builder, target: str, w: gs.Node, bi, rows, slots, valid, ctx_all)
     _rewire(out, read)
 
 
+@graph_pass
 def batch_index(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("batch_index", ctx, "target")
-    graph = graph.copy()
+    graph = copy_graph(graph)
     writes = [n for n in graph.nodes if n.op == CACHE_WRITE and n.domain == SPECDEC_DOMAIN]
     if not writes:
         raise UnsupportedPatternError("batch_index: no cache writes (run retained_kv first)")

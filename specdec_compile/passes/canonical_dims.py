@@ -13,13 +13,14 @@ import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, CTX, HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS, SEQ, interface
 from ..errors import UnsupportedPatternError
-from ..graph_utils import Builder
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder
+from ._context import PassContext, need, graph_pass
 
 
+@graph_pass
 def canonical_dims(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("canonical_dims", ctx, "detection").detection
-    graph = graph.copy()
+    graph = copy_graph(graph)
     info = det.info
     by_name = {t.name: t for t in graph.inputs}
     for orig, new in ((det.input_ids, INPUT_IDS), (det.position_ids, POSITION_IDS)):

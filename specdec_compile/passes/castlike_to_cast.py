@@ -13,15 +13,17 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..errors import UnsupportedPatternError
-from ._context import PassContext, need
+from ._context import PassContext, need, graph_pass
 from ._static import dtype_of, elem_types
+from ..graph_utils import copy_graph
 
 
+@graph_pass
 def castlike_to_cast(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("castlike_to_cast", ctx)
     if not any(n.op == "CastLike" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     types = elem_types(graph)
     outputs = {id(t) for t in graph.outputs}
     for node in [n for n in graph.nodes if n.op == "CastLike"]:

@@ -26,8 +26,8 @@ import onnx_graphsurgeon as gs
 
 from ..contract import POSITION_IDS
 from ..errors import UnsupportedPatternError
-from ..graph_utils import SHAPE_ONLY_OPS, Builder, const_value, graph_input, producer, topo_nodes
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, SHAPE_ONLY_OPS, Builder, const_value, graph_input, producer, topo_nodes
+from ._context import PassContext, need, graph_pass
 from ._static import dtype_of, elem_types, nonnegative
 
 GATHERS = ("Gather", "GatherElements", "GatherND")
@@ -77,12 +77,13 @@ def _positions(graph: gs.Graph, ctx: PassContext) -> gs.Tensor | None:
     return pos
 
 
+@graph_pass
 def clamp_gather_positions(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("clamp_gather_positions", ctx)
     pos = _positions(graph, ctx)
     if pos is None:
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     pos = _positions(graph, ctx)
     dep = integer_dependence(graph, pos)
     b = Builder(graph, "clamp")

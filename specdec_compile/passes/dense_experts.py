@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import Builder
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder
+from ._context import PassContext, need, graph_pass
 from ._moe_routes import Route, find_routes
 from ._static import dtype_of, elem_types
 
@@ -76,11 +76,12 @@ def _densify(b: Builder, r: Route, float_type: int, out_type: int) -> None:
                 user.inputs[i] = kept
 
 
+@graph_pass
 def dense_experts(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("dense_experts", ctx)
     if not any(n.op == "NonZero" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     routes = find_routes(graph)
     if not routes:
         return graph

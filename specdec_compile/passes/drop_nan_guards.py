@@ -17,8 +17,8 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import const_value, node_by_name, producer, replace_uses
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, const_value, node_by_name, producer, replace_uses
+from ._context import PassContext, need, graph_pass
 
 
 def _site_is_finite(graph: gs.Graph, site, mask_value: float) -> bool:
@@ -60,11 +60,12 @@ def _guard(node: gs.Node, finite: set[str]):
     return where
 
 
+@graph_pass
 def drop_nan_guards(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("drop_nan_guards", ctx, "detection")
     if not any(n.op == "IsNaN" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     finite = finite_softmaxes(graph, ctx)
     for node in [n for n in graph.nodes if n.op == "IsNaN"]:
         where = _guard(node, finite)

@@ -17,11 +17,12 @@ import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, DRAFT_HIDDEN_STATES, HIDDEN_STATES, SEQ
 from ..errors import UnsupportedPatternError
-from ..graph_utils import Builder, tensor_by_name
+from ..graph_utils import copy_graph, Builder, tensor_by_name
 from ..layer_lists import resolve_layers
-from ._context import PassContext, need
+from ._context import PassContext, need, graph_pass
 
 
+@graph_pass
 def expose_hidden_states(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("expose_hidden_states", ctx, "detection", "role")
     if ctx.exposed_layers is None:
@@ -32,7 +33,7 @@ def expose_hidden_states(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
         raise UnsupportedPatternError(f"{option}: the decoder layers' outputs are not found: "
                                       f"{det.layer_outputs_problem or 'no layers'}")
     layers = resolve_layers(tuple(ctx.exposed_layers), len(det.layer_outputs), option)
-    graph = graph.copy()
+    graph = copy_graph(graph)
     picked = [tensor_by_name(graph, det.layer_outputs[i]) for i in layers]
     b = Builder(graph, "hidden_states")
     dtype = np.dtype(det.info.dtype)

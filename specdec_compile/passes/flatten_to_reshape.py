@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ._context import PassContext, need
+from ._context import PassContext, need, graph_pass
 from ._static import inferred_dims
+from ..graph_utils import copy_graph
 
 
 def _target(dims: list | None, axis: int) -> list[int] | None:
@@ -33,11 +34,12 @@ def _target(dims: list | None, axis: int) -> list[int] | None:
     return None
 
 
+@graph_pass
 def flatten_to_reshape(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("flatten_to_reshape", ctx)
     if not any(n.op == "Flatten" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     dims = inferred_dims(graph)
     for node in [n for n in graph.nodes if n.op == "Flatten"]:
         x = node.inputs[0]

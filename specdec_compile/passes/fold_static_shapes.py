@@ -21,8 +21,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import const_value, is_external, producer, replace_uses, topo_nodes
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, const_value, is_external, producer, replace_uses, topo_nodes
+from ._context import PassContext, need, graph_pass
 from ._static import dtype_of, elem_types, inferred_dims
 
 MAX_ELEMENTS = 4096
@@ -133,9 +133,10 @@ def static_values(graph: gs.Graph) -> dict[int, np.ndarray]:
     return known
 
 
+@graph_pass
 def fold_static_shapes(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("fold_static_shapes", ctx)
-    graph = graph.copy()
+    graph = copy_graph(graph)
     known = static_values(graph)
     outputs = {id(t) for t in graph.outputs}
     folded = 0

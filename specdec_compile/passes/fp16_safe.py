@@ -12,8 +12,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..contract import FP16_MAX
-from ..graph_utils import is_external
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, is_external
+from ._context import PassContext, need, graph_pass
 
 
 def _clamp(c: gs.Constant) -> None:
@@ -26,9 +26,10 @@ def _clamp(c: gs.Constant) -> None:
         c.values = np.where(np.isnan(v), v, np.clip(v, -FP16_MAX, FP16_MAX)).astype(v.dtype)
 
 
+@graph_pass
 def fp16_safe(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("fp16_safe", ctx)
-    graph = graph.copy()
+    graph = copy_graph(graph)
     for t in graph.tensors().values():
         if isinstance(t, gs.Constant):
             _clamp(t)

@@ -47,8 +47,8 @@ import onnx_graphsurgeon as gs
 
 from ..contract import POSITION_IDS
 from ..detect.rotate_half import RotateHalfSite, find_rotate_half
-from ..graph_utils import Builder, graph_input, toposort
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder, graph_input, toposort
+from ._context import PassContext, need, graph_pass
 from ._static import symbolic_dims
 from .rotary_tables import rotary_tables
 
@@ -87,6 +87,7 @@ def _fuse(b: Builder, site: RotateHalfSite, caches: dict) -> None:
          hint="rotary", outputs=[out])
 
 
+@graph_pass
 def fuse_rotary(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("fuse_rotary", ctx)
     if not ctx.fuse_rotary:
@@ -95,7 +96,7 @@ def fuse_rotary(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     if (graph.opset or 0) < _OPSET:
         _log.info("fuse_rotary: opset %s < %d, no RotaryEmbedding; left as is", graph.opset, _OPSET)
         return graph
-    graph = with_tables(graph, ctx).copy()
+    graph = copy_graph(with_tables(graph, ctx))
     sites, skipped = find_sites(graph)
     for name, why in skipped:
         _log.info("fuse_rotary: left %s as is: %s", name, why)

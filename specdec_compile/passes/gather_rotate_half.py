@@ -32,8 +32,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..detect.rotate_half import rotate_half_of
-from ..graph_utils import Builder, toposort
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder, toposort
+from ._context import PassContext, need, graph_pass
 from ._static import dims_and_types, dtype_of
 
 _log = logging.getLogger(__name__)
@@ -128,11 +128,12 @@ def permutation(dim: int, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
     return perm.astype(np.int64), sign
 
 
+@graph_pass
 def gather_rotate_half(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("gather_rotate_half", ctx)
     if not any(n.op == "Neg" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     sites, skipped = find_sites(graph)
     for name, why in skipped:
         _log.info("gather_rotate_half: left %s as is: %s", name, why)

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from ._context import PassContext, need
+from ._context import PassContext, need, graph_pass
+from ..graph_utils import copy_graph
 
 
+@graph_pass
 def greater_compares(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("greater_compares", ctx)
     if not any(n.op == "LessOrEqual" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     for node in graph.nodes:
         if node.op == "LessOrEqual":
             a, b = node.inputs[0], node.inputs[1]

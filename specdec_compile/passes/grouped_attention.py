@@ -55,8 +55,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import Builder, const_value, producer
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder, const_value, producer
+from ._context import PassContext, need, graph_pass
 from ._shape_trace import same as _same
 from ._shape_trace import static_axis, target_dims
 from ._static import symbolic_dims
@@ -257,11 +257,12 @@ def _rewrite(b: Builder, grp: Group, outputs: set) -> None:
          hint="heads_product", outputs=[out])
 
 
+@graph_pass
 def grouped_attention(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("grouped_attention", ctx)
     if not any(n.op == "Expand" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     groups, _ = find_groups(graph, ctx)
     if not groups:
         return graph

@@ -15,8 +15,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, LOGITS, NUM_LOGITS_TO_KEEP
-from ..graph_utils import Builder, tensor_by_name
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder, tensor_by_name
+from ._context import PassContext, need, graph_pass
 from .role_logits import lm_head_matmul
 
 
@@ -39,9 +39,10 @@ def _keep(b: Builder, x: gs.Tensor, pos: gs.Tensor, nlk: gs.Tensor) -> gs.Tensor
     return b.op("GatherElements", [x, index], attrs={"axis": 1}, hint="keep")
 
 
+@graph_pass
 def logits_to_keep(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("logits_to_keep", ctx, "detection").detection
-    graph = graph.copy()
+    graph = copy_graph(graph)
     b = Builder(graph, "logits_to_keep")
     nlk = gs.Variable(NUM_LOGITS_TO_KEEP, dtype=np.int64, shape=[NUM_LOGITS_TO_KEEP, 1])
     graph.inputs.append(nlk)

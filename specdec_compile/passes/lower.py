@@ -31,9 +31,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..contract import CACHE_WRITE, QAIC_DOMAIN, SPECDEC_DOMAIN, TARGET_OPSET
-from ..errors import UnsupportedPatternError
-from ..graph_utils import Builder, const_value
-from ._context import PassContext, need
+from ..errors import SpecdecError, UnsupportedPatternError
+from ..graph_utils import copy_graph, Builder, const_value
+from ._context import PassContext, need, graph_pass
 from ._static import inferred_dims
 
 _REDUCE_18 = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -243,10 +243,14 @@ def _since_version(op: str, opset: int) -> int | None:
         return None
 
 
+@graph_pass
 def lower(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     target = need("lower", ctx, "target").target
     source_opset = ctx.source_opset if ctx.source_opset is not None else graph.opset
-    graph = graph.copy()
+    if source_opset < graph.opset and graph.opset not in TARGET_OPSET.values():  # (lowered already: as it is)
+        raise SpecdecError(f"pass lower: ctx.source_opset {source_opset} is older than the graph's own opset "
+                           f"{graph.opset}: the context is of another model")
+    graph = copy_graph(graph)
     opset = TARGET_OPSET[target]
     _expand_cache_writes(graph, target)
     domains = [onnx.helper.make_opsetid("", opset)]

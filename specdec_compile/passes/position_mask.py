@@ -17,8 +17,8 @@ import onnx_graphsurgeon as gs
 
 from ..contract import past_name, retained_name
 from ..errors import UnsupportedPatternError
-from ..graph_utils import Builder, node_by_name, replace_uses, tensor_by_name, value_dependence
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder, node_by_name, replace_uses, tensor_by_name, value_dependence
+from ._context import PassContext, need, graph_pass
 
 
 def _key_length_source(graph: gs.Graph, det) -> gs.Tensor:
@@ -93,11 +93,12 @@ def _site_windows(det) -> dict[tuple[str, int], int | None]:
     return out
 
 
+@graph_pass
 def position_mask(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("position_mask", ctx, "detection").detection
     if not det.mask_sites:
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     masks = _Masks(graph, det, ctx.mask_value)
     windows = _site_windows(det)
     for site in det.mask_sites:

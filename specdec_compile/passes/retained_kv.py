@@ -18,8 +18,9 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, CACHE_WRITE, CTX, SPECDEC_DOMAIN, past_name, retained_name
-from ..graph_utils import Builder, graph_input, node_by_name, replace_uses, tensor_by_name
-from ._context import PassContext, need
+from ..errors import SpecdecError
+from ..graph_utils import copy_graph, Builder, graph_input, node_by_name, replace_uses, tensor_by_name
+from ._context import PassContext, need, graph_pass
 
 
 def _virtual_past_shapes(graph: gs.Graph, pasts: list[gs.Tensor], pos: gs.Tensor) -> None:
@@ -52,9 +53,12 @@ def _virtual_past_shapes(graph: gs.Graph, pasts: list[gs.Tensor], pos: gs.Tensor
             graph.nodes.remove(node)
 
 
+@graph_pass
 def retained_kv(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("retained_kv", ctx, "detection").detection
-    graph = graph.copy()
+    if any(n.op == CACHE_WRITE and n.domain == SPECDEC_DOMAIN for n in graph.nodes):
+        raise SpecdecError("pass retained_kv has already run on this graph (it has cache writes): run each pass once")
+    graph = copy_graph(graph)
     pos = tensor_by_name(graph, det.position_ids)
     drop = set()
     new_outputs = []

@@ -15,8 +15,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..contract import LOGITS
-from ..graph_utils import Builder, is_const, producer, tensor_by_name
-from ._context import PassContext, need
+from ..errors import SpecdecError
+from ..graph_utils import copy_graph, Builder, is_const, producer, tensor_by_name
+from ._context import PassContext, need, graph_pass
 
 
 def _last_valid(b: Builder, x: gs.Tensor, pos: gs.Tensor) -> gs.Tensor:
@@ -63,10 +64,13 @@ def lm_head_matmul(logits: gs.Tensor):
     return None
 
 
+@graph_pass
 def role_logits(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("role_logits", ctx, "detection", "role")
     det, role = ctx.detection, ctx.role
-    graph = graph.copy()
+    if any(n.name.startswith("specdec/logits/") for n in graph.nodes):
+        raise SpecdecError("pass role_logits has already run on this graph: run each pass once")
+    graph = copy_graph(graph)
     b = Builder(graph, "logits")
     out = tensor_by_name(graph, det.logits)
     vocab = det.info.vocab_size

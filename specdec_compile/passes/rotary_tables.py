@@ -42,8 +42,8 @@ import onnx_graphsurgeon as gs
 
 from ..contract import POSITION_IDS
 from ..errors import SpecdecError, UnsupportedPatternError
-from ..graph_utils import Builder, graph_input, toposort, is_external, replace_uses, tensor_by_name, value_dependence
-from ._context import PassContext, need
+from ..graph_utils import Builder, copy_graph, graph_input, toposort, is_external, replace_uses, tensor_by_name, value_dependence
+from ._context import PassContext, need, graph_pass
 
 _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
           onnx.TensorProto.BFLOAT16)
@@ -54,9 +54,8 @@ _ATOL_OWN = 1e-6
 
 def _subgraph(graph: gs.Graph, pos_name: str, table_names: list[str]) -> gs.Graph:
     """The part of ``graph`` the table tensors are computed from (a copy)."""
-    sub = graph.copy()
-    tensors = sub.tensors()
-    sub.outputs = [tensors[n] for n in table_names]
+    sub = copy_graph(graph)
+    sub.outputs = [tensor_by_name(sub, n) for n in table_names]
     sub.cleanup(remove_unused_graph_inputs=True)
     toposort(sub)
     others = [t for t in sub.inputs if t.name != pos_name]
@@ -77,7 +76,7 @@ def _subgraph(graph: gs.Graph, pos_name: str, table_names: list[str]) -> gs.Grap
 
 def _as_float64(sub: gs.Graph) -> gs.Graph:
     """``sub`` computing in float64: float casts and float constants become double."""
-    sub = sub.copy()
+    sub = copy_graph(sub)
     for node in sub.nodes:
         if node.op == "Cast" and node.attrs.get("to") in _FLOAT:
             node.attrs["to"] = onnx.TensorProto.DOUBLE
@@ -180,17 +179,21 @@ def _check_no_trig_on_positions(graph: gs.Graph, pos: gs.Tensor) -> None:
         raise UnsupportedPatternError(f"Cos/Sin nodes still depend on the positions: {', '.join(left)}")
 
 
+@graph_pass
 def rotary_tables(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("rotary_tables", ctx, "detection").detection
     if not det.rotary:
         return graph
     if ctx.ctx_len is None:
         raise SpecdecError("pass rotary_tables needs ctx.ctx_len (its tables hold one row per slot)")
+    if any(n.name.startswith("specdec/rotary/") for n in graph.nodes):
+        raise SpecdecError("pass rotary_tables has already run on this graph (it reads rotary tables): "
+                           "run each pass once")
     # the contract's name once canonical_dims has run, the export's before
     pos_name = POSITION_IDS if graph_input(graph, POSITION_IDS) is not None else det.position_ids
     names = list(dict.fromkeys(site.table for site in det.rotary))
     tables = tabulate(graph, pos_name, names, ctx.ctx_len, wide=ctx.target != "ort")
-    graph = graph.copy()
+    graph = copy_graph(graph)
     b = Builder(graph, "rotary")
     pos = tensor_by_name(graph, pos_name)
     row = b.op("Max", [pos, b.const(0, pos.dtype, hint="first_row")], hint="table_row",

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import Builder, const_value, producer, replace_uses, topo_nodes
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder, const_value, producer, replace_uses, topo_nodes
+from ._context import PassContext, need, graph_pass
 from ._shape_trace import static_axis
 from ._static import symbolic_dims
 
@@ -163,9 +163,10 @@ def merge_common(graph: gs.Graph) -> int:
     return merged
 
 
+@graph_pass
 def share_shapes(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("share_shapes", ctx)
-    graph = graph.copy()
+    graph = copy_graph(graph)
     shared = share_dim_reads(graph, symbolic_dims(graph))
     merged = merge_common(graph)
     if shared or merged:

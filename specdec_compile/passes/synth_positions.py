@@ -19,8 +19,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, SEQ
-from ..graph_utils import Builder, node_by_name, replace_uses, tensor_by_name
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder, node_by_name, replace_uses, tensor_by_name
+from ._context import PassContext, need, graph_pass
 
 
 def _key_slots(b: Builder, graph: gs.Graph, det, ids: gs.Tensor, rank: int, dtype: str) -> gs.Tensor:
@@ -45,11 +45,12 @@ def _onnx_type(dtype: str) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
+@graph_pass
 def synth_positions(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("synth_positions", ctx, "detection").detection
     if not det.synthesize_position_ids and not det.position_sources:
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     b = Builder(graph, "positions")
     if det.synthesize_position_ids:
         pos = gs.Variable(det.position_ids, dtype=np.int64, shape=[BATCH, SEQ])

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..graph_utils import Builder
-from ._context import PassContext, need
+from ..graph_utils import copy_graph, Builder
+from ._context import PassContext, need, graph_pass
 from ._static import rank_of, unit_axes, vector
 
 
@@ -58,11 +58,12 @@ def _decompose(b: Builder, node: gs.Node, rank: int) -> None:
     b.op("Reshape", [grown, b.op("Mul", [repeats, dims], hint="tile_shape")], hint="tile", outputs=[out])
 
 
+@graph_pass
 def tile_to_expand(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("tile_to_expand", ctx)
     if not any(n.op == "Tile" for n in graph.nodes):
         return graph
-    graph = graph.copy()
+    graph = copy_graph(graph)
     b = Builder(graph, "tile")
     for node in [n for n in graph.nodes if n.op == "Tile"]:
         if expandable(node):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from pass_helpers import ctx, load, serialized, session
 
@@ -65,4 +66,4 @@ def test_refuses_when_the_layers_are_not_found(fixture_path):
 
 def test_needs_detection_and_role():
     with pytest.raises(SpecdecError, match="needs ctx.detection, ctx.role"):
-        passes.expose_hidden_states(None, passes.PassContext())
+        passes.expose_hidden_states(gs.Graph(), passes.PassContext())
