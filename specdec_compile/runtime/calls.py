@@ -101,6 +101,13 @@ class Runner:
         return out[0] if self.last_only else out[last]
 
 
+def check_backend(b, what: str = "tlm") -> None:
+    """``b`` is a backend (backends/base.py: an artifact, ``run_outputs``, ``reset``), not a path or None."""
+    if not all(hasattr(b, a) for a in ("artifact", "run_outputs", "reset", "seq_lens")):
+        raise SpecdecError(f"the {what} must be a backend (OrtBackend(DIR), open_backend(DIR, ...)), "
+                           f"got {type(b).__name__}")
+
+
 def rows_of(calls: list[tuple[int, Call]], B: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """input_ids / position_ids [B, width] with each (row, call) in its row, the rest padding (-1)."""
     ids = np.full((B, width), PAD_ID, np.int64)

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..errors import SpecdecError
 from .backends import Backend
-from .calls import exclusive, run_one, steps
+from .calls import check_backend, exclusive, run_one, steps
 from .costs import CostModel
 from .drafts import make_draft_source
 from .drafts.dlm import DlmDraft
@@ -71,6 +71,8 @@ def eos_set(eos) -> frozenset:
     (a string such as "12", None or a float in a list, a negative id) is refused in one line."""
     if eos is None:
         return frozenset()
+    if isinstance(eos, np.ndarray) and eos.ndim == 0:     # np.array(2): one id
+        eos = eos.item()
     items = [eos] if isinstance(eos, (int, np.integer)) else eos
     if isinstance(eos, (str, bytes, dict)) or not isinstance(items, (list, tuple, set, frozenset, np.ndarray)):
         raise SpecdecError(f"eos_token_id must be an id or a list of ids (got {eos!r})")
@@ -161,8 +163,6 @@ class _Decoder:
         """Several prompts (any form ``generate`` takes; one prompt is a batch of one) through
         every row of the batch; the results in input order."""
         req = parse(inputs, kwargs, self.tokenizer, "generate_many")
-        if req.streamer is not None:
-            raise SpecdecError("streamer= streams one prompt: use generate()")
         return self._many(req)
 
     def _many(self, req) -> list[GenerationResult]:
@@ -189,6 +189,7 @@ class TargetOnlyDecoder(_Decoder):
     """
 
     def __init__(self, tlm: Backend, *, eos_token_id=None, record_calls: bool = False, tokenizer=None):
+        check_backend(tlm)
         art = getattr(tlm, "artifact", None)
         if getattr(art, "feature_draft", None) is not None:
             # it would run on zero features: tokens with no meaning, and no error
@@ -240,6 +241,9 @@ class SpecDecoder(_Decoder):
                  eos_token_id=None, k: int | None = None, adaptive: bool | None = None, fallback: bool = True,
                  policy: WidthPolicy | None = None, record_calls: bool = False, tokenizer=None,
                  dlm_tokenizer=None, draft_min_prob: float = 0.0):
+        check_backend(tlm)
+        if policy is not None and not isinstance(policy, WidthPolicy):
+            raise SpecdecError(f"policy must be a WidthPolicy instance (got {policy!r})")
         self.tokenizer = tokenizer = resolve_tokenizer(tokenizer)
         self.source = make_draft_source(draft, dlm, ngram_max=ngram_max, tokenizer=tokenizer,
                                         dlm_tokenizer=resolve_tokenizer(dlm_tokenizer), min_prob=draft_min_prob)

@@ -35,8 +35,9 @@ def check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int]
         raise SpecdecError(f"the prompt has {len(ids)} tokens and does not fit: the context holds {CL} "
                            f"tokens and at least one must be left to generate")
     v = backend.vocab_size
-    if v and (min(ids) < 0 or max(ids) >= v):
-        raise SpecdecError(f"prompt token id out of range [0, {v})")
+    if min(ids) < 0 or (v and max(ids) >= v):      # a negative id is no id, whether the size is known or not
+        raise SpecdecError(f"prompt token id out of range [0, {v})" if v else
+                           f"prompt token id {min(ids)} is negative")
     return ids
 
 

@@ -48,6 +48,8 @@ def resolve_tokenizer(tok):
     if isinstance(tok, (str, os.PathLike)):
         from .tokenizer import load_tokenizer
         return load_tokenizer(tok)
+    if not any(hasattr(tok, a) for a in ("__call__", "__len__", "decode", "encode")):   # 5, 1.0, True
+        raise SpecdecError(f"tokenizer must be a tokenizer object or a local directory (got {tok!r})")
     return tok
 
 
@@ -68,7 +70,19 @@ class Request:
 
 
 def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Request:
-    """``inputs`` and the keywords of one ``what(...)`` call, checked; ``tokenizer``: the decoder's."""
+    """``inputs`` and the keywords of one ``what(...)`` call, checked; ``tokenizer``: the decoder's.
+    A refused call ends its ``streamer=`` (``end()``): a consumer iterating a
+    ``TextIteratorStreamer`` in another thread would otherwise wait for ever."""
+    try:
+        return _parse(inputs, kwargs, tokenizer, what)
+    except SpecdecError:
+        end = getattr(kwargs.get("streamer"), "end", None)
+        if callable(end):
+            end()
+        raise
+
+
+def _parse(inputs, kwargs: dict, tokenizer, what: str) -> Request:
     unknown = sorted(set(kwargs) - set(HF_KEYWORDS) - set(OWN_KEYWORDS))
     if unknown:
         raise SpecdecError(f"{what}() does not support {', '.join(repr(k) for k in unknown)} (supported: "
@@ -90,6 +104,8 @@ def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Reque
     if streamer is not None:
         if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
             raise SpecdecError("streamer= must have put() and end() (a transformers streamer)")
+        if what == "generate_many":
+            raise SpecdecError("streamer= streams one prompt: use generate()")
         if not single:
             raise SpecdecError("streamer= streams one prompt; give one prompt, or use stream() for several")
     rng = kw.pop("rng", None)
@@ -172,13 +188,21 @@ def _sampling(kw: dict) -> SamplingParams:
         return SamplingParams(seed=seed)
     if do_sample:
         vals = {**HF_SAMPLE_DEFAULTS, **vals}
-        if not vals["temperature"] > 0:
+        if not _real("temperature", vals["temperature"]) > 0:
             raise SpecdecError(f"do_sample=True needs temperature > 0 (got {vals['temperature']!r})")
-    try:
-        return SamplingParams(float(vals.get("temperature", 0.0)), vals.get("top_k", 0),
-                              float(vals.get("top_p", 1.0)), seed)
-    except (TypeError, ValueError) as e:
-        raise SpecdecError(f"bad sampling keyword: {e}") from None
+    return SamplingParams(_real("temperature", vals.get("temperature", 0.0)), vals.get("top_k", 0),
+                          _real("top_p", vals.get("top_p", 1.0)), seed)
+
+
+def _real(name: str, v) -> float:
+    """An HF sampling keyword as a float: a real number (a NumPy or torch scalar too); a bool or a
+    string is refused, not read as 1.0 or parsed (``SamplingParams`` refuses them too)."""
+    if not isinstance(v, (bool, np.bool_, str, bytes)):
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            pass
+    raise SpecdecError(f"bad sampling keyword: {name} must be a number (got {v!r})")
 
 
 def _stop(stop_strings, stop, tok):
@@ -194,6 +218,8 @@ def _stop(stop_strings, stop, tok):
         raise SpecdecError(f"stop_strings must be a non-empty string or a list of them (got {strings!r})")
     if tok is None:
         raise SpecdecError("stop_strings needs a tokenizer (tokenizer= on the decoder or the call)")
+    if not callable(getattr(tok, "decode", None)):
+        raise SpecdecError(f"stop_strings needs a tokenizer with decode(); {type(tok).__name__} has none")
     from .streaming import StopStrings
     return StopStrings(tok, strings)
 
@@ -241,7 +267,10 @@ def as_array(x, what: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if isinstance(x, (list, tuple)):
-        return np.asarray(x)
+        try:
+            return np.asarray(x)
+        except (TypeError, ValueError):   # rows of different lengths ([[1, 1], [1]]), or worse
+            raise SpecdecError(f"{what}: expected a list of integers or of equal-length rows of them") from None
     for step in ("detach", "cpu"):
         if callable(getattr(x, step, None)):
             x = getattr(x, step)()
@@ -269,20 +298,29 @@ def _from_list(items, tok) -> tuple[list[list[int]], bool]:
         raise SpecdecError("empty prompt: at least one token is needed")
     if all(isinstance(x, str) for x in items):
         return [_encode(x, tok) for x in items], False
-    if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
+    if all(_is_id(x) for x in items):
         return [[int(x) for x in items]], True
+    if any(_is_id(x) for x in items):       # one id list with something else in it
+        i, x = next((i, x) for i, x in enumerate(items) if not _is_id(x))
+        raise SpecdecError(f"the prompt's item {i + 1} is {x!r}, not a token id (an integer)")
     out = []
     for i, x in enumerate(items):
         if isinstance(x, str):
             out.append(_encode(x, tok))
         elif isinstance(x, (list, tuple)) or hasattr(x, "__array__") or callable(getattr(x, "numpy", None)):
             arr = as_array(x, f"prompt {i + 1}")
-            if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            if (arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer))
+                    or (isinstance(x, (list, tuple)) and not all(_is_id(t) for t in x))):   # [True, 2]: no ids
                 raise SpecdecError(f"prompt {i + 1}: expected a list of integer token ids")
             out.append([int(t) for t in arr.tolist()])
         else:
             raise SpecdecError(f"prompt {i + 1}: expected a string or token ids, got {type(x).__name__}")
     return out, False
+
+
+def _is_id(x) -> bool:
+    """An integer token id (a bool is not one)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _unmask(prompts: list[list[int]], mask: np.ndarray) -> list[list[int]]:
@@ -304,6 +342,9 @@ def _unmask(prompts: list[list[int]], mask: np.ndarray) -> list[list[int]]:
 def _encode(text: str, tok) -> list[int]:
     if tok is None:
         raise SpecdecError("a text prompt needs a tokenizer (tokenizer= on the decoder or the call)")
+    if not callable(tok):
+        raise SpecdecError(f"a text prompt needs a tokenizer that encodes (tokenizer(text)); "
+                           f"{type(tok).__name__} does not")
     ids = list(tok(text)["input_ids"])
     if not ids:
         raise SpecdecError(f"prompt {text[:40]!r} encodes to no tokens")

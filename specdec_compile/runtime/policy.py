@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from ..errors import SpecdecError
 from .costs import CostModel
 
@@ -57,8 +59,14 @@ class WidthPolicy:
                  costs: CostModel | None = None):
         if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
             raise SpecdecError(f"k must be a whole number of drafts per round (got {k!r})")
+        for name, v in (("adaptive", adaptive), ("fallback", fallback)):
+            if not (v is None and name == "adaptive") and not isinstance(v, (bool, np.bool_)):
+                # bool("no") is True: a string (or 0/1) would be read as the opposite of what it says
+                raise SpecdecError(f"{name} must be True or False (got {v!r})")
+        if costs is not None and not isinstance(costs, CostModel):
+            raise SpecdecError(f"costs must be a CostModel (got {type(costs).__name__})")
         self.fixed_k = None if k is None else int(k)
-        self._adaptive = adaptive
+        self._adaptive = None if adaptive is None else bool(adaptive)
         self.fallback = bool(fallback)
         self.costs = costs if costs is not None else CostModel()
         self.live: set = set()     # RowStates of generations decoding now: their acceptance is pooled

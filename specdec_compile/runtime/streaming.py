@@ -3,8 +3,8 @@
 * ``StopStrings``: end a generation at the token that completes one of the
   strings (HF's ``stop_strings``: the text keeps the stop string).
 * ``TokenSink``: what ``on_tokens`` gathers from a generation: text chunks
-  (incrementally detokenized, whole characters only) with a tokenizer, token-id
-  lists without; and forwards each accepted group to an HF streamer
+  (incrementally detokenized, whole characters only) with a tokenizer that has
+  ``decode``, token-id lists without; and forwards each accepted group to an HF streamer
   (``TextStreamer`` / ``TextIteratorStreamer``: ``put`` gets the prompt first,
   then the new ids, as ``[n]`` NumPy arrays; ``end`` when the generation ends).
 """
@@ -55,7 +55,8 @@ class TokenSink:
 
     def __init__(self, tokenizer, prompt: list[int], *, streamer=None, user=None, chunks: bool = True):
         from .tokenizer import StreamDecoder
-        self.decoder = StreamDecoder(tokenizer, prompt) if tokenizer is not None else None
+        # a tokenizer that cannot decode (only its length, for the vocabulary) streams ids, as none does
+        self.decoder = StreamDecoder(tokenizer, prompt) if callable(getattr(tokenizer, "decode", None)) else None
         self.streamer, self.user, self.keep = streamer, user, chunks
         self.pending: list = []
         if streamer is not None:

@@ -91,6 +91,22 @@ class DraftContext:
 NAMES = ("dlm", "ngram", "suffix", "hybrid")
 
 
+def whole_number(v, what: str) -> int:
+    """A source's size argument as an int: an integer (3.0 too), not a bool, None, NaN, inf or a string."""
+    if not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
+            and np.isfinite(v) and int(v) == v:
+        return int(v)
+    raise SpecdecError(f"{what} must be a whole number (got {v!r})")
+
+
+def real_number(v, what: str) -> float:
+    """A source's real argument as a float: a finite number, not a bool, None or a string."""
+    if not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
+            and np.isfinite(v):
+        return float(v)
+    raise SpecdecError(f"{what} must be a finite number (got {v!r})")
+
+
 def make_draft_source(draft=None, dlm=None, *, ngram_max: int | None = None, suffix: dict | None = None,
                       tokenizer=None, dlm_tokenizer=None, min_prob: float = 0.0):
     """The one place a draft source is chosen (SpecDecoder and specdec-run both come here).
@@ -103,6 +119,9 @@ def make_draft_source(draft=None, dlm=None, *, ngram_max: int | None = None, suf
     otherwise. ``tokenizer`` / ``dlm_tokenizer`` go to a model-backed source, and ``min_prob``
     (:class:`~.dlm.DlmDraft`: where a round's chain of model drafts stops; 0: never early) to the
     one this function makes from ``dlm``."""
+    if ngram_max is not None and not (isinstance(draft, str) and draft in ("ngram", "hybrid")):
+        raise SpecdecError(f"ngram_max is for draft='ngram' or draft='hybrid' (got draft={draft!r}); it would "
+                           f"be ignored")
     if min_prob and not (dlm is not None and hasattr(dlm, "run")):
         raise SpecdecError("draft min_prob is for a draft model (a DLM or feature draft backend, alone or in "
                            "the hybrid); set it on a source object yourself")
@@ -143,6 +162,8 @@ def _named(name: str, ngram_max, suffix):
 
 
 def _source_object(draft):
+    if isinstance(draft, type):
+        raise SpecdecError(f"draft={draft.__name__} is a class: give a source object ({draft.__name__}(...))")
     if not all(hasattr(draft, a) for a in ("drafter", "bind", "backends")):
         raise SpecdecError(f"{type(draft).__name__} is not a draft source (needs drafter, bind and backends)")
     return draft

@@ -18,6 +18,7 @@ import numpy as np
 from ...errors import SpecdecError
 from ..pairing import check_pair
 from ..backends import Backend
+from ..calls import check_backend
 from ..sampling import probs
 from ..vocab import PairVocab
 
@@ -33,10 +34,11 @@ class DlmDraft:
     kind = "dlm"
 
     def __init__(self, backend: Backend, *, tokenizer=None, dlm_tokenizer=None, min_prob: float = 0.0):
+        self.min_prob = check_min_prob(min_prob)
+        check_backend(backend, "draft model")
         self.backend = backend
         self.tokenizers = (tokenizer, dlm_tokenizer)
         self.vocab: PairVocab | None = None
-        self.min_prob = check_min_prob(min_prob)
 
     def bind(self, tlm: Backend) -> None:
         if self.backend.artifact.feature_draft is not None:
@@ -47,7 +49,7 @@ class DlmDraft:
     def _bind_pair(self, tlm: Backend) -> None:
         """The pair's shapes and tokenizers (artifact.check_pair), and how they share the vocabulary."""
         check_pair(tlm.artifact, self.backend.artifact, tokenizers=self.tokenizers)
-        toks = [len(t) for t in self.tokenizers if t is not None]
+        toks = [len(t) for t in self.tokenizers if t is not None and hasattr(t, "__len__")]
         self.vocab = pair_vocab(tlm, self.backend, min(toks) if toks else None)
 
     def backends(self) -> list[Backend]:

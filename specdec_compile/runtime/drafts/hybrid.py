@@ -28,7 +28,7 @@ target's and sampling stays exact (sampling.py: position-keyed noise).
 from __future__ import annotations
 
 from ...errors import SpecdecError
-from . import answer
+from . import answer, real_number, whole_number
 
 
 class HybridDraft:
@@ -52,7 +52,9 @@ class HybridDraft:
         if not list(model.backends()):
             raise SpecdecError(f"hybrid draft: the model source {model!r} has no model; give a DLM or "
                                f"feature draft second")
-        if int(min_drafts) != min_drafts or min_drafts < 1:
+        min_drafts = whole_number(min_drafts, "hybrid draft: min_drafts")
+        min_alpha = real_number(min_alpha, "hybrid draft: min_alpha")
+        if min_drafts < 1:
             raise SpecdecError(f"hybrid draft: min_drafts must be a positive integer (got {min_drafts})")
         if not 0.0 <= min_alpha < 1.0:
             raise SpecdecError(f"hybrid draft: min_alpha must be in [0, 1) (got {min_alpha})")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...errors import SpecdecError
+from . import whole_number
 
 
 class NgramDraft:
@@ -20,13 +21,14 @@ class NgramDraft:
     MAX_N = 32
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
-        if int(max_n) != max_n or max_n < 1:
+        max_n, min_n = whole_number(max_n, "n-gram size"), whole_number(min_n, "minimum n-gram size")
+        if max_n < 1:
             raise SpecdecError(f"n-gram size must be a positive integer (got {max_n})")
         if max_n > self.MAX_N:
             raise SpecdecError(f"n-gram size must be at most {self.MAX_N} (got {max_n})")
-        if int(min_n) != min_n or not 1 <= min_n <= max_n:
+        if not 1 <= min_n <= max_n:
             raise SpecdecError(f"minimum n-gram size must be in [1, {max_n}] (got {min_n})")
-        self.max_n, self.min_n = int(max_n), int(min_n)
+        self.max_n, self.min_n = max_n, min_n
 
     def bind(self, tlm) -> None:
         CL = getattr(tlm, "ctx_len", None)

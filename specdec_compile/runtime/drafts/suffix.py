@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ...errors import SpecdecError
+from . import real_number, whole_number
 
 
 class _Node:
@@ -206,16 +207,18 @@ class SuffixDraft:
 
     def __init__(self, max_depth: int = 24, cache_tokens: int = 16384, min_prob: float = 0.1,
                  spec_factor: float = 1.0):
-        if int(max_depth) != max_depth or not 2 <= max_depth <= self.MAX_DEPTH:
+        max_depth, cache_tokens = whole_number(max_depth, "suffix depth"), whole_number(cache_tokens, "suffix cache size")
+        min_prob, spec_factor = real_number(min_prob, "suffix min_prob"), real_number(spec_factor, "suffix spec_factor")
+        if not 2 <= max_depth <= self.MAX_DEPTH:
             raise SpecdecError(f"suffix depth must be an integer in [2, {self.MAX_DEPTH}] (got {max_depth})")
-        if int(cache_tokens) != cache_tokens or cache_tokens < 1:
+        if cache_tokens < 1:
             raise SpecdecError(f"suffix cache size must be a positive number of tokens (got {cache_tokens})")
         if not 0.0 <= min_prob <= 1.0:
             raise SpecdecError(f"suffix min_prob must be in [0, 1] (got {min_prob})")
         if not spec_factor > 0:
             raise SpecdecError(f"suffix spec_factor must be > 0 (got {spec_factor})")
-        self.max_depth, self.cache_tokens = int(max_depth), int(cache_tokens)
-        self.min_prob, self.spec_factor = float(min_prob), float(spec_factor)
+        self.max_depth, self.cache_tokens = max_depth, cache_tokens
+        self.min_prob, self.spec_factor = min_prob, spec_factor
         self.cache = SuffixCache(self.max_depth, self.cache_tokens)
 
     def clear(self) -> None:
