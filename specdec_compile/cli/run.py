@@ -328,8 +328,12 @@ def _check_backend_args(args) -> None:
                         ("--ov-cache", args.ov_cache)):
         if value is not None and args.backend != "openvino":
             raise SpecdecError(f"{flag} is for --backend openvino")
-    if args.ov_threads is not None and args.ov_threads < 1:
-        raise SpecdecError(f"--ov-threads must be >= 1 (got {args.ov_threads})")
+    for flag, given in (("--ort-threads", args.ort_threads is not None), ("--copy-cache", args.copy_cache)):
+        if given and args.backend != "ort":     # the other backends would run without it, without a word
+            raise SpecdecError(f"{flag} is for --backend ort (ONNX Runtime)")
+    if args.ov_threads is not None:
+        from ..ort_session import check_threads
+        check_threads(args.ov_threads, "--ov-threads")
     if args.backend == "openvino":   # not installed: one line saying how, before anything loads
         from ..runtime.backends.openvino import import_openvino
         import_openvino()
@@ -357,8 +361,9 @@ def ort_thread_options(threads: int | None, two_models: bool) -> dict:
     (``ort_session.create_session``), so the two pools do not fight for the cores.
     Two models: each pool gets the usable cores. ``threads`` (--ort-threads) fixes the count."""
     import os
-    if threads is not None and threads < 1:
-        raise SpecdecError(f"--ort-threads must be >= 1 (got {threads})")
+    if threads is not None:
+        from ..ort_session import check_threads
+        check_threads(threads, "--ort-threads")
     if threads is None and not two_models:
         return {}
     import onnxruntime as ort

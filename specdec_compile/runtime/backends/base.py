@@ -19,6 +19,8 @@ checking the model) lives apart, in each backend's ``loader`` module.
 """
 from __future__ import annotations
 
+import numbers
+import os
 import time
 from dataclasses import replace
 
@@ -39,6 +41,12 @@ class Backend:
         self.calls = 0
         self.time_s = 0.0
         self._input_vocab: int | None = None
+        self.closed = False         # close() sets it; a closed backend refuses every call
+
+    def check_open(self) -> None:
+        """A ``SpecdecError`` once ``close()`` has run: the session (or program) is gone."""
+        if self.closed:
+            raise SpecdecError(f"{self.artifact.name}: the {self.kind} backend was closed; open the artifact again")
 
     # -- shape facts ---------------------------------------------------
     @property
@@ -131,6 +139,7 @@ class Backend:
         ``inputs``: each of ``extra_inputs`` as [B, S, width] (zeros when not given).
         ``rows`` (continuous batching, --full-batch-size): the cache row of each row of the call, its
         ``batch_index``; default 0..B-1 for a call of every row."""
+        self.check_open()
         if check:
             ids, pos = self.check_inputs(input_ids, position_ids)
         else:
@@ -201,11 +210,15 @@ class Backend:
 
     def reset(self) -> None:
         """Forget the current sequence: the cache goes back to zeros."""
+        self.check_open()
         self._reset()
 
     def warmup(self, rounds: int = 1) -> None:
         """Run every specialization once (all padding), then reset: first-call
         costs (allocation, kernel selection) stay out of measurements."""
+        self.check_open()
+        if isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral) or rounds < 0:
+            raise SpecdecError(f"{self.artifact.name}: warmup rounds must be an integer >= 0, got {rounds!r}")
         for _ in range(rounds):
             for B, s in self.artifact.shapes():
                 ids = np.zeros((B, s), np.int64)
@@ -218,7 +231,9 @@ class Backend:
         self.reset()
 
     def close(self) -> None:
-        pass
+        """Let go of the session (or program); later calls are refused in one line (``check_open``).
+        A subclass releases its own handles and calls this."""
+        self.closed = True
 
     def _run(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
@@ -245,10 +260,26 @@ class Backend:
                 f"PL={a.prefill_len}, CL={a.ctx_len}, seq_lens={list(a.seq_lens)})")
 
 
+def check_device_ids(device_ids) -> list[int]:
+    """``device_ids`` as a list of distinct device numbers >= 0 (at least one); else one line."""
+    if isinstance(device_ids, (str, bytes)) or not isinstance(device_ids, (list, tuple)):
+        raise SpecdecError(f"device_ids must be a list of device numbers, e.g. [0] or [0, 1], got {device_ids!r}")
+    if not device_ids or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0 for d in device_ids):
+        raise SpecdecError(f"device_ids must be device numbers >= 0, at least one, got {list(device_ids)!r}")
+    if len(set(device_ids)) != len(device_ids):
+        raise SpecdecError(f"device_ids {list(device_ids)} names a device twice")
+    return [int(d) for d in device_ids]
+
+
 def resolve_artifact(artifact_or_path, expect_role: str | None, need_model: bool) -> Artifact:
     """An ``Artifact`` as given, or read from its directory."""
+    if expect_role not in (None, "tlm", "dlm"):
+        raise SpecdecError(f"expect_role must be 'tlm', 'dlm' or None, got {expect_role!r}")
     if isinstance(artifact_or_path, Artifact):
         return artifact_or_path
+    if not isinstance(artifact_or_path, (str, os.PathLike)):
+        raise SpecdecError(f"expected an artifact directory (a path) or an Artifact, got "
+                           f"{type(artifact_or_path).__name__} {artifact_or_path!r}"[:200])
     return load_artifact(artifact_or_path, expect_role=expect_role, need_model=need_model)
 
 

@@ -36,6 +36,8 @@ which runs every lowering as it is.
 """
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -409,6 +411,19 @@ def state_array(tensor) -> np.ndarray:
     return np.array(data, copy=True)
 
 
+def check_stale_limit(limit, name, ctx_len: int | None = None) -> int:
+    """``limit`` as a fused cache's stale-slot limit: an integer (not a bool) in [0, ``ctx_len``]
+    (more would let the state grow past the cache the artifact declares); else one line."""
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Integral):
+        raise SpecdecError(f"{name}: the fused cache's stale-slot limit must be an integer, got {limit!r}")
+    if limit < 0:
+        raise SpecdecError(f"{name}: the fused cache's stale-slot limit must be >= 0 (got {limit})")
+    if ctx_len is not None and limit > ctx_len:
+        raise SpecdecError(f"{name}: the fused cache's stale-slot limit {limit} is more than ctx_len {ctx_len}: "
+                           f"the state would grow past the cache the artifact declares")
+    return int(limit)
+
+
 class Cursor:
     """Which position each slot of a fused cache holds, call by call (``slots``; ``STALE`` where a
     rejected draft or a padded token wrote). Before a call, ``feeds`` marks the slots at and past
@@ -417,13 +432,12 @@ class Cursor:
     the state read out and set back without them; 0 compacts at every rollback, which is a trim),
     and gives the call's ``beam_idx`` and ``specdec_slot_positions``. A call that starts past the
     last valid position written plus one is refused (the fixed cache would show that call the
-    slots in between, which a grown cache does not hold as the contract has them)."""
+    slots in between, which a grown cache does not hold as the contract has them), and so is a call
+    whose valid positions are not one after another from its first (a gap or a repeat inside it)."""
 
     def __init__(self, states: list[str], name: str, stale_limit: int | None = None):
         self.states, self.name = states, name
-        self.stale_limit = STALE_LIMIT if stale_limit is None else int(stale_limit)
-        if self.stale_limit < 0:
-            raise SpecdecError(f"{name}: the fused cache's stale-slot limit must be >= 0 (got {stale_limit})")
+        self.stale_limit = STALE_LIMIT if stale_limit is None else check_stale_limit(stale_limit, name)
         self._handles = None     # (request, its cache states' handles, their fixed dims)
         self.slots = np.empty(0, np.int64)
         self.valid = 0           # positions 0..valid-1 are held, each by one slot
@@ -442,6 +456,13 @@ class Cursor:
             raise SpecdecError(f"{self.name}: the fused OpenVINO cache holds positions 0..{self.valid - 1} and "
                                f"the call starts at {first}; it must start at or before the cache's end "
                                f"(load it with cache='copy' for other calls)")
+        row = pos[0]
+        n = int(np.count_nonzero(row >= 0))
+        if not np.array_equal(row[:n], np.arange(first, first + n)):
+            # a slot per token: a gap (or a repeat) would show a query slots the fixed cache does not
+            # hold at those positions (or two keys for one), and the logits would differ from it
+            raise SpecdecError(f"{self.name}: the fused OpenVINO cache takes a call's positions one after another "
+                               f"from its first, got {row.tolist()} (load it with cache='copy' for other calls)")
         self.slots[self.slots >= first] = STALE
         if np.count_nonzero(self.slots == STALE) > self.stale_limit:
             live = np.flatnonzero(self.slots != STALE)
@@ -451,9 +472,8 @@ class Cursor:
             compact_states(self._handles[1], live, self._handles[2])
             self.slots = self.slots[live]
             self.compactions += 1
-        row = pos[0]
         self.slots = np.concatenate([self.slots, np.where(row >= 0, row, STALE).astype(np.int64)])
-        self.valid = first + int(np.count_nonzero(row >= 0))
+        self.valid = first + n
         return {"beam_idx": np.zeros(pos.shape[0], np.int32), SLOT_POSITIONS: self.slots[None]}
 
     def reset(self) -> None:

@@ -21,7 +21,6 @@ Nothing here runs the model.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -31,6 +30,7 @@ from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
 from ....errors import SpecdecError
 from ....artifact.reader import Artifact
 from ..base import resolve_artifact, with_vocab
+from ....ort_session import check_threads, threads_from_env
 from ..ort.loader import check_interface
 
 INSTALL_HINT = "pip install 'specdec-compile[openvino]' (or pip install openvino)"
@@ -92,19 +92,16 @@ def compile_config(core, precision: str | None, threads: int | None) -> dict:
     """The CPU plugin's properties for ``precision`` (None: OpenVINO's pick) and ``threads``."""
     cfg = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
     if precision is not None:
-        if precision not in PRECISIONS:
+        if not isinstance(precision, str) or precision not in PRECISIONS:
             raise SpecdecError(f"unknown OpenVINO precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         hint, cap = PRECISIONS[precision]
         caps = set(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
         if cap not in caps and precision != "f32":
             raise SpecdecError(f"this CPU cannot run OpenVINO at {precision} (its capabilities: {', '.join(sorted(caps))})")
         cfg["INFERENCE_PRECISION_HINT"] = hint
-    if threads is None and os.environ.get(THREADS_ENV):
-        threads = int(os.environ[THREADS_ENV])
+    threads = threads_from_env(THREADS_ENV) if threads is None else check_threads(threads, "OpenVINO threads")
     if threads is not None:
-        if threads < 1:
-            raise SpecdecError(f"OpenVINO threads must be >= 1 (got {threads})")
-        cfg["INFERENCE_NUM_THREADS"] = int(threads)
+        cfg["INFERENCE_NUM_THREADS"] = threads
     return cfg
 
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
 from ....errors import SpecdecError
-from ..base import Backend
-from .fused import Cursor, default_stale_limit, state_array
+from ..base import Backend, resolve_artifact
+from .fused import Cursor, check_stale_limit, default_stale_limit, state_array
 from .loader import OpenVinoModel, load_openvino
 
 
@@ -48,8 +48,21 @@ class OpenVinoBackend(Backend):
 
     def __init__(self, artifact, *, precision: str | None = None, threads: int | None = None,
                  expect_role: str | None = None, cache: str | None = None, stale_limit: int | None = None):
+        if isinstance(artifact, OpenVinoModel):
+            given = [n for n, v in (("precision", precision), ("threads", threads), ("cache", cache)) if v is not None]
+            if given:   # compiled already: these would be dropped without a word
+                raise SpecdecError(f"{artifact.artifact.name}: {', '.join(given)} given with a model load_openvino "
+                                   f"already compiled; pass them to load_openvino (or give the artifact directory)")
+        if stale_limit is not None:     # before anything compiles
+            art = artifact.artifact if isinstance(artifact, OpenVinoModel) else resolve_artifact(artifact, expect_role,
+                                                                                                  need_model=True)
+            check_stale_limit(stale_limit, art.name, art.ctx_len)
+            artifact = artifact if isinstance(artifact, OpenVinoModel) else art
         model = artifact if isinstance(artifact, OpenVinoModel) else \
             load_openvino(artifact, precision=precision, threads=threads, expect_role=expect_role, cache=cache)
+        if stale_limit is not None and model.cache != "fused":
+            raise SpecdecError(f"{model.artifact.name}: stale_limit is for the fused cache, and this backend "
+                               f"copies the cache ({model.cache_note or 'cache=copy'})")
         super().__init__(model.artifact)
         self.model = model
         self.compiled = model.compiled
@@ -114,6 +127,7 @@ class OpenVinoBackend(Backend):
 
     def states(self) -> dict[str, object]:
         """Cache input name -> its OpenVINO state variable (for tests)."""
+        self.check_open()
         by_name = {s.name: s for s in self._request.query_state()}
         return {n: by_name[v] for n, v in self.model.state_names.items() if v in by_name}
 
@@ -133,6 +147,7 @@ class OpenVinoBackend(Backend):
         return f"{super().describe()} at {self.precision}, {self.threads} threads, {self.cache_kind} cache"
 
     def close(self):
+        super().close()
         self._request = None
         self.compiled = None
         self.model = None

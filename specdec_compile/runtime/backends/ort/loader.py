@@ -6,6 +6,7 @@ that its graph has the contract's interface (section 2), returning an
 """
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
 from ....artifact.reader import Artifact
-from ....ort_session import CPU, CUDA, create_session, default_providers  # noqa: F401 (re-exported)
+from ....ort_session import CPU, CUDA, create_session, default_providers, threads_from_env  # noqa: F401 (re-exported)
 from ..base import resolve_artifact, with_vocab
 
 ORT_TYPES = {
@@ -165,11 +166,17 @@ def load_ort(artifact, *, providers=None, device_id: int = 0, expect_role: str |
              session_options=None, intra_op_threads: int | None = None) -> OrtModel:
     """Open an artifact (directory or ``Artifact``) in ONNX Runtime and check its interface."""
     art = resolve_artifact(artifact, expect_role, need_model=True)
-    providers = list(providers) if providers is not None else default_providers()
-    if intra_op_threads is None and os.environ.get(THREADS_ENV):
-        intra_op_threads = int(os.environ[THREADS_ENV])
+    if isinstance(device_id, bool) or not isinstance(device_id, numbers.Integral) or device_id < 0:
+        raise SpecdecError(f"{art.name}: device_id must be a CUDA device number >= 0, got {device_id!r}")
+    if intra_op_threads is None and not (session_options is not None and
+                                         getattr(session_options, "intra_op_num_threads", 0)):
+        intra_op_threads = threads_from_env(THREADS_ENV)    # when the caller asked for no count
     session = create_session(art.model_path, providers=providers, session_options=session_options,
                              intra_op_threads=intra_op_threads)
+    providers = session.get_providers()     # what it runs (ONNX Runtime drops a provider it cannot start)
+    if providers[0] != CUDA and device_id:
+        raise SpecdecError(f"{art.name}: device_id {device_id} names a CUDA device, but the session runs on "
+                           f"{providers[0]}")
     _check_cache_writes(art)
     ins = {i.name: i for i in session.get_inputs()}
     outs = {o.name: o for o in session.get_outputs()}

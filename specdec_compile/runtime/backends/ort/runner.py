@@ -35,7 +35,7 @@ class OrtBackend(Backend):
     """ONNX Runtime with IO binding; CUDA when onnxruntime-gpu is installed.
 
     ``artifact``: an artifact directory, an ``Artifact``, or an ``OrtModel``
-    already loaded by ``load_ort`` (then the loading options are ignored).
+    already loaded by ``load_ort`` (then a loading option given too is refused: it would be dropped).
     ``inplace``: None (default) = in place for ``ort`` targets, swap for ``qaic``
     targets; False forces the swap (copy) path; True forces in place.
     ``providers``: ONNX Runtime providers; default CUDA if available, else CPU.
@@ -50,6 +50,12 @@ class OrtBackend(Backend):
         import onnxruntime as ort
 
         if isinstance(artifact, OrtModel):
+            given = [n for n, v in (("providers", providers), ("session_options", session_options),
+                                    ("intra_op_threads", intra_op_threads), ("device_id", device_id or None))
+                     if v is not None]
+            if given:   # the session exists: options for making one would be dropped without a word
+                raise SpecdecError(f"{artifact.artifact.name}: {', '.join(given)} given with a model load_ort already "
+                                   f"loaded; pass them to load_ort (or give OrtBackend the artifact directory)")
             model = artifact
         else:
             model = load_ort(artifact, providers=providers, device_id=device_id, expect_role=expect_role,
@@ -64,6 +70,8 @@ class OrtBackend(Backend):
         self.logits_dtype = model.logits_dtype
         # an --interface qeff ort graph writes with ScatterND, bound in place too: the slots' old values
         # it reads (GatherND) feed the write, so they are read first, and attention reads its output
+        if inplace not in (None, True, False):
+            raise SpecdecError(f"{self.artifact.name}: inplace must be None, True or False, got {inplace!r}")
         self.inplace = (self.artifact.target == "ort") if inplace is None else bool(inplace)
         self._io = self.session.io_binding()
         self._a = {n: self._zeros(n) for n in self.kv_names}
@@ -157,9 +165,11 @@ class OrtBackend(Backend):
 
     def cache(self, name: str) -> np.ndarray:
         """A copy of the current cache ``name`` (for tests)."""
+        self.check_open()
         return self._a[name].numpy().copy()
 
     def close(self):
+        super().close()
         self._io = None
         self.session = None
         self.model = None

@@ -17,7 +17,7 @@ import numpy as np
 from ....contract import BATCH_INDEX, COMPILE_SCRIPT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS, QPC_DIR
 from ....errors import SpecdecError
 from ....artifact.reader import Artifact
-from ..base import resolve_artifact, with_vocab
+from ..base import check_device_ids, resolve_artifact, with_vocab
 from .buffers import BufType, buffer_types, check_value_binding
 
 SDK_LIB = "/opt/qti-aic/dev/lib"
@@ -50,6 +50,8 @@ def find_qpc(artifact: Artifact, qpc=None) -> Path:
     -aic-binary-dir named by the manifest); it must hold programqpc.bin."""
     cands = []
     if qpc is not None:
+        if not isinstance(qpc, (str, os.PathLike)):
+            raise SpecdecError(f"{artifact.path}: qpc must be the QPC directory (a path), got {qpc!r}")
         cands = [Path(qpc)]
     else:
         m = artifact.manifest
@@ -133,7 +135,7 @@ def load_qaic(artifact, *, device_ids=None, qpc=None, expect_role: str | None = 
     rt, api = qaicrt_module, aicapi_module
     art = resolve_artifact(artifact, expect_role, need_model=False)
     qpc_path = find_qpc(art, qpc)
-    device_ids = list(device_ids) if device_ids else None
+    device_ids = None if device_ids is None else check_device_ids(device_ids)
     ok = rt.QStatus.QS_SUCCESS
     if device_ids:
         context = rt.Context(rt.QIDList(device_ids))

@@ -25,6 +25,11 @@ class QaicBackend(Backend):
     def __init__(self, artifact, *, device_ids=None, qpc=None, expect_role: str | None = None,
                  qaicrt_module=None, aicapi_module=None):
         if isinstance(artifact, QaicProgram):
+            given = [n for n, v in (("device_ids", device_ids), ("qpc", qpc), ("qaicrt_module", qaicrt_module),
+                                    ("aicapi_module", aicapi_module)) if v is not None]
+            if given:   # loaded already: these would be dropped without a word
+                raise SpecdecError(f"{artifact.artifact.name}: {', '.join(given)} given with a program load_qaic "
+                                   f"already loaded; pass them to load_qaic (or give the artifact directory)")
             loaded = artifact
         else:
             loaded = load_qaic(artifact, device_ids=device_ids, qpc=qpc, expect_role=expect_role,
@@ -124,6 +129,7 @@ class QaicBackend(Backend):
         self._zero_next = True
 
     def close(self):
+        super().close()
         prog = getattr(self, "program", None)
         if prog is not None:
             try:
