@@ -52,11 +52,14 @@ def defaults_from_manifest(rewritten: Path) -> dict:
 def _check_graph_agrees(m: Manifest, rewritten: Path, where: Path) -> None:
     """Refuse a manifest whose role, target, ctx_len or batch is not the graph's (what the graph
     says of itself, ``graph_facts``), or whose ``interface`` is not the graph's inputs and outputs:
-    the replay would verify another artifact than it describes."""
+    the replay would verify another artifact than it describes. A graph an optimizer changed after
+    the compile is named as such first (``check_cache_writes``), before its digests differ."""
     from types import SimpleNamespace
     from ..artifact.graph_facts import graph_claims
+    from ..artifact.cache_writes import check_cache_writes, graph_target
     from ..artifact.writer import io_signature
     model = load_model(rewritten)
+    check_cache_writes(model, graph_target(model), str(rewritten))   # the likeliest change, named first
     if io_signature(model) != m.interface:
         raise SpecdecError(f"{where}: its interface (inputs and outputs) is not {rewritten}'s")
     claims = graph_claims(SimpleNamespace(model=model))
