@@ -31,12 +31,13 @@ QAIC_ONLY = (("--precision", "precision", "fp16"), ("--num-cores", "num_cores", 
              ("--kv-dtype", "kv_dtype", "float16"), ("--logits-dtype", "logits_dtype", None))
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+    """An integer, not a bool (True is not a count)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _at_least_one(flag: str, value, most: int | None = None) -> None:
-    if value is not None and (not _is_int(value) or value < 1):
+    if value is not None and (not is_int(value) or value < 1):
         raise SpecdecError(f"{flag} must be at least 1, got {value!r}")
     if value is not None and most is not None and value > most:
         raise SpecdecError(f"{flag} {value} is over the limit of {most}")
@@ -44,7 +45,7 @@ def _at_least_one(flag: str, value, most: int | None = None) -> None:
 
 def check_num_cores(value, flag: str = "--num-cores") -> None:
     """A core count of one model: 1 to MAX_CORES (``flag``: the option as the user gave it)."""
-    if not _is_int(value) or not 1 <= value <= MAX_CORES:
+    if not is_int(value) or not 1 <= value <= MAX_CORES:
         raise SpecdecError(f"{flag} must be between 1 and {MAX_CORES}, got {value!r}")
 
 
@@ -57,7 +58,7 @@ def check_options(role: str | None = None, target: str | None = None, k: int | N
         raise SpecdecError(f"unknown role {role!r} (choose from {', '.join(ROLES)})")
     if not (optional and target is None) and target not in TARGETS:
         raise SpecdecError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
-    if k is not None and (not _is_int(k) or k < 1):
+    if k is not None and (not is_int(k) or k < 1):
         # two spellings callers have always matched: the rule, and the flag's range
         raise SpecdecError(f"k must be an integer >= 1, got {k!r} (--k: k must be at least 1)")
     _at_least_one("--batch-size", batch_size, MAX_BATCH_SIZE)
@@ -66,7 +67,7 @@ def check_options(role: str | None = None, target: str | None = None, k: int | N
     if prefill_len is not None and ctx_len is not None and prefill_len > ctx_len:
         raise SpecdecError(f"--prefill-len {prefill_len} is larger than --ctx-len {ctx_len}")
     for j in (*([k] if k is not None else []), *k_list):
-        if not _is_int(j):
+        if not is_int(j):
             raise SpecdecError(f"--k-list entries must be integers, got {j!r}")
         if j < 0:   # k_list may hold 0: a width-1 TLM call (no drafts, the fallback)
             raise SpecdecError(f"--k-list entries must be at least 0, got {j}")
@@ -128,7 +129,7 @@ class Options:
         for name, flag in (("k_list", "--k-list"), ("hidden_states", "--hidden-states"),
                            ("feature_layers", "--feature-layers")):
             value = getattr(self, name)
-            if not isinstance(value, tuple) or not all(_is_int(v) for v in value):
+            if not isinstance(value, tuple) or not all(is_int(v) for v in value):
                 raise SpecdecError(f"{flag} must be a list of integers, got {value!r}")
         if not isinstance(self.qaic_flags, tuple) or not all(isinstance(f, str) for f in self.qaic_flags):
             raise SpecdecError(f"--qaic-flag: qaic_flags must be a list of flags (strings), got {self.qaic_flags!r}")

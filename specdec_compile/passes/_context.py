@@ -15,11 +15,7 @@ from ..detect import Detection
 from ..errors import SpecdecError
 from ..graph_utils import NotInGraph
 from ..model_checks import MIN_OPSET
-from ..options import MAX_CTX_LEN, check_options
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+from ..options import MAX_CTX_LEN, check_options, is_int
 
 
 class PassArgumentError(SpecdecError, TypeError):
@@ -78,7 +74,7 @@ class PassContext:
 
     def __post_init__(self):
         check_options(self.role, self.target, self.k, optional=True)
-        if self.ctx_len is not None and (not _is_int(self.ctx_len) or not 1 <= self.ctx_len <= MAX_CTX_LEN):
+        if self.ctx_len is not None and (not is_int(self.ctx_len) or not 1 <= self.ctx_len <= MAX_CTX_LEN):
             raise SpecdecError(f"ctx_len must be an integer >= 1 and <= {MAX_CTX_LEN}, got {self.ctx_len!r}")
         if self.detection is not None and not isinstance(self.detection, Detection):
             raise SpecdecError(f"PassContext.detection must be a Detection, got {type(self.detection).__name__}")
@@ -91,13 +87,13 @@ class PassContext:
             # -inf passes (drop_nan_guards then keeps the export's NaN guards); NaN or >= 0 would unmask
             raise SpecdecError(f"PassContext.mask_value must be a negative number, got {mv!r}")
         newest = onnx.defs.onnx_opset_version()
-        if self.source_opset is not None and (not _is_int(self.source_opset)
+        if self.source_opset is not None and (not is_int(self.source_opset)
                                               or not MIN_OPSET <= self.source_opset <= newest):
             raise SpecdecError(f"PassContext.source_opset must be an opset from {MIN_OPSET} to {newest} "
                                f"(None: the graph's own), got {self.source_opset!r}")
         layers = self.exposed_layers
         if layers is not None:
-            if not isinstance(layers, (tuple, list)) or not layers or not all(_is_int(v) for v in layers):
+            if not isinstance(layers, (tuple, list)) or not layers or not all(is_int(v) for v in layers):
                 raise SpecdecError(f"PassContext.exposed_layers must be a non-empty tuple of layer indices "
                                    f"(integers; None: none), got {layers!r}")
             object.__setattr__(self, "exposed_layers", tuple(layers))
