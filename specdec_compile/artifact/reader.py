@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import BATCH_INDEX, DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, SPECIALIZATIONS_FILE
+from ..contract import (BATCH_INDEX, DRAFT_HIDDEN_STATES, HIDDEN_STATES, INPUT_IDS, MANIFEST_FILE, MODEL_FILE, ROLES,
+                        SPECIALIZATIONS_FILE)
 from ..errors import SpecdecError
 from .manifest import Manifest, read_json
 from .records import check_interface, check_records, check_sizes
@@ -185,6 +186,13 @@ def _read_dir(p: Path) -> tuple[Manifest, list[dict]]:
     return m, specs
 
 
+def check_expect_role(expect_role) -> None:
+    """``expect_role`` is None or a role (contract.ROLES); anything else is the caller's mistake, not
+    the artifact's: a ValueError naming the roles, not a message about the artifact's role."""
+    if expect_role is not None and (not isinstance(expect_role, str) or expect_role not in ROLES):
+        raise ValueError(f"expect_role must be one of {', '.join(map(repr, ROLES))} or None (got {expect_role!r})")
+
+
 def _check_role(p: Path, m: Manifest, expect_role: str | None) -> None:
     if expect_role and m.role != expect_role:
         raise SpecdecError(f"{p}: is a {m.role.upper()} artifact, expected a {expect_role.upper()} "
@@ -275,10 +283,11 @@ def _tlm_widths(p: Path, m: Manifest, seq_lens: tuple[int, ...], CL: int,
 def load_artifact(path, expect_role: str | None = None, need_model: bool = True) -> Artifact:
     """Read and check the artifact directory ``path``.
 
-    ``expect_role`` ("tlm"/"dlm") makes a role mismatch an error;
+    ``expect_role`` ("tlm"/"dlm") makes a role mismatch an error (another value: ValueError);
     ``need_model`` requires ``model.onnx`` (the ONNX Runtime backend needs it,
     the Cloud AI 100 backend needs the QPC instead).
     """
+    check_expect_role(expect_role)
     p = Path(path)
     m, specs = _read_dir(p)
     _check_role(p, m, expect_role)

@@ -35,6 +35,7 @@ import numpy as np
 
 from .calls import exclusive, row_of, run_rows
 from .generation import check_prompt
+from .hf_args import check_max_new_tokens
 from .sampling import Noise, SamplingParams
 from .schedule import choose_width
 
@@ -49,8 +50,10 @@ class BatchEngine:
         self.calls = 0
 
     def check_prompts(self, prompts, max_new_tokens: int) -> list[list[int]]:
-        """Every prompt, checked before anything runs; a bad one is named by its number."""
+        """Every prompt, checked before anything runs; a bad one is named by its number
+        (``max_new_tokens`` first, as generate checks it: hf_args.check_max_new_tokens)."""
         from ..errors import SpecdecError
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
         out = []
         for i, p in enumerate(prompts):
             try:
@@ -63,7 +66,11 @@ class BatchEngine:
                on_tokens=None, stop=None):
         """Yields (index, GenerationResult) as generations end. ``on_tokens(index, ids,
         sources)`` streams each row's tokens as they are accepted; ``stop``: stop strings
-        (streaming.StopStrings), every row's own."""
+        (streaming.StopStrings), every row's own. ``max_new_tokens`` is checked at the call, as
+        generate checks it (an integer >= 0, else one line), before the generator starts."""
+        return self._locked(prompts, check_max_new_tokens(max_new_tokens), sampling, rng, on_tokens, stop)
+
+    def _locked(self, prompts, max_new_tokens, sampling, rng, on_tokens, stop):
         with exclusive(self.dec.backends()):
             yield from self._stream(prompts, max_new_tokens, sampling, rng, on_tokens, stop)
 

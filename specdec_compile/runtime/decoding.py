@@ -66,9 +66,10 @@ from .sampling import SamplingParams
 from .streaming import TokenSink
 
 
-def eos_set(eos) -> frozenset:
+def eos_set(eos, vocab_size: int | None = None) -> frozenset:
     """EOS ids as a set: None, one id, or several (e.g. a manifest's eos_token_ids). Anything else
-    (a string such as "12", None or a float in a list, a negative id) is refused in one line."""
+    (a string such as "12", None or a float in a list, a negative id, an id >= ``vocab_size``, the
+    target's vocabulary when known: it could never be generated) is refused in one line."""
     if eos is None:
         return frozenset()
     if isinstance(eos, np.ndarray) and eos.ndim == 0:     # np.array(2): one id
@@ -80,6 +81,9 @@ def eos_set(eos) -> frozenset:
     for e in items:
         if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer)) or e < 0:
             raise SpecdecError(f"eos_token_id {eos!r}: {e!r} is not a token id (an integer >= 0)")
+        if vocab_size and e >= vocab_size:
+            raise SpecdecError(f"eos_token_id {eos!r}: {int(e)} is outside the target's vocabulary "
+                               f"[0, {vocab_size}), so it could never be generated")
         out.add(int(e))
     return frozenset(out)
 
@@ -98,6 +102,10 @@ class _Decoder:
 
     tokenizer = None
 
+    def check_call_tokenizer(self, tok) -> None:
+        """A ``tokenizer=`` given to one call in place of the decoder's: checked as the decoder's own
+        was (SpecDecoder: against its draft model); nothing to check for the target alone."""
+
     def generate(self, inputs=None, /, **kwargs):
         """One prompt: its GenerationResult (row 0 of each call; a batch > 1 artifact's other
         rows are padding); several (a list of strings, a ``[batch, n]`` array): the list of
@@ -105,7 +113,7 @@ class _Decoder:
         streamer fed as tokens are accepted. Sampled text depends on (prompt, seed,
         ``prompt_index``) only; without a seed, one is drawn from ``rng`` (or fresh).
         With a tokenizer, each result's ``text`` is its decoded output."""
-        req = parse(inputs, kwargs, self.tokenizer, "generate")
+        req = parse(inputs, kwargs, self.tokenizer, "generate", self.check_call_tokenizer)
         if not req.single:
             return self._many(req)
         sink = (TokenSink(req.tokenizer, req.prompts[0], streamer=req.streamer, user=req.on_tokens, chunks=False)
@@ -131,7 +139,7 @@ class _Decoder:
         Several prompts: every row of the batch (continuous batching, batch.py), yielding
         (index, GenerationResult) as each finishes; every prompt is checked first. Prompt i
         samples as ``generate(prompts[i], prompt_index=i)`` with the same seed."""
-        req = parse(inputs, kwargs, self.tokenizer, "stream")
+        req = parse(inputs, kwargs, self.tokenizer, "stream", self.check_call_tokenizer)
         if req.single:
             return self._stream_one(req)
         return self._stream_many(req)
@@ -162,7 +170,7 @@ class _Decoder:
     def generate_many(self, inputs=None, /, **kwargs) -> list[GenerationResult]:
         """Several prompts (any form ``generate`` takes; one prompt is a batch of one) through
         every row of the batch; the results in input order."""
-        req = parse(inputs, kwargs, self.tokenizer, "generate_many")
+        req = parse(inputs, kwargs, self.tokenizer, "generate_many", self.check_call_tokenizer)
         return self._many(req)
 
     def _many(self, req) -> list[GenerationResult]:
@@ -199,7 +207,7 @@ class TargetOnlyDecoder(_Decoder):
         self.tlm = tlm
         self.tokenizer = resolve_tokenizer(tokenizer)
         self.eos_token_id = eos_token_id
-        self.eos = eos_set(eos_token_id)
+        self.eos = eos_set(eos_token_id, tlm.vocab_size)
         self.record_calls = record_calls
         self.width = min(tlm.seq_lens)
         self.costs = CostModel()
@@ -252,7 +260,7 @@ class SpecDecoder(_Decoder):
         self.vocab = getattr(self.source, "vocab", None) if self.dlm is not None else None
         self.tlm = tlm
         self.eos_token_id = eos_token_id
-        self.eos = eos_set(eos_token_id)
+        self.eos = eos_set(eos_token_id, tlm.vocab_size)
         self.record_calls = record_calls
         if policy is not None and (k is not None or adaptive is not None or not fallback):
             raise SpecdecError("give either a policy or k/adaptive/fallback, not both")
@@ -262,6 +270,13 @@ class SpecDecoder(_Decoder):
 
     def backends(self) -> list[Backend]:
         return [self.tlm] + list(self.source.backends())
+
+    def check_call_tokenizer(self, tok) -> None:
+        """A per-call ``tokenizer=``: the check ``tokenizer=`` gets here (a draft model's source
+        compares it with the draft's tokenizer, ``DlmDraft.check_tokenizer``), before it encodes."""
+        check = getattr(self.source, "check_tokenizer", None)
+        if callable(check):
+            check(tok)
 
     def coroutine(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams, noise,
                   on_tokens: OnTokens | None = None, stop=None):

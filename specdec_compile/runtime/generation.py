@@ -16,6 +16,7 @@ from ..errors import SpecdecError
 from .backends import Backend
 from .calls import Runner
 from .drafts import DraftContext, TargetStep, answer
+from .hf_args import check_max_new_tokens
 from .metrics import GenerationResult, Meter
 from .sampling import Noise, SamplingParams, choose, verify
 
@@ -28,8 +29,7 @@ def check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int]
     ids = [int(x) for x in prompt_ids]
     if not ids:
         raise SpecdecError("empty prompt: at least one token is needed")
-    if max_new_tokens < 0:
-        raise SpecdecError(f"max new tokens must be >= 0 (got {max_new_tokens})")
+    check_max_new_tokens(max_new_tokens)
     CL = backend.ctx_len
     if len(ids) >= CL:
         raise SpecdecError(f"the prompt has {len(ids)} tokens and does not fit: the context holds {CL} "

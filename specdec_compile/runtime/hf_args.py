@@ -69,12 +69,14 @@ class Request:
     extra: dict = field(default_factory=dict)
 
 
-def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Request:
+def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate", check_tokenizer=None) -> Request:
     """``inputs`` and the keywords of one ``what(...)`` call, checked; ``tokenizer``: the decoder's.
+    ``check_tokenizer(tok)``: the decoder's check of a ``tokenizer=`` given for this call (one that
+    is not the decoder's own), run before the tokenizer encodes anything.
     A refused call ends its ``streamer=`` (``end()``): a consumer iterating a
     ``TextIteratorStreamer`` in another thread would otherwise wait for ever."""
     try:
-        return _parse(inputs, kwargs, tokenizer, what)
+        return _parse(inputs, kwargs, tokenizer, what, check_tokenizer)
     except SpecdecError:
         end = getattr(kwargs.get("streamer"), "end", None)
         if callable(end):
@@ -82,13 +84,17 @@ def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate") -> Reque
         raise
 
 
-def _parse(inputs, kwargs: dict, tokenizer, what: str) -> Request:
+def _parse(inputs, kwargs: dict, tokenizer, what: str, check_tokenizer) -> Request:
     unknown = sorted(set(kwargs) - set(HF_KEYWORDS) - set(OWN_KEYWORDS))
     if unknown:
         raise SpecdecError(f"{what}() does not support {', '.join(repr(k) for k in unknown)} (supported: "
                            f"{', '.join(HF_KEYWORDS + OWN_KEYWORDS)})")
     kw = dict(kwargs)
-    tok = resolve_tokenizer(kw.pop("tokenizer", None)) or tokenizer
+    tok = resolve_tokenizer(kw.pop("tokenizer", None))
+    if tok is None:
+        tok = tokenizer
+    elif tok is not tokenizer and check_tokenizer is not None:
+        check_tokenizer(tok)
     if isinstance(inputs, (list, tuple)) and not inputs and what != "generate":
         prompts, single = [], False   # no prompts: no results
     else:
@@ -157,6 +163,12 @@ def _max_new_tokens(max_new_tokens, max_length, prompts) -> int:
         n = max_length - longest
     else:
         n = DEFAULT_MAX_NEW_TOKENS
+    return check_max_new_tokens(n)
+
+
+def check_max_new_tokens(n) -> int:
+    """``max_new_tokens`` as an int: an integer >= 0 (a NumPy integer too; not a bool, a float or None),
+    else a one-line SpecdecError. Every entry that takes it (generate, stream, BatchEngine) checks here."""
     if _bad_int(n) or n < 0:
         raise SpecdecError(f"max_new_tokens must be an integer >= 0 (got {n!r})")
     return int(n)

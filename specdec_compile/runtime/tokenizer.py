@@ -73,6 +73,10 @@ def check_tokenizers_agree(tlm_tok, dlm_tok, limit: int | None = None) -> int:
     smaller logits width), and the same special tokens. Their lengths may differ.
     Returns the number of ids compared; a mismatch names the first id that differs.
     """
+    for tok, who in ((tlm_tok, "TLM"), (dlm_tok, "DLM")):
+        if not (callable(getattr(tok, "get_vocab", None)) and hasattr(tok, "__len__")):
+            raise SpecdecError(f"the {who} tokenizer ({type(tok).__name__}) has no get_vocab() or length, so the "
+                               f"pair's tokenizers cannot be compared; give a tokenizer object or a local directory")
     n = min(tokenizer_vocab_size(tlm_tok), tokenizer_vocab_size(dlm_tok), limit or 1 << 62)
     if tlm_tok is dlm_tok:
         return n
@@ -87,8 +91,8 @@ def check_tokenizers_agree(tlm_tok, dlm_tok, limit: int | None = None) -> int:
             raise SpecdecError(f"TLM and DLM tokenizers differ in the {what} token: id {ia} "
                                f"({getattr(tlm_tok, attr, None)!r}, TLM) vs id {ib} ({getattr(dlm_tok, attr, None)!r}, "
                                f"DLM)")
-    sa = {i for i in tlm_tok.all_special_ids if i is not None and i < n}
-    sb = {i for i in dlm_tok.all_special_ids if i is not None and i < n}
+    sa = {i for i in getattr(tlm_tok, "all_special_ids", ()) if i is not None and i < n}
+    sb = {i for i in getattr(dlm_tok, "all_special_ids", ()) if i is not None and i < n}
     if sa != sb:
         first = min(sa ^ sb)
         raise SpecdecError(f"TLM and DLM tokenizers differ in their special tokens: id {first} "

@@ -248,3 +248,104 @@ def test_a_decoder_decodes_the_target_after_every_refusal():
         assert dec.generate(IDS, max_new_tokens=24).generated_ids == want
         assert [r.generated_ids for r in dec.generate_many([IDS, IDS[:4]], max_new_tokens=24)] == \
             [want, reference_greedy(lm, IDS[:4], 24, 64)]
+
+
+# ----------------------------------------------------------------- entries that checked less than their siblings
+
+@pytest.mark.parametrize("bad, first", [([9999, 2], 9999), (V, V), (np.int64(V), V), ([2, V], V)])
+def test_eos_ids_outside_the_vocabulary_are_refused_by_every_entry(bad, first):
+    """An EOS id past the target's vocabulary (``eos_token_id=[9999, eos]``, vocab 211) was taken: it
+    can never be generated, so it stopped nothing, without a word. Every entry that takes EOS ids
+    (both decoders, any draft source, the generate function; BatchEngine runs a decoder's) refuses it;
+    the vocabulary's last id is still an EOS id."""
+    from specdec_compile.runtime.decoding import generate
+    tlm, dlm, lm = _pair()
+    for make in (lambda: SpecDecoder(tlm, dlm, eos_token_id=bad), lambda: TargetOnlyDecoder(tlm, eos_token_id=bad),
+                 lambda: SpecDecoder(tlm, draft="ngram", eos_token_id=bad),
+                 lambda: SpecDecoder(tlm, dlm, draft="hybrid", eos_token_id=bad),
+                 lambda: generate(tlm, dlm, IDS, eos_token_id=bad), lambda: generate(tlm, None, IDS, eos_token_id=bad)):
+        _one_line(make, "eos_token_id", f"{first} is outside the target's vocabulary [0, {V})")
+    want = reference_greedy(lm, IDS, 12, 64)
+    for dec in (SpecDecoder(tlm, dlm, eos_token_id=[V - 1, 2]), TargetOnlyDecoder(tlm, eos_token_id=np.int32(V - 1))):
+        assert V - 1 in dec.eos
+        if V - 1 not in want:
+            assert dec.generate(IDS, max_new_tokens=12).generated_ids == want
+
+
+@pytest.fixture(scope="module")
+def swapped(tmp_path_factory):
+    from specdec_compile.runtime.tokenizer import load_tokenizer
+    return load_tokenizer(make_tokenizer(tmp_path_factory.mktemp("tok_swap") / "tok", n=V, swap=True))
+
+
+@pytest.mark.parametrize("draft", [None, "hybrid"])
+@pytest.mark.parametrize("call, streams", [
+    (lambda d, t, s: d.generate("w5 w9 w33", tokenizer=t, streamer=s), 1),
+    (lambda d, t, s: d.stream("w5 w9 w33", tokenizer=t, streamer=s), 1),
+    (lambda d, t, s: d.generate(["w5 w9", "w33"], tokenizer=t), 0),
+    (lambda d, t, s: d.generate_many(["w5 w9", "w33"], tokenizer=t), 0),
+    (lambda d, t, s: d.stream(["w5 w9", "w33"], tokenizer=t), 0),
+])
+def test_a_per_call_tokenizer_is_checked_as_the_decoders_own(tok, swapped, call, streams, draft):
+    """SpecDecoder(tlm, dlm, tokenizer=A, dlm_tokenizer=D) checks A against D; ``generate(...,
+    tokenizer=B)`` used B to encode and decode without that check. The call's tokenizer now gets the
+    constructor's check (check_pair), before it encodes; a refused call ends its streamer."""
+    from specdec_compile.runtime.tokenizer import load_tokenizer
+    tlm, dlm, lm = _pair()
+    _one_line(lambda: SpecDecoder(tlm, dlm, draft=draft, tokenizer=swapped, dlm_tokenizer=tok), "differ at id 3")
+    dec, s = SpecDecoder(tlm, dlm, draft=draft, tokenizer=tok, dlm_tokenizer=tok), _Streamer()
+    _one_line(lambda: call(dec, swapped, s), "TLM and DLM tokenizers differ at id 3")
+    assert s.ended == streams
+    again = load_tokenizer(tok.name_or_path)          # the same tokenizer, another object: it passes
+    res = dec.generate("w5 w9 w33", tokenizer=again, max_new_tokens=12)
+    assert res.generated_ids == reference_greedy(lm, [5, 9, 33], 12, 64) and res.text is not None
+
+
+def test_a_tokenizer_that_cannot_be_compared_is_refused_in_one_line(tok):
+    """A length-only tokenizer beside a dlm_tokenizer was an AttributeError (get_vocab) from deep code,
+    at the constructor and, with the per-call check, at the call."""
+    tlm, dlm, lm = _pair()
+    _one_line(lambda: SpecDecoder(tlm, dlm, tokenizer=_LenTok(), dlm_tokenizer=tok), "has no get_vocab()")
+    dec = SpecDecoder(tlm, dlm, tokenizer=tok, dlm_tokenizer=tok)
+    _one_line(lambda: dec.generate(IDS, tokenizer=_LenTok()), "TLM tokenizer (_LenTok) has no get_vocab()")
+    # without a draft tokenizer there is nothing to compare it with: as at the constructor
+    assert SpecDecoder(tlm, dlm).generate(IDS, tokenizer=_LenTok(), max_new_tokens=8).generated_ids == \
+        reference_greedy(lm, IDS, 8, 64)
+
+
+def test_one_dlm_draft_serves_one_target():
+    """A DlmDraft keeps one vocabulary map; binding it to a second decoder over another target rewrote
+    the first decoder's map. A second, different target is refused; the same one again is fine."""
+    from specdec_compile.runtime import FeatureDraft
+    from specdec_compile.runtime.testing import fake_feature_pair
+    tlm, dlm, lm = fake_pair(vocab=V, dlm_vocab=150, k=3, ctx_len=64, dlm="same")
+    other, _, _ = fake_pair(vocab=V + 20, k=3, ctx_len=64)
+    src = DlmDraft(dlm)
+    first = SpecDecoder(tlm, src)
+    vocab = src.vocab
+    SpecDecoder(tlm, src)                                   # the same target: the same map
+    for make in (lambda: SpecDecoder(other, src), lambda: SpecDecoder(other, HybridDraft(NgramDraft(3), src))):
+        _one_line(make, "is already bound to another target", "a DlmDraft of its own")
+    assert src.vocab == vocab and src.target is tlm
+    assert first.generate(IDS, max_new_tokens=16).generated_ids == reference_greedy(lm, IDS, 16, 64)
+    t, d, _ = fake_feature_pair(vocab=V)
+    t2, _, _ = fake_feature_pair(vocab=V)
+    fsrc = FeatureDraft(d)
+    SpecDecoder(t, fsrc)
+    _one_line(lambda: SpecDecoder(t2, fsrc), "is already bound to another target", "a FeatureDraft of its own")
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, None, True, "3"])
+def test_batch_engine_stream_checks_max_new_tokens_as_generate_does(bad):
+    """BatchEngine.stream took max_new_tokens=2.5 (it ran 3 tokens) and None (a TypeError from deep
+    code); it now makes generate's check, at the call."""
+    from specdec_compile.runtime.batch import BatchEngine
+    tlm, dlm, lm = _pair()
+    dec = SpecDecoder(tlm, dlm)
+    want = f"max_new_tokens must be an integer >= 0 (got {bad!r})"
+    if bad is not None:                     # generate(max_new_tokens=None): its default, as in HF
+        assert _one_line(lambda: dec.generate(IDS, max_new_tokens=bad), "max_new_tokens") == want
+    assert _one_line(lambda: BatchEngine(dec).stream([IDS], max_new_tokens=bad), "max_new_tokens") == want
+    assert _one_line(lambda: BatchEngine(dec).check_prompts([IDS], bad), "max_new_tokens") == want
+    [(i, r)] = list(BatchEngine(dec).stream([IDS], max_new_tokens=np.int64(6)))
+    assert r.generated_ids == reference_greedy(lm, IDS, 6, 64)

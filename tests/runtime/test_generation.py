@@ -87,8 +87,9 @@ def test_eos_in_the_middle_of_a_round():
     base = TargetOnlyDecoder(tlm, eos_token_id=eos).generate(PROMPT, max_new_tokens=40)
     assert spec.generated_ids == ref[: i + 1] == base.generated_ids
     assert spec.stop_reason == base.stop_reason == "eos"
-    # several EOS ids: the first one met stops
-    spec2 = SpecDecoder(tlm, d, eos_token_id=[9999, eos]).generate(PROMPT, max_new_tokens=40)
+    # several EOS ids: the first one met stops (the first listed, an id of the vocabulary, never occurs)
+    never = next(t for t in range(tlm.vocab_size) if t not in ref[: i + 1])
+    spec2 = SpecDecoder(tlm, d, eos_token_id=[never, eos]).generate(PROMPT, max_new_tokens=40)
     assert spec2.generated_ids == ref[: i + 1]
 
 

@@ -132,3 +132,15 @@ def test_dlm_tokenizer_without_a_draft_model_is_refused(arts, capsys):
         code, out, err = run(["--tlm", arts / "tlm", *mode, "--tokenizer", tok, "--dlm-tokenizer", tok,
                               "--prompt", "w3 w4", "--max-new-tokens", 4], capsys)
         one_line_error(code, err, "--dlm-tokenizer", "--dlm")
+
+
+@pytest.mark.parametrize("role", ["xyz", "TLM", "", 5])
+def test_load_artifact_refuses_an_unknown_expect_role_as_a_programming_error(arts, role):
+    """``load_artifact(DIR, expect_role="xyz")`` said "is a TLM artifact, expected a XYZ": the artifact
+    was blamed for the caller's mistake. An unknown role is a ValueError naming the roles."""
+    with pytest.raises(ValueError, match=r"expect_role must be one of 'tlm', 'dlm' or None \(got ") as e:
+        load_artifact(arts / "tlm", expect_role=role)
+    assert not isinstance(e.value, SpecdecError) and "\n" not in str(e.value)
+    assert load_artifact(arts / "tlm", expect_role="tlm").role == "tlm"
+    with pytest.raises(SpecdecError, match="is a TLM artifact, expected a DLM"):
+        load_artifact(arts / "tlm", expect_role="dlm")

@@ -7,6 +7,7 @@ once per decoder and shared by its generations:
     bind(tlm)                  check it fits the target (raise SpecdecError); called once
     backends()                 the models it calls (reset and warmed up with the TLM)
     drafter(ctx)               a Drafter for one generation (ctx: DraftContext)
+    check_tokenizer(tok)       (optional) refuse a per-call ``tokenizer=`` that does not fit (DlmDraft)
 
 A **drafter** holds one sequence's drafting state:
 

@@ -39,8 +39,11 @@ class DlmDraft:
         self.backend = backend
         self.tokenizers = (tokenizer, dlm_tokenizer)
         self.vocab: PairVocab | None = None
+        self.target: Backend | None = None     # the TLM backend it is bound to (one: its vocab map is that pair's)
+        self.checked: list = []                 # per-call tokenizers that passed check_tokenizer
 
     def bind(self, tlm: Backend) -> None:
+        self.check_target(tlm)
         if self.backend.artifact.feature_draft is not None:
             raise SpecdecError(f"{self.backend.artifact.path}: a feature draft reads the target's hidden states; "
                                f"run it as FeatureDraft (SpecDecoder picks it from the manifest)")
@@ -51,6 +54,26 @@ class DlmDraft:
         check_pair(tlm.artifact, self.backend.artifact, tokenizers=self.tokenizers)
         toks = [len(t) for t in self.tokenizers if t is not None and hasattr(t, "__len__")]
         self.vocab = pair_vocab(tlm, self.backend, min(toks) if toks else None)
+        self.target = tlm
+
+    def check_target(self, tlm: Backend) -> None:
+        """One source, one target: the vocabulary map (and a feature draft's reading of the target's
+        outputs) is the pair's, so binding a source already bound to another TLM backend (a second
+        decoder) would change the first decoder's drafts; refused in one line. The same TLM again
+        (another decoder over it) is fine."""
+        if self.target is not None and self.target is not tlm:
+            raise SpecdecError(f"{self!r} is already bound to another target ({self.target.artifact.path}): a draft "
+                               f"source keeps its target's vocabulary map; give the decoder for "
+                               f"{tlm.artifact.path} a {type(self).__name__} of its own")
+
+    def check_tokenizer(self, tok) -> None:
+        """A tokenizer given to one call (``generate(..., tokenizer=)``) in place of the decoder's:
+        the check the constructor's ``tokenizer`` got (``check_pair`` with the draft model's
+        ``dlm_tokenizer``; without one, the manifests' special ids), before it encodes anything."""
+        if self.target is None or any(t is tok for t in self.checked):
+            return
+        check_pair(self.target.artifact, self.backend.artifact, tokenizers=(tok, self.tokenizers[1]))
+        self.checked = [*self.checked[-3:], tok]
 
     def backends(self) -> list[Backend]:
         return [self.backend]

@@ -48,6 +48,7 @@ class FeatureDraft(DlmDraft):
     kind = "feature"
 
     def bind(self, tlm) -> None:
+        self.check_target(tlm)
         d = self.backend.artifact
         fd = d.feature_draft
         if fd is None:

@@ -73,6 +73,12 @@ class HybridDraft:
     def backends(self) -> list:
         return list(self.model.backends())
 
+    def check_tokenizer(self, tok) -> None:
+        """A per-call tokenizer: the model source's check (``DlmDraft.check_tokenizer``), where it has one."""
+        check = getattr(self.model, "check_tokenizer", None)
+        if callable(check):
+            check(tok)
+
     def drafter(self, ctx) -> "HybridDrafter":
         return HybridDrafter(self.lookup.drafter(ctx), self.model.drafter(ctx), self.min_drafts, self.min_alpha,
                              self.weak.drafter(ctx) if self.weak is not None else None)

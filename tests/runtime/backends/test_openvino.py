@@ -432,6 +432,31 @@ def test_refusals_are_one_line(art, capsys, monkeypatch):
         OpenVinoBackend(art("llama_gqa", "tlm", "--k", 4))
 
 
+def test_a_thread_count_openvino_would_lower_is_refused(art, capsys, monkeypatch):
+    """OpenVINO's CPU plugin runs at most as many threads as the host has cores: threads=8 on 2 cores
+    compiled at 2 without a word. A count it does not keep is refused in one line, from the
+    constructor, SPECDEC_OV_THREADS and --ov-threads alike; a count it keeps is what runs and what
+    --json records."""
+    from specdec_compile.ort_session import max_threads
+    path, many = art("llama_gqa", "tlm", "--k", 4), max_threads()     # above any host's cores
+    with pytest.raises(SpecdecError, match=f"{many} OpenVINO threads asked for .threads., but OpenVINO's CPU "
+                                           f"plugin runs at most [0-9]+ on this host") as e:
+        OpenVinoBackend(path, precision="f32", threads=many)
+    assert "\n" not in str(e.value)
+    refused(["--tlm", str(path), "--target-only", "--backend", "openvino", "--ov-precision", "f32", "--ov-threads",
+             str(many), "--prompt-ids", "1,5,9", "--max-new-tokens", "2"], capsys, "OpenVINO threads asked for")
+    monkeypatch.setenv("SPECDEC_OV_THREADS", str(many))
+    with pytest.raises(SpecdecError, match=f"{many} OpenVINO threads asked for .SPECDEC_OV_THREADS."):
+        OpenVinoBackend(path, precision="f32")
+    monkeypatch.delenv("SPECDEC_OV_THREADS")
+    b = f32(path)
+    assert b.threads == 1 and b.exactness()["threads"] == 1
+    code, out, err = run(["--tlm", str(path), "--target-only", "--backend", "openvino", "--ov-precision", "f32",
+                          "--ov-threads", "1", "--prompt-ids", "1,5,9", "--max-new-tokens", "2", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["backend"]["threads"] == 1
+
+
 def test_qeff_interface_refused_for_the_openvino_target(fixture_path, tmp_path, capsys):
     code = compile_cli.main([str(fixture_path("llama_gqa")), "--role", "tlm", "--k", "3", "--target", "openvino",
                              "--interface", "qeff", "-o", str(tmp_path / "q")])

@@ -99,10 +99,25 @@ def compile_config(core, precision: str | None, threads: int | None) -> dict:
         if cap not in caps and precision != "f32":
             raise SpecdecError(f"this CPU cannot run OpenVINO at {precision} (its capabilities: {', '.join(sorted(caps))})")
         cfg["INFERENCE_PRECISION_HINT"] = hint
-    threads = threads_from_env(THREADS_ENV) if threads is None else check_threads(threads, "OpenVINO threads")
+    threads = asked_threads(threads)
     if threads is not None:
         cfg["INFERENCE_NUM_THREADS"] = threads
     return cfg
+
+
+def asked_threads(threads: int | None) -> int | None:
+    """The thread count asked for: ``threads`` (checked, ort_session.check_threads), else
+    ``SPECDEC_OV_THREADS``, else None (OpenVINO's own choice)."""
+    return threads_from_env(THREADS_ENV) if threads is None else check_threads(threads, "OpenVINO threads")
+
+
+def check_threads_kept(asked: int | None, got: int, where, source: str = "threads") -> None:
+    """OpenVINO's CPU plugin lowers a thread count above what it can run (the host's cores) to that,
+    without a word: a count it did not keep is refused in one line, so that what runs (and what
+    ``--json`` records as ``threads``) is what was asked for. ``source``: where the count came from."""
+    if asked is not None and got != asked:
+        raise SpecdecError(f"{where}: {asked} OpenVINO threads asked for ({source}), but OpenVINO's CPU plugin "
+                           f"runs at most {got} on this host and would lower the count; ask for {got} or fewer")
 
 
 def make_stateful(model, batch: int, shapes: dict, extra_inputs: dict, where) -> None:
@@ -194,6 +209,8 @@ def load_openvino(artifact, *, precision: str | None = None, threads: int | None
     import_openvino()
     art = resolve_artifact(artifact, expect_role, need_model=True)
     _check_target(art)
+    source = THREADS_ENV if threads is None else "threads"
+    threads = asked_threads(threads)    # before anything compiles
     facts = {"cache": "copy", "note": None}
 
     def prepare(model, want=cache):
@@ -214,6 +231,7 @@ def load_openvino(artifact, *, precision: str | None = None, threads: int | None
         compiled, got, n_threads = read_and_compile(art.model_path, precision, threads,
                                                     lambda m: prepare(m, "copy"))
         facts["note"] = f"the cache is copied per call (the fused cache did not compile: {str(e)[-200:]})"
+    check_threads_kept(threads, n_threads, art.name, source)
     kv = facts["kv"]
     names = {n: n for n in kv} if facts["cache"] == "fused" else {n: state_name(n) for n in kv}
     return OpenVinoModel(artifact=with_vocab(art, facts["vocab"], "graph's logits"), compiled=compiled, kv_names=kv,
