@@ -9,19 +9,29 @@ written into an artifact ONNX Runtime then refuses to load.
                                      ``io.read_any`` call it on every model read)
 
 Refused: an IR version or opset this onnx does not know, no opset for the ONNX
-domain, an opset below 13; a graph input or output declared twice, a tensor two
+domain, an opset below 13 (*); a graph input or output declared twice, a tensor two
 nodes produce, a node input nothing defines, a cycle; an op of a domain neither
-ONNX Runtime nor the model (its functions) defines; a graph input or output dim
+ONNX Runtime nor the model (its functions) defines (*), or one its opset_import does
+not declare; a graph input or output dim
 below 0 or above ``MAX_DIM``; an initializer or Constant tensor of an unknown
 dtype, with a dim below 0, or whose inline data is not as long as its dims and
 dtype say. (External data is checked against its files by ``io.check_external_data``.)
+(*): the compiler's own limits, not applied with ``compiler=False`` (``diff`` reads any valid model).
+
+    check_position_table(graph, ctx_len)   the imported graph (``pipeline.prepare`` calls it):
+                                     a --ctx-len longer than a learned position table
+    refuse_compiled(model, what)     a model that is already compiled (``AlreadyCompiledError``):
+                                     the compiler's input is a stock export, never its own output
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 
+from .contract import POSITION_IDS, ROLE_KEY
 from .errors import SpecdecError
 
 #: the largest static dim a graph input or output may declare
@@ -36,14 +46,17 @@ _FOUR_BIT = {getattr(_T, n) for n in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(
 _DTYPES = {v for _, v in _T.DataType.items()} - {_T.UNDEFINED}
 
 
-def check_model_input(model: onnx.ModelProto, what: str) -> None:
-    """One-line SpecdecError (prefixed ``what``) for the first problem found, else None."""
+def check_model_input(model: onnx.ModelProto, what: str, *, compiler: bool = True) -> None:
+    """One-line SpecdecError (prefixed ``what``) for the first problem found, else None.
+    ``compiler=False`` (a reader that only compares graphs, such as ``diff``): any opset and any
+    domain the model declares are taken; the compiler's own limits (an opset from ``MIN_OPSET``,
+    domains ONNX Runtime implements) are not applied. Every other check is."""
     bad = _not_utf8(model)
     if bad is not None:
         raise SpecdecError(f"{what}: a {bad} is not valid UTF-8 text (a corrupt or hostile file)")
-    _check_versions(model, what)
+    _check_versions(model, what, compiler)
     _check_graph_names(model.graph, what)
-    _check_domains(model, what)
+    _check_domains(model, what, compiler)
     _check_dims(model.graph, what)
     for t, where in tensors(model):
         check_tensor(t, f"{what}: {where}")
@@ -67,7 +80,7 @@ def _not_utf8(msg) -> str | None:
     return None
 
 
-def _check_versions(model: onnx.ModelProto, what: str) -> None:
+def _check_versions(model: onnx.ModelProto, what: str, compiler: bool) -> None:
     if model.ir_version > onnx.IR_VERSION:
         raise SpecdecError(f"{what}: IR version {model.ir_version} is newer than this onnx {onnx.__version__} "
                            f"knows (at most {onnx.IR_VERSION})")
@@ -78,7 +91,7 @@ def _check_versions(model: onnx.ModelProto, what: str) -> None:
     if default[0] > newest:
         raise SpecdecError(f"{what}: opset {default[0]} is newer than this onnx {onnx.__version__} knows "
                            f"(at most {newest})")
-    if default[0] < MIN_OPSET:
+    if compiler and default[0] < MIN_OPSET:
         raise SpecdecError(f"{what}: source opset {default[0]} is older than {MIN_OPSET}; re-export with "
                            f"opset >= {MIN_OPSET}")
 
@@ -163,12 +176,12 @@ def _check_acyclic(graph: onnx.GraphProto, needs: list[set[str]], made_by: dict,
         raise SpecdecError(f"{what}: the graph has a cycle (node {n.name or n.op_type!r} depends on its own output)")
 
 
-def _check_domains(model: onnx.ModelProto, what: str) -> None:
+def _check_domains(model: onnx.ModelProto, what: str, compiler: bool) -> None:
     local = {f.domain for f in model.functions}
     imported = {o.domain for o in model.opset_import}
     for n in _all_nodes(model.graph):
         d = n.domain
-        if d not in KNOWN_DOMAINS and d not in local:
+        if compiler and d not in KNOWN_DOMAINS and d not in local:
             raise SpecdecError(f"{what}: node {n.name or n.op_type!r} is op {n.op_type} of domain {d!r}, which "
                                f"neither ONNX Runtime nor the model's functions define")
         if d not in ("", "ai.onnx") and d not in imported:
@@ -246,3 +259,89 @@ def check_tensor(t: onnx.TensorProto, where: str) -> None:
     got = len(getattr(t, field))
     if got != count:
         raise SpecdecError(f"{where}: holds {got} values, its dims {list(t.dims)} and dtype {name} need {count}")
+
+
+# --------------------------------------------------------------------------- already compiled
+
+
+class AlreadyCompiledError(SpecdecError):
+    """The model given to the compiler is already a retained-state graph (``compiled_marker``);
+    ``what`` and ``marker`` let a caller say it in its own terms (``diff --passes``)."""
+
+    def __init__(self, what: str, marker: str):
+        self.what, self.marker = what, marker
+        super().__init__(f"{what} is already compiled ({marker}): the compiler rewrites a stock export (optimum "
+                         f"or torch dynamo), not its own output; give the export it was compiled from")
+
+
+def compiled_marker(model: onnx.ModelProto) -> str | None:
+    """What shows ``model`` is already a retained-state graph: this compiler's ``specdec.role``
+    metadata, or a ``*_RetainedState`` output (the contract's, or a QEfficient export's); None: neither."""
+    role = next((p.value for p in model.metadata_props if p.key == ROLE_KEY), None)
+    if role is not None:
+        return f"its metadata {ROLE_KEY} is {role[:40]!r}"
+    retained = next((o.name for o in model.graph.output if o.name.endswith("_RetainedState")), None)
+    if retained is not None:
+        return f"it has the retained-state output {retained[:80]!r}"
+    return None
+
+
+def refuse_compiled(model: onnx.ModelProto, what: str) -> None:
+    """``AlreadyCompiledError`` (a one-line ``SpecdecError``) for a model that is already compiled."""
+    marker = compiled_marker(model)
+    if marker is not None:
+        raise AlreadyCompiledError(what, marker)
+
+
+# --------------------------------------------------------------------------- learned position tables
+
+
+#: ops a position index passes through unchanged on its way to a learned position table
+_POSITION_PASSTHROUGH = ("Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Max", "Clip")
+
+
+def _position_offset(value) -> int | None:
+    """The constant a position index ``value`` adds to ``position_ids`` (OPT's table starts at 2),
+    following ``_POSITION_PASSTHROUGH`` ops and Adds of a constant scalar; None: not position_ids."""
+    offset = 0
+    for _ in range(8):
+        if not value.inputs:
+            return offset if value.name == POSITION_IDS else None
+        node = value.inputs[0]
+        if node.op == "Add" and len(node.inputs) == 2:
+            const = [(x, c) for x in node.inputs if (c := _scalar(x)) is not None]
+            if len(const) != 1:
+                return None
+            offset += const[0][1]
+            value = next(x for x in node.inputs if x is not const[0][0])
+        elif node.op in _POSITION_PASSTHROUGH and node.inputs:
+            value = node.inputs[0]
+        else:
+            return None
+    return None
+
+
+def _scalar(value) -> int | None:
+    """The integer a one-element constant (an initializer or a Constant node's output) holds."""
+    if not isinstance(value, gs.Constant) and len(value.inputs) == 1 and value.inputs[0].op == "Constant":
+        value = value.inputs[0].attrs.get("value")
+    if isinstance(value, gs.Constant) and isinstance(value.values, np.ndarray) and value.values.size == 1 \
+            and np.issubdtype(value.values.dtype, np.integer):
+        return int(value.values.reshape(-1)[0])
+    return None
+
+
+def check_position_table(graph: gs.Graph, ctx_len: int) -> None:
+    """(Of the imported graph, before any pass.) Refuse a context longer than a learned position embedding (a Gather from a constant table
+    at ``position_ids``, GPT-2's wpe, OPT's embed_positions): its positions past the table would
+    index rows that do not exist."""
+    for node in graph.nodes:
+        if (node.op != "Gather" or len(node.inputs) != 2 or not isinstance(node.inputs[0], gs.Constant)
+                or node.attrs.get("axis", 0) != 0 or len(node.inputs[0].shape) != 2):
+            continue
+        offset = _position_offset(node.inputs[1])
+        rows = int(node.inputs[0].shape[0])
+        if offset is not None and ctx_len - 1 + offset >= rows:
+            raise SpecdecError(f"--ctx-len {ctx_len} is longer than the model's learned position table "
+                               f"({node.name}: {rows} rows{f', positions offset by {offset}' if offset else ''}): "
+                               f"use --ctx-len {rows - offset} or less")

@@ -104,12 +104,13 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
     return p
 
 
-def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+def load_model(path: str | os.PathLike, *, compiler: bool = True) -> onnx.ModelProto:
     """Read ``path`` without its external weights; check the weights exist.
 
     Raises SpecdecError (one line) for a missing, unreadable, truncated or
     non-ONNX file, and for external data files that are missing or shorter
-    than the tensors that reference them.
+    than the tensors that reference them. ``compiler=False``: without the
+    compiler's own limits (``check_model_input``'s), for a reader such as ``diff``.
     """
     p = Path(path)
     data = read_limited(p, "an .onnx file", MAX_MODEL_BYTES)
@@ -124,7 +125,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise SpecdecError(f"{p}: not an ONNX model (no graph)")
     if model.ir_version == 0 and not model.opset_import:
         raise SpecdecError(f"{p}: not an ONNX model (no IR version, no opset)")
-    check_model_input(model, str(p))
+    check_model_input(model, str(p), compiler=compiler)
     check_external_data(model, p.parent, what=str(p))
     _log.info("loaded %s: %d nodes, %d initializers (weights stay on disk)", p, len(model.graph.node),
               len(model.graph.initializer))

@@ -17,6 +17,11 @@ package_config=package_config())``. The pass class is built when first asked for
 (``specdec_compile.olive_pass.SpecdecCompile``), so this module imports without
 Olive installed; asking for the class without Olive is a one-line error.
 
+Its parameters are strict: Olive's pydantic would turn ``k: true`` into 1, ``"64"`` into 64 and
+``3.7`` into 3 before any check saw them, so each parameter has a validator that runs before
+pydantic's conversion (``pydantic_validators``) and refuses, in one line (``check_raw``), a value
+that is not already of the parameter's type.
+
 Put it after Olive's export and optimization passes: a graph-changing pass after
 it (onnxscript's optimizer inlines the qaic ``CtxScatter``) is refused by
 ``specdec-compile verify`` and the runtime (``cache_writes.py``).
@@ -29,7 +34,7 @@ from pathlib import Path
 
 from .contract import MODEL_FILE
 from .errors import SpecdecError
-from .options import Options
+from .options import Options, is_int
 
 _log = logging.getLogger(__name__)
 
@@ -55,6 +60,57 @@ PARAMS = {
 PASS_NAME = "SpecdecCompile"
 #: keys an Olive pass configuration may hold besides the pass's own parameters (Olive's own)
 OLIVE_KEYS = ("user_script", "script_dir")
+
+
+#: values Olive itself puts in a pass configuration ("use the default", "search"), of any parameter
+OLIVE_SPECIAL = ("DEFAULT_VALUE", "SEARCHABLE_VALUES")
+#: what a parameter's value must be, by its declared type
+_KINDS = {int: "an integer", str: "a string", list: "a list of integers"}
+
+
+def _olive_value(value) -> bool:
+    """A value Olive puts there itself: its special strings and enums, a search parameter (or one
+    written as JSON)."""
+    if isinstance(value, str) and value in OLIVE_SPECIAL:
+        return True
+    if isinstance(value, dict) and value.get("olive_parameter_type") == "SearchParameter":
+        return True
+    return type(value).__module__.split(".")[0] == "olive"
+
+
+def check_raw(name: str, value):
+    """``value`` as given for parameter ``name`` (before Olive's pydantic converts it), when it is of
+    the parameter's type (None: not given; Olive's own special values pass); else a one-line
+    SpecdecError: a bool, a float or a numeric string for an integer is refused, not converted."""
+    if name not in PARAMS or value is None or _olive_value(value):
+        return value
+    typ = PARAMS[name][0]
+    ok = {int: is_int, str: lambda v: isinstance(v, str),
+          list: lambda v: isinstance(v, (list, tuple)) and all(is_int(x) for x in v)}[typ](value)
+    if not ok:
+        raise SpecdecError(f"{PASS_NAME}: {name} must be {_KINDS[typ]}, got {value!r} ({type(value).__name__}; "
+                           f"it is not converted)")
+    return value
+
+
+def pydantic_validators() -> dict:
+    """One validator per parameter, run before pydantic converts the value (``check_raw``), for the
+    configuration class Olive builds (``Pass._validators``). A ``SpecdecError`` is not one of the
+    errors pydantic collects, so it leaves Olive's validation as it is: one line."""
+    try:   # the pydantic Olive builds its classes with (2, or 1 through its pydantic_v1 shim)
+        from olive.passes import pass_config as source
+    except ImportError:
+        import pydantic as source
+
+    def strict(name: str):
+        def check(cls, v):
+            return check_raw(name, v)
+        check.__name__ = f"strict_{name}"
+        return check
+
+    if hasattr(source, "field_validator"):   # pydantic 2
+        return {f"strict_{n}": source.field_validator(n, mode="before")(strict(n)) for n in PARAMS}
+    return {f"strict_{n}": source.validator(n, pre=True, allow_reuse=True)(strict(n)) for n in PARAMS}
 
 
 def options_of(params: dict) -> Options:
@@ -128,6 +184,10 @@ def _build_pass_class():
             return {name: PassConfigParam(type_=typ, default_value=default, required=name == "role",
                                           description=desc)
                     for name, (typ, default, desc) in PARAMS.items()}
+
+        @classmethod
+        def _validators(cls) -> dict:
+            return {**super()._validators(), **pydantic_validators()}
 
         def _run_for_config(self, model, config, output_model_path: str):
             params = config.dict() if hasattr(config, "dict") else dict(config)

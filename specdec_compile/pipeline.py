@@ -44,21 +44,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from . import __version__
 from . import hidden_features as _features
 from . import passes as _passes
-from .contract import (CTX_LEN_KEY, INTERFACE_KEY, PASSES_KEY, POSITION_IDS, ROLE_KEY, SPECDEC_DOMAIN, TARGET_KEY,
-                       TARGET_OPSET)
+from .contract import CTX_LEN_KEY, INTERFACE_KEY, PASSES_KEY, ROLE_KEY, SPECDEC_DOMAIN, TARGET_KEY, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
 from .graph_utils import name_unnamed_nodes
 from .model_io import as_kind, read_any, read_json
 from .options import Options
 from .graph_checks import check_model, input_blamed, input_problem, interface_problems
+from .model_checks import check_position_table, refuse_compiled
 
 _log = logging.getLogger(__name__)
 
@@ -177,64 +176,14 @@ def prepare(model_or_path, options: Options, *, source=None, fuse_rotary: bool =
         raise SpecdecError(f"fuse_rotary=True is for target 'ort' (ONNX Runtime's RotaryEmbedding kernel), "
                            f"not {options.target!r}")
     original, source, source_dir, kind = read_any(model_or_path, source)
+    refuse_compiled(original, str(source) if source is not None else "the model")
     graph, det = import_and_detect(original, source, source_dir)
-    _check_position_table(graph, options.ctx_len)
+    check_position_table(graph, options.ctx_len)
     exposed = _features.check(det, options.role, options.hidden_states or None, options.feature_layers or None)
     ctx = _passes.PassContext.from_options(options, detection=det, source_opset=graph.opset,
                                            exposed_layers=exposed, fuse_rotary=fuse_rotary)
     return Prepared(graph, ctx, list(_passes.applicable(options.role, options.target, options.interface)), original,
                     source, source_dir, kind, options)
-
-
-#: ops a position index passes through unchanged on its way to a learned position table
-_POSITION_PASSTHROUGH = ("Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Max", "Clip")
-
-
-def _position_offset(value) -> int | None:
-    """The constant a position index ``value`` adds to ``position_ids`` (OPT's table starts at 2),
-    following ``_POSITION_PASSTHROUGH`` ops and Adds of a constant scalar; None: not position_ids."""
-    offset = 0
-    for _ in range(8):
-        if not value.inputs:
-            return offset if value.name == POSITION_IDS else None
-        node = value.inputs[0]
-        if node.op == "Add" and len(node.inputs) == 2:
-            const = [(x, c) for x in node.inputs if (c := _scalar(x)) is not None]
-            if len(const) != 1:
-                return None
-            offset += const[0][1]
-            value = next(x for x in node.inputs if x is not const[0][0])
-        elif node.op in _POSITION_PASSTHROUGH and node.inputs:
-            value = node.inputs[0]
-        else:
-            return None
-    return None
-
-
-def _scalar(value) -> int | None:
-    """The integer a one-element constant (an initializer or a Constant node's output) holds."""
-    if not isinstance(value, gs.Constant) and len(value.inputs) == 1 and value.inputs[0].op == "Constant":
-        value = value.inputs[0].attrs.get("value")
-    if isinstance(value, gs.Constant) and isinstance(value.values, np.ndarray) and value.values.size == 1 \
-            and np.issubdtype(value.values.dtype, np.integer):
-        return int(value.values.reshape(-1)[0])
-    return None
-
-
-def _check_position_table(graph: gs.Graph, ctx_len: int) -> None:
-    """Refuse a context longer than a learned position embedding (a Gather from a constant table
-    at ``position_ids``, GPT-2's wpe, OPT's embed_positions): its positions past the table would
-    index rows that do not exist."""
-    for node in graph.nodes:
-        if (node.op != "Gather" or len(node.inputs) != 2 or not isinstance(node.inputs[0], gs.Constant)
-                or node.attrs.get("axis", 0) != 0 or len(node.inputs[0].shape) != 2):
-            continue
-        offset = _position_offset(node.inputs[1])
-        rows = int(node.inputs[0].shape[0])
-        if offset is not None and ctx_len - 1 + offset >= rows:
-            raise SpecdecError(f"--ctx-len {ctx_len} is longer than the model's learned position table "
-                               f"({node.name}: {rows} rows{f', positions offset by {offset}' if offset else ''}): "
-                               f"use --ctx-len {rows - offset} or less")
 
 
 def import_and_detect(original: onnx.ModelProto, source=None, source_dir: Path | None = None):

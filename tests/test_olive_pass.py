@@ -85,3 +85,55 @@ def test_a_real_olive_workflow(fixture_path, tmp_path):
     attrs = json.loads((out / "model_config.json").read_text())["config"]["model_attributes"]
     assert {p.rsplit("/", 1)[-1] for p in attrs["additional_files"]} == \
         {"specializations.json", "custom_io.yaml", "manifest.json", "compile.sh"}
+
+
+# --------------------------------------------------------------------------- strict parameters
+
+
+@pytest.mark.parametrize("name, value", [
+    ("k", True), ("k", 3.0), ("k", 3.7), ("ctx_len", "64"), ("num_cores", False), ("role", 1),
+    ("k_list", [True]), ("k_list", "12"), ("hidden_states", [1.0]),
+])
+def test_a_value_olive_would_convert_is_refused_before_it_is(name, value):
+    """Olive's pydantic turned ``k: true`` into 1 and ``"64"`` into 64 before options_of saw them."""
+    with pytest.raises(SpecdecError, match=rf"SpecdecCompile: {name} must be (an integer|a string|a list of "
+                                           rf"integers), got .*it is not converted") as e:
+        olive_pass.check_raw(name, value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("k", 3), ("k", None), ("ctx_len", 64), ("role", "tlm"), ("k_list", [1, 5]), ("k_list", (2,)),
+    ("k", "DEFAULT_VALUE"), ("ctx_len", "SEARCHABLE_VALUES"),
+    ("k", {"olive_parameter_type": "SearchParameter", "type": "Categorical", "support": [3, 5]}),
+])
+def test_values_of_the_parameters_type_and_olives_own_pass(name, value):
+    assert olive_pass.check_raw(name, value) is value
+
+
+def _config_class(validators: dict):
+    """The configuration class Olive builds from the pass's parameters (olive.passes.pass_config.
+    create_config_class, its search types left out), with ``validators``."""
+    import pydantic
+    from typing import Optional
+    fields = {n: ((t, ...) if n == "role" else (Optional[t], d)) for n, (t, d, _) in olive_pass.PARAMS.items()}
+    return pydantic.create_model("SpecdecCompileConfig", **fields, __validators__=validators)
+
+
+def test_pydantic_converts_and_the_validators_refuse():
+    pytest.importorskip("pydantic")
+    assert _config_class({})(role="tlm", k=True).k == 1         # what Olive's class did with k: true
+    strict = _config_class(olive_pass.pydantic_validators())
+    for bad in ({"k": True}, {"ctx_len": "64"}, {"k_list": [1.0]}):
+        with pytest.raises(SpecdecError, match="it is not converted"):    # out of pydantic as it is: one line
+            strict(**{"role": "tlm", "k": 3, **bad})
+    assert strict(role="tlm", k=3, ctx_len=64, k_list=[1]).ctx_len == 64
+
+
+def test_olives_configuration_refuses_values_it_would_convert():
+    pytest.importorskip("olive")
+    config_class, _ = olive_pass.SpecdecCompile.get_config_class(None, True)
+    for bad in ({"k": True}, {"ctx_len": "64"}):
+        with pytest.raises(SpecdecError, match="it is not converted"):
+            config_class(**{**PARAMS, **bad})
+    assert config_class(**PARAMS).k == 3

@@ -45,9 +45,7 @@ def _main(argv: list[str], prog: str) -> int:
             raise SpecdecError("--passes takes exactly one model: the original export")
         if not args.role:
             raise SpecdecError("--passes needs --role tlm or --role dlm")
-        from ..explain import explain_file  # the compile pipeline: loaded only for --passes
-
-        report = explain_file(args.paths[0], role=args.role, target=args.target or "qaic", k=args.k)
+        report = _explain(args)
     else:
         if len(args.paths) != 2:
             raise SpecdecError(f"expected two models to compare, got {len(args.paths)}")
@@ -68,6 +66,21 @@ def _main(argv: list[str], prog: str) -> int:
         drop_stdout()
         raise SpecdecError(f"cannot write the report to stdout: {e.strerror or e}") from None
     return status
+
+
+def _explain(args) -> dict:
+    """The --passes report: the compile of the export, pass by pass; a compiled model is refused
+    in diff's terms (it has no passes left to show)."""
+    from ..explain import explain_file  # the compile pipeline: loaded only for --passes
+    from ..model_checks import AlreadyCompiledError
+
+    path = args.paths[0]
+    try:
+        return explain_file(path, role=args.role, target=args.target or "qaic", k=args.k)
+    except AlreadyCompiledError as e:
+        raise SpecdecError(f"{path} is already compiled ({e.marker}): diff --passes compiles a stock export to show "
+                           f"what each pass changes; give the export it was compiled from (to compare two compiled "
+                           f"models: specdec-compile diff A B)") from None
 
 
 def _check_stdout() -> None:

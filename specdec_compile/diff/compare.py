@@ -26,12 +26,12 @@ from .sections import (SECTIONS, init_section, io_section, is_empty, metadata_se
 
 def _check_model(m, directory, label: str) -> None:
     """One-line errors for a model ``diff_models`` cannot compare truthfully: not a ModelProto,
-    a broken graph (``check_model_input``), external data without its directory (two models'
+    a broken graph (``check_model_input``, without the compiler's own opset and domain limits), external data without its directory (two models'
     references would be compared, not their bytes) or with missing, unsafe or short files."""
     if not isinstance(m, onnx.ModelProto):
         raise SpecdecError(f"diff_models: model {label!r} is a {type(m).__name__}, expected an onnx.ModelProto "
                            f"(diff_files takes paths)")
-    check_model_input(m, f"model {label!r}")
+    check_model_input(m, f"model {label!r}", compiler=False)
     ext = next(iter(external_tensors(m)), None)
     if ext is None:
         return
@@ -170,7 +170,9 @@ def _model_path(path, which: str) -> Path:
 def diff_files(path_a, path_b, *, hasher: TensorHasher | None = None) -> dict:
     """Diff two .onnx files (or artifact directories holding model.onnx)."""
     pa, pb = _model_path(path_a, "the first model"), _model_path(path_b, "the second model")
-    ma, mb = load_model(pa), load_model(pb)   # checks the graphs and their external data
+    # checks the graphs and their external data; a diff reads any valid model (an opset below
+    # the compiler's, a custom domain), not only what the compiler takes
+    ma, mb = load_model(pa, compiler=False), load_model(pb, compiler=False)
     rep = _diff_models(ma, mb, a_dir=pa.parent, b_dir=pb.parent, a_label=str(path_a), b_label=str(path_b),
                        hasher=hasher)
     rep["notes"] = _artifact_notes(pa, pb, rep["identical"])

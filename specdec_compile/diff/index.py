@@ -83,8 +83,12 @@ class GraphIndex:
         self.hasher = hasher
         self.nodes = list(g.node)
         self.inits = {t.name: t for t in g.initializer}
+        # an initializer also listed in graph.input (IR-3 exports list them all; later IRs make it an
+        # overridable default) is an initializer, compared by content, not a runtime input; that it
+        # is listed is one of its properties (``listed``), shown when it changes
         self.inputs = {v.name: v for v in g.input if v.name not in self.inits}
         self.input_order = [v.name for v in g.input if v.name not in self.inits]
+        self.listed = {v.name for v in g.input if v.name in self.inits}
         self.outputs = {v.name: v for v in g.output}
         self.output_order = [v.name for v in g.output]
         self.producer: dict[str, tuple[int, int]] = {}

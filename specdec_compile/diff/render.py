@@ -131,21 +131,32 @@ def _diff_lines(r: dict, indent: str = "") -> list[tuple[str, str]]:
     ini = r["initializers"]
     if not is_empty(ini):
         add("initializers", "bold cyan")
-        for e in ini["removed"]:
-            add(f"  - {e['name']}  {e['dtype']} {fmt_shape(e['shape'])} {short_digest(e['sha256'])}", "red")
-        for e in ini["added"]:
-            add(f"  + {e['name']}  {e['dtype']} {fmt_shape(e['shape'])} {short_digest(e['sha256'])}", "green")
+        for sign, kind, style in (("-", "removed", "red"), ("+", "added", "green")):
+            for e in ini[kind]:
+                listed = "  (also a graph input)" if e.get("graph_input") else ""
+                add(f"  {sign} {e['name']}  {e['dtype']} {fmt_shape(e['shape'])} {short_digest(e['sha256'])}{listed}",
+                    style)
         for e in ini["renamed"]:
-            add(f"  ~ {e['from']} -> {e['to']}  (same content)", "yellow")
+            add(f"  ~ {e['from']} -> {e['to']}  (same content{'; ' + _listed(e) if 'graph_input' in e else ''})",
+                "yellow")
         for e in ini["changed"]:
             parts = []
             if "dtype" in e:
                 parts.append(f"dtype {e['dtype'][0]} -> {e['dtype'][1]}")
             if "shape" in e:
                 parts.append(f"shape {fmt_shape(e['shape'][0])} -> {fmt_shape(e['shape'][1])}")
-            parts.append(f"{short_digest(e['sha256'][0])} -> {short_digest(e['sha256'][1])}")
+            if e["sha256"][0] != e["sha256"][1]:
+                parts.append(f"{short_digest(e['sha256'][0])} -> {short_digest(e['sha256'][1])}")
+            if "graph_input" in e:
+                parts.append(_listed(e))
             add(f"  ~ {e['name']}  " + "; ".join(parts), "yellow")
     return out
+
+
+def _listed(e: dict) -> str:
+    """An initializer's listing in graph.input, before and after."""
+    a, b = ("yes" if x else "no" for x in e["graph_input"])
+    return f"also a graph input: {a} -> {b}"
 
 
 def _modified(g: dict) -> list[dict]:

@@ -129,13 +129,30 @@ def op_counts_section(ga: GraphIndex, gb: GraphIndex) -> list[dict]:
 # --------------------------------------------------------------------------- initializers
 
 
+def _listing(e: dict, a: bool, b: bool) -> dict:
+    """``e`` with ``graph_input`` [A, B] when the initializer's listing in graph.input changed."""
+    if a != b:
+        e["graph_input"] = [a, b]
+    return e
+
+
+def _entry(name: str, t, g: GraphIndex) -> dict:
+    """An added or removed initializer; ``graph_input``: also listed in graph.input (only when it is)."""
+    e = {"name": name, "dtype": dtype_name(t.data_type), "shape": list(t.dims), "sha256": g.hasher.digest(t, g.base_dir)}
+    if name in g.listed:
+        e["graph_input"] = True
+    return e
+
+
 def init_section(ga: GraphIndex, gb: GraphIndex) -> tuple[dict, dict[str, str]]:
-    """Initializers added, removed, renamed (same content) and changed; and the renames A -> B."""
+    """Initializers added, removed, renamed (same content) and changed (content, or its listing in
+    graph.input: ``graph_input`` [A, B]); and the renames A -> B."""
     H = ga.hasher
     sec = {"added": [], "removed": [], "renamed": [], "changed": []}
     for name in sorted(set(ga.inits) & set(gb.inits)):
         ta, tb = ga.inits[name], gb.inits[name]
-        if H.equal(ta, ga.base_dir, tb, gb.base_dir):
+        la, lb = name in ga.listed, name in gb.listed
+        if la == lb and H.equal(ta, ga.base_dir, tb, gb.base_dir):
             continue
         e: dict[str, Any] = {"name": name}
         if ta.data_type != tb.data_type:
@@ -143,7 +160,7 @@ def init_section(ga: GraphIndex, gb: GraphIndex) -> tuple[dict, dict[str, str]]:
         if list(ta.dims) != list(tb.dims):
             e["shape"] = [list(ta.dims), list(tb.dims)]
         e["sha256"] = [H.digest(ta, ga.base_dir), H.digest(tb, gb.base_dir)]
-        sec["changed"].append(e)
+        sec["changed"].append(_listing(e, la, lb))
 
     def key(t, g):
         return (t.data_type, tuple(t.dims), H.digest(t, g.base_dir))
@@ -159,18 +176,15 @@ def init_section(ga: GraphIndex, gb: GraphIndex) -> tuple[dict, dict[str, str]]:
         if q:
             renames[name] = q.popleft()
     for name in only_a:
-        t = ga.inits[name]
         if name in renames:
-            sec["renamed"].append({"from": name, "to": renames[name]})
+            to = renames[name]
+            sec["renamed"].append(_listing({"from": name, "to": to}, name in ga.listed, to in gb.listed))
         else:
-            sec["removed"].append({"name": name, "dtype": dtype_name(t.data_type), "shape": list(t.dims),
-                                   "sha256": H.digest(t, ga.base_dir)})
+            sec["removed"].append(_entry(name, ga.inits[name], ga))
     taken = set(renames.values())
     for name in only_b:
         if name not in taken:
-            t = gb.inits[name]
-            sec["added"].append({"name": name, "dtype": dtype_name(t.data_type), "shape": list(t.dims),
-                                 "sha256": H.digest(t, gb.base_dir)})
+            sec["added"].append(_entry(name, gb.inits[name], gb))
     return sec, renames
 
 

@@ -20,7 +20,9 @@ pass (``fold_static_shapes``); what is left depends on ``batch_size``, ``seq_len
    the random ones and those with subgraphs is deterministic, so this is exact.
 
 Nothing is merged into a graph output, and a graph with none of the three dims named is left
-as it is.
+as it is. A read already in step 1's form (``Gather(Shape(input), axis)`` off the declaring
+input) is reused and the ``Shape`` of that input kept, so the pass is idempotent: run on its
+own output it changes nothing.
 """
 from __future__ import annotations
 
@@ -74,13 +76,38 @@ def _sources(graph: gs.Graph, dims: dict) -> dict[str, tuple[gs.Tensor, int]]:
     return found
 
 
+def _existing_reads(graph: gs.Graph, sources: dict) -> dict[tuple[str, int], gs.Tensor]:
+    """(symbol, rank) -> the output of a ``Gather(Shape(src), axis)`` the graph already has that
+    reads that dim off its source input exactly as step 1 builds it (a run of this pass before, or
+    the export's own): reused, not rebuilt, so the pass run on its own output changes nothing."""
+    found: dict[tuple[str, int], gs.Tensor] = {}
+    by_source = {(id(t), axis): sym for sym, (t, axis) in sources.items()}
+    for node in graph.nodes:
+        if node.op != "Gather" or node.attrs.get("axis", 0) != 0 or len(node.inputs) != 2:
+            continue
+        shape = producer(node.inputs[0])
+        if shape is None or shape.op != "Shape" or shape.attrs.get("start", 0) != 0 \
+                or shape.attrs.get("end") is not None:
+            continue
+        index = const_value(node.inputs[1])
+        if index is None or index.size != 1 or index.ndim > 1 or not np.issubdtype(index.dtype, np.integer):
+            continue
+        sym = by_source.get((id(shape.inputs[0]), int(index.reshape(-1)[0])))
+        if sym is not None:
+            found.setdefault((sym, index.ndim), node.outputs[0])
+    return found
+
+
 def share_dim_reads(graph: gs.Graph, dims: dict) -> int:
-    """Step 1 (in place): every read of a shared dim reads the one at the top. Returns the count."""
+    """Step 1 (in place): every read of a shared dim reads the one at the top. Returns the count.
+    Reads already in that form are kept (``_existing_reads``), as is the Shape of a source input."""
     sources = _sources(graph, dims)
     if not sources:
         return 0
     b = Builder(graph, "shapes")
-    made: dict[tuple[str, int], gs.Tensor] = {}
+    made = _existing_reads(graph, sources)
+    kept = {id(t) for t in made.values()}
+    source_inputs = {id(t) for t, _ in sources.values()}
     outputs = {id(t) for t in graph.outputs}
     count = 0
 
@@ -95,10 +122,12 @@ def share_dim_reads(graph: gs.Graph, dims: dict) -> int:
     # one-dim reads first, so a whole Shape is replaced only where it is still read as a whole
     ordered = sorted((n for n in graph.nodes if n.op in ("Shape", "Gather", "Slice")), key=lambda n: n.op == "Shape")
     for node in ordered:
-        if id(node.outputs[0]) in outputs or not node.outputs[0].outputs:
+        if id(node.outputs[0]) in outputs or not node.outputs[0].outputs or id(node.outputs[0]) in kept:
             continue
         got = _one_dim(node, dims)
-        whole = _whole_shape(node, dims, sources) if got is None else None
+        # the Shape of a source input is the read at the top: the dims are gathered from it
+        top = node.op == "Shape" and id(node.inputs[0]) in source_inputs
+        whole = _whole_shape(node, dims, sources) if got is None and not top else None
         if got is not None and got[0] in sources:
             replace_uses(graph, node.outputs[0], dim(*got))
         elif whole is not None:

@@ -31,8 +31,9 @@ class Request:
     feature_width: int | None = None
 
 
-def request_of(rewritten: str | Path) -> Request:
-    model = load_model(rewritten)
+def request_of(model: onnx.ModelProto, rewritten: str | Path) -> Request:
+    """What to compare and feed for the rewrite ``model`` (loaded by the caller from ``rewritten``,
+    the path its errors name)."""
     meta = {p.key: p.value for p in model.metadata_props}
     outs = {o.name for o in model.graph.output}
     feat = next((i for i in model.graph.input if i.name == HIDDEN_STATES), None)

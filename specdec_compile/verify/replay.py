@@ -338,8 +338,9 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
                            f"k {k}, batch {batch_size}{extra} (needs >= {need} = 2*prefill + 2*(k+1) + batch + 3"
                            f"{' + width' if widest else ''}): raise --ctx-len or lower the others")
     from .openvino import pick_backend
-    backend = pick_backend(backend, _check_writes(rewritten))
-    req = request_of(rewritten)
+    model = load_model(rewritten)   # read once: the cache-write check and the request both look at it
+    backend = pick_backend(backend, _check_writes(model, rewritten))
+    req = request_of(model, rewritten)
     _log.info("verifying %s against %s on ONNX Runtime (k %d, prefill %d, context %d, batch %d)", rewritten,
               original, k, prefill_len, ctx_len, batch_size)
     orig = OriginalModel(Path(original), req)
@@ -357,11 +358,10 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
             orig.copy.close()
 
 
-def _check_writes(rewritten) -> str | None:
-    """A rewrite that lost its target's cache write (an optimizer after the compile) is refused;
-    returns its target."""
+def _check_writes(model, rewritten) -> str | None:
+    """A rewrite (``model``, read from ``rewritten``) that lost its target's cache write (an
+    optimizer after the compile) is refused; returns its target."""
     from ..artifact.cache_writes import check_cache_writes, graph_target
-    model = load_model(rewritten)
     names = [i.name for i in model.graph.input]
     if not {INPUT_IDS, POSITION_IDS, past_name("key", 0)} <= set(names):  # before ONNX Runtime opens it
         raise SpecdecError(f"{rewritten}: not a rewritten graph (inputs: {', '.join(names)})")

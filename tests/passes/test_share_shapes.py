@@ -76,3 +76,14 @@ def test_random_ops_and_graph_outputs_are_never_merged():
                  inputs=[x], outputs=[a, b, c, d], opset=17)
     assert merge_common(g.copy()) == 0
     assert serialized(passes.share_shapes(g, PassContext())) == serialized(g)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_dynamo", "gpt2"])
+def test_run_again_on_its_own_output_it_changes_nothing(fixture_path, name):
+    """Idempotent: the reads it built (Gather(Shape(input), axis)) are reused, not rebuilt under
+    new names (was: llama_gqa's and llama_dynamo's reads of ctx_len and the shape Concat rebuilt)."""
+    g, ctx = pipeline_until(fixture_path(name), "share_shapes", target="ort")
+    once = passes.share_shapes(g, ctx)
+    twice = passes.share_shapes(once, ctx)
+    assert serialized(twice) == serialized(once)
+    assert_same_outputs(g, twice)                   # exact, against the graph before the pass

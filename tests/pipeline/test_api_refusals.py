@@ -171,3 +171,22 @@ def test_pipeline_arguments_of_the_wrong_kind(fixture_path):
 def test_options_of_the_wrong_type(fields, message):
     with pytest.raises(SpecdecError, match=message):
         Options(role="tlm", k=3, **fields)
+
+
+def test_a_compiled_model_is_refused_as_already_compiled(fixture_path, tmp_path, capsys):
+    """The compiler's input is a stock export: its own output (the Python API, the command line)
+    is named as already compiled, not as a cache it cannot find."""
+    from specdec_compile import cli
+    opts = Options(role="tlm", target="ort", **OPTS)
+    res = pipeline.rewrite(fixture_path("llama_gqa"), opts)
+    with pytest.raises(SpecdecError, match=r"the model is already compiled \(its metadata specdec.role "
+                                           r"is 'tlm'\).*give the export it was compiled from") as e:
+        pipeline.rewrite(res.model, opts)   # was: "... are not grown by a Concat along the sequence axis"
+    assert type(e.value).__name__ == "AlreadyCompiledError"   # what diff --passes rewords
+    out = tmp_path / "art"
+    assert cli.main([str(fixture_path("llama_gqa")), "--role", "tlm", "--k", "3", "--target", "ort", "-o", str(out),
+                     "-q"]) == 0
+    capsys.readouterr()
+    assert cli.main([str(out / "model.onnx"), "--role", "tlm", "--k", "3", "-o", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.onnx is already compiled" in err and not (tmp_path / "again").exists()
