@@ -16,8 +16,9 @@ plain_k0        the plain TLM (no hidden states) with n-gram drafts forced off (
 Per decoder: decode tokens/s (all prompts' decode tokens over their decode time, best round), the
 median width-1 TLM call (ms) and the host time per token (the loop's own work); and the paired
 ratio to ``target`` of each round's rate (the median over rounds): the issue's goal is
-feature_k0 >= 0.98x. Every greedy output must equal target-only's or the section fails. ORT threads:
-each of ``--fallback-feature-threads`` (default 1,2), one side-by-side run each.
+feature_k0 >= 0.98x. Every greedy output, of every round, must equal target-only's of the same round
+or the section fails. ORT threads: each of ``--fallback-feature-threads`` (default 1,2), one side-by-side
+run each.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def measure(build: Path, prompts: list, threads: int, rounds: int, n_new: int, l
         for i, p in enumerate(prompts):
             for d in order:
                 res = decs[d].generate(p, max_new_tokens=n_new)
-                outs.setdefault(i, {})[d] = res.generated_ids
+                outs.setdefault((r, i), {})[d] = res.generated_ids      # every round's, not only the last
                 m = res.metrics
                 n, t = m["new_tokens"] - 1, m["total_time_s"] - m["ttft_s"]
                 tokens[d] += n
@@ -98,10 +99,11 @@ def measure(build: Path, prompts: list, threads: int, rounds: int, n_new: int, l
                 host[d].append(m["host_time_s"] / max(m["new_tokens"], 1))
         for d in DECODERS:
             rates[d].append(tokens[d] / secs[d] if secs[d] else 0.0)
-    for i, got in outs.items():      # greedy: every decoder's output is target-only's, else the section fails
+    for (r, i), got in outs.items():     # greedy: every output is target-only's of its round, else the section fails
         bad = [d for d in DECODERS if got[d] != got["target"]]
         if bad:
-            raise SystemExit(f"fallback_feature: {bad[0]}'s greedy output differs from target-only's (prompt {i})")
+            raise SystemExit(f"fallback_feature: {bad[0]}'s greedy output differs from target-only's (prompt {i}, "
+                             f"round {r + 1})")
     rec = {"threads": threads, "decoders": {}}
     for d in DECODERS:
         rec["decoders"][d] = {

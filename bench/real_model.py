@@ -28,6 +28,7 @@ counted):
 """
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -232,6 +233,20 @@ def markdown(rows: list[dict], info: dict) -> list[str]:
 
 COLORS = {"feature": "#d62728", "distilled": "#1f77b4", "ngram": "#2ca02c", "hybrid": "#9467bd",
           "eagle3": "#ff7f0e", "eagle3-hybrid": "#8c564b"}
+#: for a second variant of one draft (``eagle3:4`` beside ``eagle3``, a head's ``+int8``) and unknown names
+SPARE_COLORS = ("#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+                "#c5b0d5", "#c49c94")
+
+
+def series_colors(names: list) -> dict:
+    """A color per series name, no two alike: a draft's own (``COLORS``, by the name before ``:``, ``+``
+    or ``@``) to the first name that claims it, exact names first; the others the next unused spare."""
+    out: dict = {}
+    for n in sorted(names, key=lambda n: (str(n) not in COLORS, str(n))):
+        own = COLORS.get(re.split(r"[:+@]", str(n))[0])
+        free = [c for c in (own, *SPARE_COLORS, *COLORS.values()) if c and c not in out.values()]
+        out[n] = free[0] if free else "#555"
+    return out
 
 
 def picture(rows: list[dict], path: Path) -> Path:
@@ -252,8 +267,7 @@ def draw(rows: list[dict], path: Path, *, xs: list, xkey: str, marker, xlabel: s
     slant = max(len(str(x)) for x in xs) > 5
     bottom = pad + (36 if slant else 0)
 
-    def color(name):
-        return COLORS.get(str(name).partition(":")[0], "#555")
+    color = series_colors(list({r[series] for r in rows})).get      # one color per line, no two alike
 
     def panel(x0: int, key: str, title: str) -> list[str]:
         vals = [r[key] for r in rows if r.get(key) is not None]

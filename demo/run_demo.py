@@ -15,8 +15,9 @@ head's pair, real model) and OUT/demo.json with "model", "draft",
 "identical" (greedy speculative output equal to target-only output for every prompt).
 
 Exit status: 0, 1 when a speculative output differed from the target-only output, 2 when an
-option or the EAGLE-3 head is refused (one line: a count below 1, a missing --fdraft-head,
-another target's head, a missing --eagle3-head DIR, a --decode-k the artifacts lack).
+option or the EAGLE-3 head is refused (one line: a count below 1, a --k-list without --toy/--micro
+(the real model's widths are fixed, 0-8), a missing --fdraft-head, another target's head, a missing
+--eagle3-head DIR, a --decode-k the artifacts lack).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from specdec_compile.eagle3.quantize import WEIGHTS
 ROOT = Path(__file__).resolve().parents[1]
 #: the EAGLE-3 head's weights as the demo imports it (import-head --weights; docs/import-head.md)
 EAGLE3_WEIGHTS = "float"
+#: the toy pair's extra verification widths (--k-list's default with --toy, --micro)
+TOY_K_LIST = "2,3,4,6"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the toy pair in its micro configuration: seconds, for smoke tests (build/demo-micro)")
     ap.add_argument("--out", type=Path, default=None, help="default build/demo (build/demo-toy, build/demo-micro)")
     ap.add_argument("--k", type=int, default=4, help="the TLM's compiled k (default 4)")
-    ap.add_argument("--k-list", default="2,3,4,6", help="toy: extra verification widths (default 2,3,4,6)")
+    ap.add_argument("--k-list", default=None,
+                    help=f"toy, micro: extra verification widths (default {TOY_K_LIST}; the real model's TLMs have "
+                         f"widths 0-8, and an explicit --k-list without --toy/--micro is refused)")
     ap.add_argument("--decode-k", type=int, default=None,
                     help="drafts per round (one of k/k-list); default adaptive over the compiled widths")
     ap.add_argument("--prefill-len", type=int, default=None, help="default 64 (toy: 32)")
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: {bad}", file=sys.stderr)
         return 2
     toy = a.toy or a.micro
+    a.k_list = a.k_list or (TOY_K_LIST if toy else None)
     name = "demo-micro" if a.micro else "demo-toy" if a.toy else "demo"
     a.out = a.out or ROOT / "build" / name
     a.prefill_len = a.prefill_len or (32 if toy else 64)
@@ -109,7 +115,10 @@ def check_args(a) -> str | None:
                          ("--threads", a.threads, 1), ("--ort-threads", a.ort_threads, 1)):
         if v is not None and v < low:
             return f"{flag} must be at least {low} (got {v})"
-    widths = [x.strip() for x in a.k_list.split(",") if x.strip()]
+    if a.k_list is not None and not (a.toy or a.micro):
+        return (f"--k-list is the toy pair's (--toy, --micro): the real model's TLMs are compiled with widths "
+                f"0-8, whatever --k-list says (got {a.k_list!r})")
+    widths = [x.strip() for x in (a.k_list or "").split(",") if x.strip()]
     if not all(x.isdigit() for x in widths):
         return f"--k-list must be a comma list of widths >= 0 (got {a.k_list!r})"
     if a.fdraft_head is not None and not (a.fdraft_head / "head.pt").is_file():

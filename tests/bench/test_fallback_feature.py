@@ -67,3 +67,35 @@ def test_skipped_with_the_reason_without_the_build(tmp_path):
     assert fallback_feature.run(a, {"fallback_feature"}) == {}
     assert said and "skipped: no tlm-base, tlm, tlm-hs, fdlm" in said[0]
     assert fallback_feature.run(a, {"step_floor"}) == {}
+
+
+def test_a_greedy_difference_in_any_round_fails_loudly(monkeypatch, tmp_path):
+    """Every round's outputs are held to target-only's, not only the last round's (a difference in
+    round 1 used to be overwritten by round 2's equal output and pass)."""
+    import specdec_compile.runtime as rt
+
+    class Backend:
+        def __init__(self, *a, **k):
+            self.artifact = SimpleNamespace(manifest={})
+
+        def warmup(self):
+            pass
+
+        def close(self):
+            pass
+
+    class Dec:
+        def __init__(self, name):
+            self.name, self.calls = name, 0
+
+        def generate(self, p, max_new_tokens):
+            self.calls += 1
+            wrong = self.name == "feature_k0" and self.calls == 1         # round 1 only
+            m = {"new_tokens": 3, "total_time_s": 1.0, "ttft_s": 0.1, "host_time_s": 0.01,
+                 "call_time_by_width": {"tlm": {"1": [2, 0.2]}}}
+            return SimpleNamespace(generated_ids=[1, 2, 9 if wrong else 3], metrics=m)
+
+    monkeypatch.setattr(rt, "OrtBackend", Backend)
+    monkeypatch.setattr(fallback_feature, "decoders", lambda bk, eos: {d: Dec(d) for d in fallback_feature.DECODERS})
+    with pytest.raises(SystemExit, match=r"feature_k0's greedy output differs from target-only's \(prompt 0, round 1\)"):
+        fallback_feature.measure(tmp_path, [[5, 6]], threads=1, rounds=2, n_new=3, log=lambda *_: None)

@@ -397,3 +397,20 @@ def test_the_feature_pair_is_built_for_the_sections_that_read_it(tmp_path, monke
     (tmp_path / "fdlm" / "manifest.json").write_text("{}")
     real_model.ensure_feature_pair(tmp_path, a, log=lambda m: None)          # built: nothing more
     assert len(calls) == 1
+
+
+def test_every_method_has_its_own_color_in_the_picture(tmp_path):
+    """Two methods of one draft (eagle3 adaptive and eagle3:4, a head's int8 weights) are told apart
+    in the picture: each line and its legend entry have a color no other method has."""
+    import re
+    methods = ["eagle3", "eagle3:4", "eagle3-hybrid", "eagle3-hybrid+int8", "ngram"]
+    rows = [{"category": c, "method": m, "draft": m, "mode": "greedy", "k": "auto", "speedup": 1.0 + i / 10,
+             "tokens_per_tlm_call": 1.5 + i / 10} for i, m in enumerate(methods) for c in ("writing", "all")]
+    svg = mtbench.picture(rows, ["writing"], tmp_path / "p.svg").read_text()
+    legend = dict((name, color) for color, name in
+                  re.findall(r'stroke="(#[0-9a-f]{6})" stroke-width="2"/><text [^>]*>([^<]+)</text>', svg))
+    assert set(legend) == set(methods)
+    assert len(set(legend.values())) == len(methods), legend
+    assert legend["eagle3"] == "#ff7f0e" and legend["ngram"] == "#2ca02c"     # a draft's own color stays
+    for m in methods:                                                             # each method's points
+        assert svg.count(f'fill="{legend[m]}"') >= 2, m

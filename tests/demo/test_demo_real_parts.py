@@ -276,3 +276,16 @@ def test_bench_real_model_row_arithmetic():
     auto = real_model.speed_row("ngram", "sampling", "auto", [sm], [tm])
     assert auto["alpha"] == pytest.approx(0.8) and auto["alpha_def"] == "accepted/drafted"
     assert any("| distilled | greedy | 2 |" in line for line in real_model.markdown([r], {}))
+
+
+def test_ngram_prediction_prices_a_round_without_drafts_as_the_tlms_width_1_call():
+    """A round with nothing to draft is a width-1 call of the TLM the drafts run on (its measured
+    cost), not the target-only baseline's step: the prediction used to take the step, and so
+    promised more than the loop can give when the TLM's width-1 call is dearer."""
+    pytest.importorskip("rich")
+    from demo import real_demo
+    pairs = [([1, 2, 3], [10, 11, 12, 13, 14, 15, 16, 17])]        # no n-gram repeats: no drafts at all
+    costs = {"step_s": 0.010, "verify_s": {w: 0.020 for w in range(1, 10)}}
+    ng = real_demo.ngram_prediction(pairs, costs)
+    assert ng["predicted_speedup"] == pytest.approx(0.5)
+    assert all(v["predicted_speedup"] == pytest.approx(0.5) for v in ng["by_k"].values())
