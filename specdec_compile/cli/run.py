@@ -313,6 +313,9 @@ def _check_args(args) -> None:
     if args.dlm_tokenizer and (args.target_only or args.draft in ("ngram", "suffix")):
         raise SpecdecError("--dlm-tokenizer is the draft model's tokenizer: it needs --dlm (not --target-only, "
                            "--draft ngram or --draft suffix)")
+    if args.dlm_device_ids is not None and (args.target_only or args.draft in ("ngram", "suffix")):
+        raise SpecdecError("--dlm-device-ids places the draft model: it needs --dlm (not --target-only, "
+                           "--draft ngram or --draft suffix)")
 
 
 def _check_min_prob(args) -> None:
@@ -348,8 +351,8 @@ def _check_suffix_args(args) -> None:
         flag = "--" + name.replace("_", "-")
         if getattr(args, name) is not None and args.draft != "suffix":
             raise SpecdecError(f"{flag} is for --draft suffix")
-    if args.suffix_cache_tokens is not None and args.suffix_cache_tokens < 1:
-        raise SpecdecError(f"--suffix-cache-tokens must be a positive number of tokens "
+    if args.suffix_cache_tokens is not None and not 1 <= args.suffix_cache_tokens < 2 ** 63:
+        raise SpecdecError(f"--suffix-cache-tokens must be a positive number of tokens, below 2**63 "
                            f"(got {args.suffix_cache_tokens})")
     if args.suffix_max_depth is not None and not 2 <= args.suffix_max_depth <= 256:
         raise SpecdecError(f"--suffix-max-depth must be in [2, 256] (got {args.suffix_max_depth})")
@@ -440,7 +443,7 @@ def _eos(args, tok, tlm):
 
 def run(argv: list[str]) -> int:
     from ..runtime.decoding import TargetOnlyDecoder
-    from ..runtime.metrics import aggregate_metrics
+    from ..runtime.metrics import aggregate_metrics, backend_counts, use_backend_counts
     from ..runtime.sampling import SamplingParams
 
     args = build_parser().parse_args(argv)
@@ -467,9 +470,12 @@ def run(argv: list[str]) -> int:
 
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)
+    before = backend_counts(tlm=tlm, dlm=dlm)
     results, wall = _decode_all(dec, prompts, args, sampling, printer, tok)
     summary = aggregate_metrics(results)
     summary.batch_size = tlm.batch_size
+    if tlm.batch_size > 1:    # rows share calls: each row's metrics count every call it took part in
+        use_backend_counts(summary, before, backend_counts(tlm=tlm, dlm=dlm), wall)
     summary.tokens_per_s = summary.new_tokens / wall if wall > 0 else None
     out = {"results": [r.to_json() for r in results], "metrics": summary.to_json()}
     if args.backend == "openvino":   # contract: whether greedy output is target-only's, recorded
@@ -508,6 +514,8 @@ def _run_compare(args, tlm, dlm, toks, prompts, eos, sampling) -> int:
     report = compare_runs(runs["target_only"], runs["speculative"], greedy=sampling.greedy)
     if args.json:
         report["seed"] = sampling.seed
+        if args.backend == "openvino":   # contract: whether greedy output is target-only's, recorded
+            report["backend"] = tlm.exactness(speculative=True)
         report["results"] = {name: [r.to_json() for r in res] for name, (res, _) in runs.items()}
         write_stdout(json.dumps(report) + "\n")
         return 0

@@ -247,6 +247,26 @@ class Meter:
         )
 
 
+def backend_counts(**backends) -> dict:
+    """{role: (calls, seconds)} as each backend counted its own calls (``Backend.calls``,
+    ``time_s``); a role whose backend is None is left out."""
+    return {role: (b.calls, b.time_s) for role, b in backends.items() if b is not None}
+
+
+def use_backend_counts(m: RunMetrics, before: dict, after: dict, wall_s: float) -> None:
+    """A batch run's model calls and times in ``m`` as the backends ran them, between the
+    ``backend_counts`` ``before`` and ``after`` the run: a call of B rows once, not once per row
+    (each row's own metrics count every call it took part in, so their sums count a shared call
+    B times). ``total_time_s`` becomes the run's wall time, ``host_time_s`` the rest of it."""
+    for role in ("tlm", "dlm"):
+        calls, secs = (after[role][0] - before[role][0], after[role][1] - before[role][1]) \
+            if role in after else (0, 0.0)
+        setattr(m, f"{role}_calls", calls)
+        setattr(m, f"{role}_time_s", secs)
+    m.total_time_s = wall_s
+    m.host_time_s = max(wall_s - m.tlm_time_s - m.dlm_time_s, 0.0)
+
+
 def aggregate_metrics(results: list[GenerationResult]) -> RunMetrics | None:
     """Metrics over several generations (sums, and rates recomputed from the sums)."""
     ms = [r.metrics for r in results]
