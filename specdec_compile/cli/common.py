@@ -110,7 +110,11 @@ def drop_stdout() -> None:
 
 
 def run_cli(fn, argv, prog: str) -> int:
-    """Run ``fn(argv)``, turning expected failures into one line and exit 2 (SIGTERM: cleanup, then 143)."""
+    """Run ``fn(argv)``, turning expected failures into one line and exit 2 (SIGTERM: cleanup, then 143).
+    A closed stderr (``2>&-``: Python's ``sys.stderr`` is None) takes the diagnostics to the null
+    device: ``print(file=None)`` would put them on stdout, into a ``--json`` record."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)

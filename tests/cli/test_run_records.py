@@ -87,3 +87,15 @@ def test_a_suffix_cache_too_large_for_an_integer_is_one_line(build, capsys):
                           "--suffix-cache-tokens", 10 ** 20], capsys)
     one_line_error(code, err, "--suffix-cache-tokens", "positive")
     assert out == ""
+
+
+def test_a_closed_stderr_keeps_stdout_clean_and_the_exit_status(tmp_path):
+    """``2>&-``: Python's sys.stderr is None. The old code's progress check called None.isatty() (exit
+    3), and print(file=None) put the error line on stdout; now the line goes nowhere, the status is 2."""
+    import subprocess
+    import sys
+    code = ("import sys; from specdec_compile.cli.run import main; "
+            f"sys.exit(main(['--tlm', {str(tmp_path / 'missing')!r}, '--prompt-ids', '1,2,3', '--json']))")
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       close_fds=True, pass_fds=(), preexec_fn=lambda: __import__("os").close(2))
+    assert (p.returncode, p.stdout) == (2, b"")

@@ -144,3 +144,16 @@ def test_load_artifact_refuses_an_unknown_expect_role_as_a_programming_error(art
     assert load_artifact(arts / "tlm", expect_role="tlm").role == "tlm"
     with pytest.raises(SpecdecError, match="is a TLM artifact, expected a DLM"):
         load_artifact(arts / "tlm", expect_role="dlm")
+
+
+def test_a_draft_sources_size_may_be_any_integer():
+    """A size past 2**64 is an integer: refused by the source's own bound, or taken (a cache cap), never
+    the TypeError np.isfinite raises for it (an internal error on the old code)."""
+    from specdec_compile.runtime.drafts.ngram import NgramDraft
+    from specdec_compile.runtime.drafts.suffix import SuffixDraft
+    with pytest.raises(SpecdecError, match="at most"):
+        NgramDraft(10 ** 20)
+    assert SuffixDraft(cache_tokens=10 ** 20).cache_tokens == 10 ** 20
+    for bad in (True, 2.5, float("inf"), "3"):
+        with pytest.raises(SpecdecError, match="whole number"):
+            NgramDraft(bad)

@@ -94,8 +94,11 @@ NAMES = ("dlm", "ngram", "suffix", "hybrid")
 
 def whole_number(v, what: str) -> int:
     """A source's size argument as an int: an integer (3.0 too), not a bool, None, NaN, inf or a string."""
-    if not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
-            and np.isfinite(v) and int(v) == v:
+    if isinstance(v, (bool, np.bool_)):
+        raise SpecdecError(f"{what} must be a whole number (got {v!r})")
+    if isinstance(v, (int, np.integer)):        # any size (np.isfinite refuses ints past 2**64)
+        return int(v)
+    if isinstance(v, (float, np.floating)) and np.isfinite(v) and int(v) == v:
         return int(v)
     raise SpecdecError(f"{what} must be a whole number (got {v!r})")
 
