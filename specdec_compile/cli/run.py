@@ -14,6 +14,7 @@ colours on a terminal, plain otherwise); the metrics follow on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -470,6 +471,8 @@ def run(argv: list[str]) -> int:
 
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)
+    if not sampling.greedy:   # one seed for the run, drawn here when --seed is not given: --json records it
+        sampling = dataclasses.replace(sampling, seed=sampling.run_seed())
     before = backend_counts(tlm=tlm, dlm=dlm)
     results, wall = _decode_all(dec, prompts, args, sampling, printer, tok)
     summary = aggregate_metrics(results)
@@ -478,6 +481,8 @@ def run(argv: list[str]) -> int:
         use_backend_counts(summary, before, backend_counts(tlm=tlm, dlm=dlm), wall)
     summary.tokens_per_s = summary.new_tokens / wall if wall > 0 else None
     out = {"results": [r.to_json() for r in results], "metrics": summary.to_json()}
+    if not sampling.greedy:   # the run's seed (drawn when not given): --seed S reproduces the text
+        out["seed"] = sampling.seed
     if args.backend == "openvino":   # contract: whether greedy output is target-only's, recorded
         out["backend"] = tlm.exactness(speculative=not args.target_only)
     if args.json:
@@ -501,8 +506,6 @@ def _spec_decoder(args, tlm, dlm, toks, eos):
 def _run_compare(args, tlm, dlm, toks, prompts, eos, sampling) -> int:
     """--compare: the TLM alone, then speculative decoding, on the same prompts, settings and
     seed (one seed drawn for both when --seed is not given); the report of runtime/compare.py."""
-    import dataclasses
-
     from ..runtime.compare import compare_runs, format_report
     from ..runtime.decoding import TargetOnlyDecoder
     if not sampling.greedy:
@@ -532,7 +535,6 @@ def _decode_all(dec, prompts, args, sampling, printer, tok):
     """Every prompt through the decoder: one after another, streaming, with a batch-1
     artifact; through every row at once (continuous batching) with a batch-B one,
     each text printed whole, in input order. Returns (results in input order, wall s)."""
-    import dataclasses
     import time
 
     from ..runtime.batch import BatchEngine

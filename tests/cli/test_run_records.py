@@ -99,3 +99,21 @@ def test_a_closed_stderr_keeps_stdout_clean_and_the_exit_status(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                        close_fds=True, pass_fds=(), preexec_fn=lambda: __import__("os").close(2))
     assert (p.returncode, p.stdout) == (2, b"")
+
+
+def test_an_unseeded_sampled_run_records_the_seed_that_reproduces_it(build, capsys):
+    """Without --seed a run draws one; --json records it, and --seed with it gives the same text
+    (the old code recorded no seed: a sampled run could not be repeated)."""
+    argv = ["--tlm", build("tlm"), "--dlm", build("dlm"), "--prompt-ids", IDS, "--max-new-tokens", 24,
+            "--eos-id", -1, "--temperature", 0.9, "--json"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    first = json.loads(out)
+    seed = first["seed"]
+    code, out, err = run(argv + ["--seed", seed], capsys)
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["seed"] == seed
+    assert [r["generated_ids"] for r in again["results"]] == [r["generated_ids"] for r in first["results"]]
+    code, out, err = run(argv[:-3] + ["--json"], capsys)      # greedy: no seed to record
+    assert code == 0 and "seed" not in json.loads(out)
