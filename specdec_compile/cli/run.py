@@ -454,6 +454,8 @@ def run(argv: list[str]) -> int:
     resolve_pair(args)
     resolve_qeff_run_flags(args)     # also refuses a negative --max-new-tokens / --generation-len
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if not sampling.greedy:   # one seed for the run (drawn when --seed is not given): prompt i samples as
+        sampling = dataclasses.replace(sampling, seed=sampling.run_seed())   # (seed, i); --json records it
     _check_args(args)
     if compile_pair(args):
         return 0
@@ -471,8 +473,6 @@ def run(argv: list[str]) -> int:
 
     color = (not args.no_color) and sys.stdout.isatty() and not args.json
     printer = None if args.json else _Printer(tok, color)
-    if not sampling.greedy:   # one seed for the run, drawn here when --seed is not given: --json records it
-        sampling = dataclasses.replace(sampling, seed=sampling.run_seed())
     before = backend_counts(tlm=tlm, dlm=dlm)
     results, wall = _decode_all(dec, prompts, args, sampling, printer, tok)
     summary = aggregate_metrics(results)
@@ -508,8 +508,6 @@ def _run_compare(args, tlm, dlm, toks, prompts, eos, sampling) -> int:
     seed (one seed drawn for both when --seed is not given); the report of runtime/compare.py."""
     from ..runtime.compare import compare_runs, format_report
     from ..runtime.decoding import TargetOnlyDecoder
-    if not sampling.greedy:
-        sampling = dataclasses.replace(sampling, seed=sampling.run_seed())
     runs = {"target_only": _decode_all(TargetOnlyDecoder(tlm, eos_token_id=eos), prompts, args, sampling,
                                        None, toks[0]),
             "speculative": _decode_all(_spec_decoder(args, tlm, dlm, toks, eos), prompts, args, sampling,
@@ -534,14 +532,13 @@ def _run_compare(args, tlm, dlm, toks, prompts, eos, sampling) -> int:
 def _decode_all(dec, prompts, args, sampling, printer, tok):
     """Every prompt through the decoder: one after another, streaming, with a batch-1
     artifact; through every row at once (continuous batching) with a batch-B one,
-    each text printed whole, in input order. Returns (results in input order, wall s)."""
+    each text printed whole, in input order. ``sampling`` carries the run's seed (``run``
+    draws it). Returns (results in input order, wall s)."""
     import time
 
     from ..runtime.batch import BatchEngine
     engine = BatchEngine(dec)
     engine.check_prompts(prompts, args.max_new_tokens)       # a prompt that does not fit: before anything runs
-    if not sampling.greedy:   # one seed for the run: prompt i samples as (seed, i), one row or many
-        sampling = dataclasses.replace(sampling, seed=sampling.run_seed())
     results = [None] * len(prompts)
     t0 = time.perf_counter()
     if dec.tlm.batch_size == 1:
