@@ -484,12 +484,22 @@ def run(argv: list[str]) -> int:
     if not sampling.greedy:   # the run's seed (drawn when not given): --seed S reproduces the text
         out["seed"] = sampling.seed
     if args.backend == "openvino":   # contract: whether greedy output is target-only's, recorded
-        out["backend"] = tlm.exactness(speculative=not args.target_only)
+        out["backend"] = _backend_record(tlm, None if args.target_only else dlm, not args.target_only)
     if args.json:
         write_stdout(json.dumps(out) + "\n")
     else:
         print_metrics(summary, color=(not args.no_color) and sys.stderr.isatty())
     return 0
+
+
+def _backend_record(tlm, dlm, speculative: bool) -> dict:
+    """``--json``'s ``backend`` on OpenVINO: the TLM's exactness record, and under ``draft`` the
+    draft model's own precision, threads and cache (None without a draft model)."""
+    rec = tlm.exactness(speculative=speculative)
+    ex = getattr(dlm, "exactness", None)
+    rec["draft"] = None if ex is None else {k: v for k, v in ex().items()
+                                            if k in ("kind", "precision", "threads", "cache", "cache_note")}
+    return rec
 
 
 def _spec_decoder(args, tlm, dlm, toks, eos):
@@ -516,7 +526,7 @@ def _run_compare(args, tlm, dlm, toks, prompts, eos, sampling) -> int:
     if args.json:
         report["seed"] = sampling.seed
         if args.backend == "openvino":   # contract: whether greedy output is target-only's, recorded
-            report["backend"] = tlm.exactness(speculative=True)
+            report["backend"] = _backend_record(tlm, dlm, True)
         report["results"] = {name: [r.to_json() for r in res] for name, (res, _) in runs.items()}
         write_stdout(json.dumps(report) + "\n")
         return 0

@@ -268,7 +268,11 @@ def use_backend_counts(m: RunMetrics, before: dict, after: dict, wall_s: float) 
 
 
 def aggregate_metrics(results: list[GenerationResult]) -> RunMetrics | None:
-    """Metrics over several generations (sums, and rates recomputed from the sums)."""
+    """Metrics over several generations (sums, and rates recomputed from the sums).
+
+    The rows of one batch share their calls and each row counts all it took part in, so over a
+    batch the calls and model times count a shared call once per row: ``use_backend_counts``
+    replaces them with the backends' own counts."""
     ms = [r.metrics for r in results]
     if not ms:
         return None

@@ -385,6 +385,9 @@ def test_cli_backend_openvino(art, capsys):
                          "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "12", "--json"], capsys)
     assert json.loads(out2)["results"][0]["generated_ids"] == rec["results"][0]["generated_ids"]
     assert rec["backend"]["cache"] == "fused" and rec["backend"]["cache_note"] is None
+    # the draft model's own cache, not the TLM's: GPT-2 has no fused cache (it recorded the TLM's only)
+    assert rec["backend"]["draft"]["cache"] == "copy" and rec["backend"]["draft"]["cache_note"]
+    assert rec["backend"]["draft"]["precision"] == "f32" and json.loads(out2)["backend"]["draft"] is None
     code, out3, err = run(["--tlm", str(t), "--target-only", "--backend", "openvino", "--ov-precision", "f32",
                            "--ov-cache", "copy", "--prompt-ids", "1,5,9,33,7", "--max-new-tokens", "12", "--json"],
                           capsys)
