@@ -530,6 +530,8 @@ def markdown(rec: dict) -> list[str]:
               "|---|---|" + "---|" * len(present)]
         for cat in [*s["categories"], *(g for g, _ in GROUPS)]:
             cells = [by.get((cat, m)) for m in present]
+            if not any(cells):      # nothing measured there (a record from before the turn rows): no row of dashes
+                continue
             tgt = next((c["target_tokens_per_s"] for c in cells if c), None)
             L.append(f"| {cat} | {'-' if tgt is None else f'{tgt:.1f}'} | " + " | ".join(_cell(c) for c in cells) + " |")
         L.append("")

@@ -165,6 +165,15 @@ def test_per_category_rows_sum_tokens_over_decode_time():
     rows = {(r["mode"], r["category"]): r for r in mtbench.aggregate(runs, ["target", "spec"], ["a", "b"])}
     assert set(rows) == {("greedy", "a"), ("greedy", "b"), ("greedy", "all"), ("sampling", "a"), ("sampling", "all"),
                          ("greedy", "turn 1"), ("greedy", "turn 2"), ("sampling", "turn 1")}
+    settings = {"sampling": {"temperature": 0.7, "top_p": 0.95}, "subset": "t", "questions": [1, 2], "build": "b",
+                "max_new_tokens": 10, "ctx_len": 64, "repeats": 2, "ort_threads": 1, "methods": ["target", "spec"],
+                "categories": ["a", "b"]}
+    md = mtbench.markdown({"settings": settings, "rows": list(rows.values()), "greedy_equal": True})
+    sampled = md[md.index("sampling:"):]
+    # a group or category with nothing measured gets no row of dashes (sampling ran question 1 only)
+    assert any(line.startswith("| turn 2 |") for line in md[:md.index("sampling:")])
+    assert not any(line.startswith(("| turn 2 |", "| b |")) for line in sampled), sampled
+    assert any(line.startswith("| turn 1 |") for line in sampled)
     a, b, al = rows[("greedy", "a")], rows[("greedy", "b")], rows[("greedy", "all")]
     assert rows[("greedy", "turn 1")]["speedup"] == a["speedup"] and rows[("greedy", "turn 2")]["speedup"] == b["speedup"]
     assert a["speedup"] == pytest.approx((10 / 0.5) / (10 / 1.0), abs=1e-3)              # 2.0: the fast repeat
