@@ -74,8 +74,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--num-devices", type=int, default=None,
                    help=f"qaic: devices to partition the TLM over (at most {MAX_DEVICES}; the draft: one)")
     p.add_argument("--device-group", metavar="IDS", default=None,
-                   help="qaic: QEfficient's [0,1]: the TLM partitioned over these devices (--num-devices their "
-                        "count), recorded for specdec-run --pair")
+                   help="qaic: QEfficient's [0,1] (commas or spaces): the TLM partitioned over these devices "
+                        "(--num-devices their count), recorded for specdec-run --pair")
     p.add_argument("--hw-version", choices=HW_VERSIONS, default=None, help="qaic: -aic-hw-version, both models")
     p.add_argument("--mxint8-kv-cache", action="store_true",
                    help="qaic: both models' KV cache in MXINT8 (custom IO precision mxint8)")

@@ -17,6 +17,8 @@ from ..errors import SpecdecError
 DEFAULT_MAX_NEW_TOKENS = 128
 #: an unescaped | separates prompts; \| is a literal |
 _PIPE = re.compile(r"(?<!\\)\|")
+#: a device id: ASCII digits only (int() would also take "+1" and other scripts' digits)
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def add_qeff_run_flags(p, prompt_group) -> None:
@@ -59,12 +61,13 @@ def device_group_text(value: str) -> str:
 
 
 def device_group(value: str) -> tuple[int, ...]:
-    """--device-group as device ids: distinct integers >= 0, at least one."""
-    try:
-        ids = tuple(int(x) for x in device_group_text(value).replace(" ", "").split(","))
-    except ValueError:
-        raise SpecdecError(f"--device-group: expected device ids like [0] or [0,1], got {value!r}") from None
-    if min(ids) < 0 or len(set(ids)) != len(ids):
+    """--device-group as device ids: distinct integers >= 0, at least one, separated by commas or spaces
+    (as specdec-run's device ids; "[0 1]" is two devices, not the digits joined)."""
+    parts = re.split(r"\s*,\s*|\s+", device_group_text(value).strip())
+    if not all(_DIGITS.fullmatch(x) for x in parts):
+        raise SpecdecError(f"--device-group: expected device ids like [0] or [0,1], got {value!r}")
+    ids = tuple(int(x) for x in parts)
+    if len(set(ids)) != len(ids):
         raise SpecdecError(f"--device-group: expected distinct device ids >= 0 like [0,1], got {value!r}")
     return ids
 

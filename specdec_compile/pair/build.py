@@ -74,7 +74,9 @@ QAIC_FIELDS = (("num_cores", "--num-cores"), ("dlm_num_cores", "--dlm-num-cores"
 
 def qaic_settings(req: PairRequest) -> dict:
     """The qaic options given (a field at its 'not given' value is left out), as JSON values."""
-    q = {name: getattr(req, name) for name, _ in QAIC_FIELDS if getattr(req, name) not in (None, False)}
+    # ``is``, not ``in (None, False)``: 0 == False, and --mos 0 is given (-mos=0), not absent
+    q = {name: getattr(req, name) for name, _ in QAIC_FIELDS
+         if getattr(req, name) is not None and getattr(req, name) is not False}
     if isinstance(q.get("device_group"), tuple):
         q["device_group"] = list(q["device_group"])
     return q
@@ -109,8 +111,19 @@ def _compile_kw(req: PairRequest, role: str) -> dict:
     return kw
 
 
+def _check_types(req: PairRequest) -> None:
+    """From Python: the paths are paths and the switches bools ("no" is not False: it would compile MX6)."""
+    for name, flag, value in (("tlm", "--tlm", req.tlm), ("dlm", "--dlm / --head", req.dlm)):
+        if not isinstance(value, (str, os.PathLike)) and (name == "tlm" or value is not None):
+            raise SpecdecError(f"{name} must be a path ({flag}), got {value!r}")
+    for name in ("mxfp6_matmul", "mxint8_kv_cache", "aic_enable_depth_first", "continuous_batching"):
+        if not isinstance(getattr(req, name), bool):
+            raise SpecdecError(f"{name} must be True or False, got {getattr(req, name)!r}")
+
+
 def _options(req: PairRequest) -> tuple[Options, Options | None]:
     """Both models' Options, checked, and checked as a pair (``check_compile_pair``): before any work."""
+    _check_types(req)
     if req.draft not in DRAFT_KINDS:
         raise SpecdecError(f"draft {req.draft!r} is not one of {', '.join(DRAFT_KINDS)}")
     if req.target not in TARGETS:
@@ -166,6 +179,8 @@ def _previous(out: Path) -> dict | None:
 
 def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, bool]:
     """Build (or find) the pair directory ``out``; returns (its pair.json, whether it was cached)."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise SpecdecError(f"output must be a path (-o), got {out!r}")
     out = Path(out)
     tlm_opts, dlm_opts = _options(req)
     old = _previous(out)
@@ -202,12 +217,25 @@ def build_pair(req: PairRequest, out, *, force: bool = False) -> tuple[dict, boo
 
 def _complete(out: Path, m: dict, settings: dict) -> bool:
     """OUT's pair.json says what the key stands for (an edited one is no hit) and its artifacts are there."""
-    same = json.loads(dumps(settings)) == m.get("settings") and all(
+    want = json.loads(dumps(settings))
+    if settings["draft"] == "head":   # the layers the head reads (head and export, both in the key): the TLM's
+        want["tlm_options"]["hidden_states"] = _artifact_layers(m)
+    same = want == m.get("settings") and all(
         m.get(k) == settings[k] for k in ("draft", "k", "target"))
     return same and all((Path(m[k]) / MANIFEST_FILE).is_file() for k in ("tlm", "dlm") if m.get(k))
 
 
+def _artifact_layers(m: dict):
+    """The hidden-state layers OUT's TLM artifact outputs (its manifest), None when it cannot say."""
+    try:
+        layers = json.loads((Path(m["tlm"]) / MANIFEST_FILE).read_text(encoding="utf-8"))["hidden_states"]["layers"]
+    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+        return None
+    return layers if isinstance(layers, list) else None
+
+
 def _check_out(out: Path, force: bool, old: dict | None, key: str, inputs) -> None:
+    _check_not_cwd(out)
     if out.exists() or out.is_symlink():
         if out.is_symlink() or not out.is_dir():
             raise SpecdecError(f"output {out} exists and is not a directory")
@@ -220,9 +248,9 @@ def _check_out(out: Path, force: bool, old: dict | None, key: str, inputs) -> No
                 raise SpecdecError(f"output directory {out} holds a pair built with other settings or inputs "
                                    f"(key {old.get('key')}, now {key}): --force rebuilds it, or choose another -o")
             raise SpecdecError(f"output directory {out} is not empty (use --force to replace a pair built there)")
-        if any(out.iterdir()) and not (out / PAIR_FILE).is_file():
-            raise SpecdecError(f"output directory {out} is not empty and holds no {PAIR_FILE}: --force only "
-                               f"replaces a pair that specdec-compile pair built")
+        if any(out.iterdir()) and not _is_pair_manifest(out / PAIR_FILE):
+            raise SpecdecError(f"output directory {out} is not empty and holds no {PAIR_FILE} of specdec-compile "
+                               f"pair: --force only replaces a pair that specdec-compile pair built")
     o = out.resolve()
     for inp in inputs:
         src = inp.path.resolve()
@@ -233,6 +261,28 @@ def _check_out(out: Path, force: bool, old: dict | None, key: str, inputs) -> No
         p = p.parent
     if not os.access(p, os.W_OK | os.X_OK):
         raise SpecdecError(f"cannot write the output {out}: {p} is not writable")
+
+
+def _check_not_cwd(out: Path) -> None:
+    """OUT is replaced by a rename: never the directory this process (and the shell) stands in, or one above it."""
+    try:
+        here = Path.cwd().resolve()
+    except OSError:      # the current directory is gone: nothing to protect
+        return
+    o = out.resolve()
+    if o == here or o in here.parents:
+        raise SpecdecError(f"output directory {out} is the current directory or holds it ({here}): it would be "
+                           f"replaced under it; choose another -o")
+
+
+def _is_pair_manifest(path: Path) -> bool:
+    """``path`` is a pair.json that specdec-compile pair wrote (its format), damaged or not otherwise:
+    another program's pair.json is not, and --force does not replace the folder that holds it."""
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(m, dict) and m.get("format") == FORMAT
 
 
 def _in_scratch(out: Path, fill) -> None:
@@ -277,6 +327,9 @@ def _build(work: Path, req: PairRequest, inputs_: dict, tlm_opts: Options, dlm_o
     tlm_onnx = _export(inputs_["tlm"], work, "tlm")
     if req.draft == "head":
         tlm_opts = _with_head_layers(tlm_opts, inputs_["head"], tlm_onnx)
+        st = manifest["settings"]     # what the TLM is compiled with (the key stands for the head and export)
+        manifest["settings"] = {**st, "tlm_options": {**st["tlm_options"],
+                                                      "hidden_states": list(tlm_opts.hidden_states)}}
     _log.info("compiling the TLM (k %d, %s)", req.k, req.target)
     write_artifact(pipeline.rewrite(tlm_onnx, tlm_opts, source=tlm_onnx), tlm_opts, pair / "tlm")
     checks = {"tlm": _verify(tlm_onnx, pair / "tlm", "TLM")}

@@ -65,6 +65,9 @@ def resolve(path: str | os.PathLike, flag: str, known: dict | None = None) -> Mo
                            f"Hugging Face folder it was compiled from (expected {EXPECTED})")
     if p.is_file():
         return _onnx_input(flag, p, p, "onnx", known)
+    if not p.is_dir():   # a device, a socket: neither a model file nor a folder
+        raise SpecdecError(f"{flag} {p}: not a regular file or a folder: expected an .onnx file or a folder with "
+                           f"{EXPECTED}")
     if (p / "model.onnx").is_file():
         return _onnx_input(flag, p, p / "model.onnx", "optimum", known)
     if _is_hf_folder(p):
