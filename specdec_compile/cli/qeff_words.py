@@ -47,7 +47,8 @@ def resolve_qeff_run_flags(args) -> None:
     if args.device_group is not None:
         if args.tlm_device_ids is not None:
             raise SpecdecError("give --tlm-device-ids or --device-group (QEfficient's name for it), not both")
-        args.tlm_device_ids = device_group_text(args.device_group)
+        # checked under its own name ([] or [a] named --tlm-device-ids, a flag the user did not give)
+        args.tlm_device_ids = ",".join(str(i) for i in device_group(args.device_group))
     if args.full_batch_size is not None and args.full_batch_size < 1:
         raise SpecdecError(f"--full-batch-size must be >= 1 (got {args.full_batch_size})")
 

@@ -41,7 +41,9 @@ def read_pair(out: str | os.PathLike, *, missing_ok: bool = False) -> dict | Non
     if not path.is_file():
         if missing_ok:
             return None
-        what = "no such directory" if not out.exists() else f"no {PAIR_FILE} in it"
+        what = ("no such directory" if not out.exists() else
+                f"a file, not the directory that holds it (give --pair {out.parent})" if out.name == PAIR_FILE
+                else "not a directory" if not out.is_dir() else f"no {PAIR_FILE} in it")
         raise SpecdecError(f"--pair {out}: {what} (a pair directory is what specdec-compile pair -o OUT writes)")
     try:
         m = json.loads(path.read_text(encoding="utf-8"))

@@ -96,6 +96,9 @@ def test_run_pair_refusals(tmp_path, capsys):
                                                "tlm": "../elsewhere", "dlm": "dlm"}))
     err = refused(["--pair", bad, "--prompt-ids", "1,2"], capsys, tmp_path, main=_run)
     assert "relative to the pair directory" in err
+    # the pair.json file itself: said so, with the directory to give (it said "no pair.json in it")
+    err = refused(["--pair", bad / "pair.json", "--prompt-ids", "1,2"], capsys, tmp_path, main=_run)
+    assert "not the directory" in err and f"--pair {bad}" in err
     err = refused(["--pair", bad, "--tlm", bad, "--prompt-ids", "1,2"], capsys, tmp_path, main=_run)
     assert "not both" in err
     err = refused(["--prompt-ids", "1,2"], capsys, tmp_path, main=_run)

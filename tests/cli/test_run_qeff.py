@@ -168,11 +168,15 @@ def test_device_group_is_the_tlm_device_ids(pair, capsys, monkeypatch):
         code, _, err = run(base + ["--device-group", group], capsys)
         assert code == 0, err
         assert seen == [("tlm", [0]), ("dlm", None)]
-    cases = [(["--device-group", "[0,1"], "unbalanced"), (["--device-group", "[a]"], "comma-separated"),
+    cases = [(["--device-group", "[0,1"], "unbalanced"), (["--device-group", "[a]"], "--device-group: expected"),
+             (["--device-group", "[]"], "--device-group: expected"),
              (["--device-group", "0", "--tlm-device-ids", "0"], "not both"),
              (["--device-group", "[-1]"], "device ids")]
     for extra, needle in cases:
-        one_line_error(*run(base + extra, capsys)[::2], needle)
+        code, _, err = run(base + extra, capsys)
+        one_line_error(code, err, needle)
+        if extra[1] != "0":     # the flag the user gave, not the one it stands for
+            assert "--tlm-device-ids" not in err, err
 
 
 def test_full_batch_size_checks_the_compiled_batch(pair, capsys):
