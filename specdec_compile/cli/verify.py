@@ -40,9 +40,14 @@ def defaults_from_manifest(rewritten: Path) -> dict:
     if bad:
         raise SpecdecError(f"{where}: specializations lists seq_len {bad[0]}, outside 1 to ctx_len {m.ctx_len}")
     spec_file = rewritten.parent / SPECIALIZATIONS_FILE
-    if widths and spec_file.is_file():    # the widths verified are the compiled ones, or none are
+    if spec_file.is_file():    # the widths verified are the compiled ones: an edited list drops none
         from ..artifact.reader import check_listed_seq_lens, read_specializations
-        check_listed_seq_lens(rewritten.parent, m, read_specializations(spec_file))
+        specs = read_specializations(spec_file)
+        check_listed_seq_lens(rewritten.parent, m, specs)
+        listed = [s["seq_len"] for s in specs]
+        if not widths:
+            raise SpecdecError(f"{rewritten.parent}: {MANIFEST_FILE} lists the seq_lens [] but "
+                               f"{SPECIALIZATIONS_FILE} has {listed}")
     out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len, "widths": widths}
     if m.k is not None:
         out["k"] = m.k
@@ -110,7 +115,7 @@ def render(report: VerifyReport, file=None) -> None:
     if report.caches:
         console.print(f"OpenVINO caches replayed: {' and '.join(report.caches)}"
                       + (f" (no fused cache: {report.fused_note})" if report.fused_note else ""))
-    hidden = f", max |Δ hidden states| = {report.max_hidden_diff:.3e}" if report.max_hidden_diff else ""
+    hidden = f", max |Δ {report.hidden_output}| = {report.max_hidden_diff:.3e}" if report.hidden_output else ""
     console.print(f"{verdict}: max |Δ logits| = {report.max_logits_diff:.3e}, max |Δ cache| = "
                   f"{report.max_cache_diff:.3e}{hidden} (tolerance {report.tol:g})"
                   + ("; the export's top tokens depend on the call width" if report.width_dependent else ""))

@@ -81,7 +81,22 @@ def random_features(rng: np.random.Generator, n: int, width: int | None) -> np.n
     return rng.standard_normal((n, width)).astype(np.float32) if width else None
 
 
-def max_diff(got: np.ndarray | None, want: np.ndarray | None) -> float:
+def max_diff(got: np.ndarray | None, want: np.ndarray | None, what: str = "hidden states") -> float:
+    """The largest absolute difference of ``got`` (the rewrite's) and ``want`` (the export's), NaN
+    when either holds a NaN (or both the same infinity); 0.0 when there is nothing to compare. Tensors
+    of other shapes are not the same model's: one line naming ``what``, never a broadcast."""
     if got is None or want is None:
         return 0.0
+    if got.shape != want.shape:
+        raise SpecdecError(f"the rewrite's {what} have shape {list(got.shape)}, the export's {list(want.shape)} "
+                           f"(the rewrite is not a rewrite of this export)")
+    if got.size == 0:
+        return 0.0
     return float(np.max(np.abs(got.astype(np.float32) - want.astype(np.float32))))
+
+
+def worst(values) -> float:
+    """The largest of ``values`` (0.0 for none), NaN when any is NaN (Python's ``max`` keeps its
+    first argument when a later one is NaN: a NaN difference would read as no difference)."""
+    values = [float(v) for v in values]
+    return float("nan") if any(v != v for v in values) else max(values, default=0.0)

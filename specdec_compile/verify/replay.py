@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import (BATCH_INDEX, CTX_LEN_KEY, HIDDEN_STATES, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-                       past_name, retained_name)
+                       ROLE_KEY, past_name, retained_name)
 from ..errors import SpecdecError
 from ..model_io import load_model
 from ..options import check_options
-from .hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of
+from .hidden import ExposedCopy, Request, layer_names, max_diff, random_features, request_of, worst
 
 _log = logging.getLogger(__name__)
 
@@ -78,18 +78,21 @@ class VerifyReport:
     #: ``fused_note``: why the fused cache was not replayed
     caches: list[str] = field(default_factory=list)
     fused_note: str | None = None
+    #: the rewrite's hidden-states output compared (``hidden_states`` / ``draft_hidden_states``; None: none)
+    hidden_output: str | None = None
 
+    # the maxima are NaN when any difference is (a NaN on either side): never dropped by ``max``
     @property
     def max_logits_diff(self) -> float:
-        return max((c.logits_max_abs_diff for c in self.checks), default=0.0)
+        return worst(c.logits_max_abs_diff for c in self.checks)
 
     @property
     def max_cache_diff(self) -> float:
-        return max((c.cache_max_abs_diff for c in self.checks), default=0.0)
+        return worst(c.cache_max_abs_diff for c in self.checks)
 
     @property
     def max_hidden_diff(self) -> float:
-        return max((c.hidden_max_abs_diff for c in self.checks), default=0.0)
+        return worst(c.hidden_max_abs_diff for c in self.checks)
 
     @property
     def width_dependent(self) -> bool:
@@ -114,18 +117,29 @@ class VerifyReport:
                                           "hidden_max_abs_diff": 0.0, "history_changed": False,
                                           "non_finite": False})
             r["calls"] += 1
-            r["logits_max_abs_diff"] = max(r["logits_max_abs_diff"], c.logits_max_abs_diff)
-            r["cache_max_abs_diff"] = max(r["cache_max_abs_diff"], c.cache_max_abs_diff)
-            r["hidden_max_abs_diff"] = max(r["hidden_max_abs_diff"], c.hidden_max_abs_diff)
+            for key in ("logits_max_abs_diff", "cache_max_abs_diff", "hidden_max_abs_diff"):
+                r[key] = worst((r[key], getattr(c, key)))
             r["history_changed"] |= c.history_changed
             r["non_finite"] |= c.non_finite
         return list(rows.values())
 
     def to_json(self) -> dict:
+        """The report as JSON values: a difference that is NaN is null (a bare NaN is not JSON)."""
         d = {k: v for k, v in asdict(self).items() if k != "checks"}
         d.update(ok=self.ok, max_logits_diff=self.max_logits_diff, max_cache_diff=self.max_cache_diff,
                  max_hidden_diff=self.max_hidden_diff, shapes=self.per_shape())
-        return d
+        return _json_safe(d)
+
+
+def _json_safe(value):
+    """``value`` with every non-finite float made None, in dicts and lists too."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _quiet():
@@ -224,7 +238,7 @@ class _Rewritten:
         logits_shape = next(o for o in self.sess.get_outputs() if o.name == LOGITS).shape
         self.vocab = logits_shape[-1] if logits_shape else None
         self._ins = ins
-        self.role = "dlm" if logits_shape[1] == 1 else "tlm"
+        self.role = _role(path, logits_shape, self.sess.get_modelmeta().custom_metadata_map.get(ROLE_KEY))
         #: --interface qeff (contract section 7): every row in its own cache row, every column's logits
         self.qeff = [n for n in (BATCH_INDEX, NUM_LOGITS_TO_KEEP) if n in ins]
         meta = self.sess.get_modelmeta().custom_metadata_map
@@ -248,7 +262,20 @@ class _Rewritten:
             raise SpecdecError(f"the rewrite failed on ONNX Runtime at seq_len {ids.shape[1]}: "
                                f"{' '.join(str(e).split())[:300]}") from None
         self.state = out[1:1 + len(self.names)]
+        want = (ids.shape[0], ids.shape[1] if self.role == "tlm" else 1)
+        if out[0].ndim != 3 or out[0].shape[:2] != want:
+            raise SpecdecError(f"the rewrite's logits at seq_len {ids.shape[1]} are {list(out[0].shape)}, not "
+                               f"[{want[0]}, {want[1]}, vocab] as its role ({self.role}) has them")
         return out[0], (out[-1] if self.req.output else None)
+
+
+def _role(path, logits_shape, meta_role: str | None) -> str:
+    """The rewrite's role: its metadata's, else its logits' fixed seq dim (1: a DLM); the two must agree."""
+    seq = logits_shape[1] if logits_shape and len(logits_shape) == 3 else None
+    by_shape = ("dlm" if seq == 1 else "tlm") if isinstance(seq, int) or meta_role not in ("tlm", "dlm") else None
+    if meta_role in ("tlm", "dlm") and by_shape not in (None, meta_role):
+        raise SpecdecError(f"{path}: its {ROLE_KEY} metadata says {meta_role}, but its logits have seq dim {seq}")
+    return meta_role if meta_role in ("tlm", "dlm") else by_shape
 
 
 def _scenario(prefill_len: int, k: int, ctx_len: int, n_prompt: int, widths: tuple[int, ...] = (),
@@ -303,6 +330,7 @@ def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: i
     written to a scratch directory, its external data hard-linked from its source directory:
     ``*_source``, the file it was read from, or an ir model's own ``base_dir``)."""
     check_options(k=k, prefill_len=prefill_len, ctx_len=ctx_len, batch_size=batch_size, optional=True)
+    check_verify_options(seed=seed, tol=tol, widths=widths)
     import contextlib
     with contextlib.ExitStack() as stack:
         original = _as_path(original, original_source, stack)
@@ -310,6 +338,20 @@ def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: i
         return _verify_paths(original, rewritten, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
                              batch_size=batch_size, seed=seed, tol=tol, widths=tuple(widths), backend=backend,
                              precision=precision)
+
+
+def check_verify_options(*, seed, tol, widths) -> None:
+    """One line for a seed that is not an integer >= 0, a tolerance that is not a finite number >= 0,
+    or a width that is not an integer >= 1 (what the command line refuses too; a width the context
+    cannot hold is the scenario's refusal)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise SpecdecError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)) \
+            or not np.isfinite(tol) or tol < 0:
+        raise SpecdecError(f"tol must be a finite number >= 0, got {tol!r}")
+    for w in widths:
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
+            raise SpecdecError(f"widths: {w!r} is not a call width (an integer >= 1)")
 
 
 def _as_path(model, source, stack) -> Path:
@@ -331,12 +373,15 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
                   seed: int, tol: float, widths: tuple[int, ...] = (), backend: str = "auto",
                   precision: str | None = None) -> VerifyReport:
     widest = max(_extra_widths(widths, k, prefill_len), default=0)
-    need = 2 * prefill_len + 3 + 2 * (k + 1) + batch_size + widest
+    # the prompt, then 2k+6 tokens of decoding and rollbacks, then at least one token at the end of the
+    # context: at prefill 1 and 2 the prompt (1.5 chunks) leaves less than the sum below
+    need = max(2 * prefill_len + 3 + 2 * (k + 1) + batch_size + widest, _prompt_len(prefill_len) + 2 * k + 7)
     if ctx_len < need:
         extra = f", a width of {widest}" if widest else ""
         raise SpecdecError(f"ctx_len {ctx_len} too small for the verification scenario of prefill {prefill_len}, "
-                           f"k {k}, batch {batch_size}{extra} (needs >= {need} = 2*prefill + 2*(k+1) + batch + 3"
-                           f"{' + width' if widest else ''}): raise --ctx-len or lower the others")
+                           f"k {k}, batch {batch_size}{extra} (needs >= {need}: 2*prefill + 2*(k+1) + batch + 3"
+                           f"{' + width' if widest else ''}, and 2*k + 7 past a prompt of 1.5 prefill chunks): "
+                           f"raise --ctx-len or lower the others")
     from .openvino import pick_backend
     model = load_model(rewritten)   # read once: the cache-write check and the request both look at it
     backend = pick_backend(backend, _check_writes(model, rewritten))
@@ -379,7 +424,7 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
     vocab = orig.det.info.vocab_size
     report = VerifyReport(role=new.role, k=k, prefill_len=prefill_len, ctx_len=ctx_len,
                           batch_size=batch_size, tol=tol, backend="openvino" if hasattr(new, "precision") else "ort",
-                          precision=getattr(new, "precision", None))
+                          precision=getattr(new, "precision", None), hidden_output=new.req.output)
     rows = _batch_rows(prefill_len, k, ctx_len, batch_size, widths)
     n_calls = len(rows[0])
     tokens = [rng.integers(0, vocab, size=ctx_len + k + 2) for _ in range(batch_size)]
@@ -413,8 +458,7 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
             caches[b] = present
             got = logits[b, :v] if new.role == "tlm" else logits[b, :1]
             want = ref[:v] if new.role == "tlm" else ref[v - 1:v]
-            cache_diff = max(float(np.max(np.abs(s[b, :, :start + v].astype(np.float32)
-                                                 - p[0].astype(np.float32)))) for s, p in zip(new.state, present))
+            cache_diff = worst(max_diff(s[b, :, :start + v], p[0], "cache slots") for s, p in zip(new.state, present))
             changed = any(not np.array_equal(s0[b, :, :start], s1[b, :, :start])
                           for s0, s1 in zip(before, new.state))
             # padding must not change any slot: compare everything outside the written run
@@ -422,12 +466,13 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
             written[start:start + v] = True
             changed |= any(not np.array_equal(s0[b][:, ~written], s1[b][:, ~written])
                            for s0, s1 in zip(before, new.state))
-            non_finite = any(not np.all(np.isfinite(s[b])) for s in new.state) or not np.all(np.isfinite(got))
+            got_hidden = None if hidden is None else hidden[b, :v]
+            non_finite = any(not np.all(np.isfinite(s[b])) for s in new.state) or not np.all(np.isfinite(got)) \
+                or (got_hidden is not None and not np.all(np.isfinite(got_hidden)))
             report.checks.append(ShapeCheck(label=label, seq_len=width,
-                                            logits_max_abs_diff=float(np.max(np.abs(got - want))),
+                                            logits_max_abs_diff=max_diff(got, want, "logits"),
                                             cache_max_abs_diff=cache_diff, history_changed=bool(changed),
-                                            hidden_max_abs_diff=max_diff(None if hidden is None else hidden[b, :v],
-                                                                         ref_hidden),
+                                            hidden_max_abs_diff=max_diff(got_hidden, ref_hidden, new.req.output),
                                             non_finite=bool(non_finite)))
     if new.role == "tlm":
         report.width_max_abs_diff, report.width_top_token_changes = _width_dependence(
@@ -442,7 +487,7 @@ def _replay(orig: OriginalModel, new: _Rewritten, rewritten, *, k: int, prefill_
 def _batch_rows(prefill_len: int, k: int, ctx_len: int, batch_size: int, widths: tuple[int, ...]) -> list:
     """One ``_scenario`` per row, each row's prompt longer by a few tokens (but not by a prefill
     call more), all of the same call widths: every call of the batch has one width."""
-    base = prefill_len + prefill_len // 2 + 1
+    base = _prompt_len(prefill_len)
     slack = -(-base // prefill_len) * prefill_len - base   # tokens a row may add without another call
     first = _scenario(prefill_len, k, ctx_len, base, widths)
     n_fill = sum(1 for c in first if c[0] == "fill")
@@ -452,6 +497,11 @@ def _batch_rows(prefill_len: int, k: int, ctx_len: int, batch_size: int, widths:
         raise SpecdecError(f"ctx_len {ctx_len} leaves too little context to fill for the rows of batch "
                            f"{batch_size} at prefill {prefill_len}: raise --ctx-len or lower --batch-size")
     return rows
+
+
+def _prompt_len(prefill_len: int) -> int:
+    """The first row's prompt: a full prefill chunk and a right-padded one."""
+    return prefill_len + prefill_len // 2 + 1
 
 
 def _check_same_model(orig: OriginalModel, new: _Rewritten, rewritten) -> None:
