@@ -20,7 +20,7 @@ from .common import Parser, add_progress_flags, start_progress
 
 
 def defaults_from_manifest(rewritten: Path) -> dict:
-    """k, prefill_len, ctx_len and the call widths (specializations) of the artifact REWRITTEN
+    """k, prefill_len, ctx_len, batch_size and the call widths (specializations) of the artifact REWRITTEN
     sits in ({} outside an artifact); a manifest whose shapes no verification can use is refused
     in one line naming it (``check_options``' bounds, widths 1 to ctx_len)."""
     if not (rewritten.parent / MANIFEST_FILE).exists():
@@ -49,6 +49,8 @@ def defaults_from_manifest(rewritten: Path) -> dict:
             raise SpecdecError(f"{rewritten.parent}: {MANIFEST_FILE} lists the seq_lens [] but "
                                f"{SPECIALIZATIONS_FILE} has {listed}")
     out = {"prefill_len": m.prefill_len, "ctx_len": m.ctx_len, "widths": widths}
+    if m.batch_size is not None:     # every compiled row (a qeff artifact's batch_index rows too)
+        out["batch_size"] = m.batch_size
     if m.k is not None:
         out["k"] = m.k
     return out
@@ -137,7 +139,8 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     p.add_argument("--prefill-len", type=int, default=None, help="prefill chunk (default: manifest, else 32)")
     p.add_argument("--ctx-len", type=int, default=None,
                    help=f"context length (default: manifest, else 256; at most {MAX_CTX_LEN})")
-    p.add_argument("--batch-size", type=int, default=1, help=f"rows per call (default 1, at most {MAX_BATCH_SIZE})")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"rows per call (default: the artifact's batch, else 1; at most {MAX_BATCH_SIZE})")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random token histories (an integer >= 0; default 0): the same seed "
                         "replays the same tokens")
@@ -168,7 +171,8 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     ctx_len = args.ctx_len if args.ctx_len is not None else history_past_windows(
         original, d.get("ctx_len", 256), prefill_len, limit=compiled_ctx_len(rewritten))
     report = verify(original, rewritten, k=_given(args.k, d.get("k", 7)), prefill_len=prefill_len,
-                    ctx_len=ctx_len, batch_size=args.batch_size, seed=args.seed, tol=args.tol,
+                    ctx_len=ctx_len, batch_size=_given(args.batch_size, d.get("batch_size", 1)), seed=args.seed,
+                    tol=args.tol,
                     widths=d.get("widths", ()), backend=args.backend, precision=args.ov_precision)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))

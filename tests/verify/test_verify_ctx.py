@@ -114,6 +114,10 @@ def test_verify_runs_every_batch_size(prefill_len, ctx_len, batch, fixture_path,
     assert cli.main(["verify", str(src), str(out), "--batch-size", str(batch), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["batch_size"] == batch and report["ok"]
+    # without --batch-size: the artifact's own batch, every compiled row (it replayed row 0 alone)
+    assert cli.main(["verify", str(src), str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["batch_size"] == batch and report["ok"]
 
 
 @pytest.mark.parametrize("key, value", [("ctx_len", 48), ("role", "dlm"), ("target", "ort")])
