@@ -69,8 +69,14 @@ class Eagle3Checkpoint:
 
 
 def _positive(v) -> bool:
-    """A JSON number > 0 and finite (not a boolean; NaN and Infinity, which Python's json reads, are not)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+    """A JSON number > 0 and finite as a float (not a boolean; NaN and Infinity, which Python's json reads,
+    are not, nor an integer past float's range such as 10**400, which float() cannot convert)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return 0 < float(v) < math.inf
+    except OverflowError:
+        return False
 
 
 def _need(cfg: dict, key: str, kind, where: str):
@@ -115,11 +121,14 @@ def _layer_config(tl, where: str) -> dict:
     if fam not in FAMILIES:
         raise SpecdecError(f"{where}: transformer_layer_config.model_type {fam!r} is not supported "
                            f"(supported: {', '.join(FAMILIES)})")
-    if tl.get("num_hidden_layers", 1) != 1:
-        raise SpecdecError(f"{where}: the head has {tl.get('num_hidden_layers')} decoder layers; only 1-layer "
-                           f"EAGLE-3 heads are supported")
+    layers = _need(tl, "num_hidden_layers", int, where) if "num_hidden_layers" in tl else 1
+    if layers != 1:
+        raise SpecdecError(f"{where}: the head has {layers} decoder layers; only 1-layer EAGLE-3 heads are supported")
     if tl.get("hidden_act", "silu") != "silu":
         raise SpecdecError(f"{where}: hidden_act {tl.get('hidden_act')!r} is not supported (silu)")
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window"):   # a string ("false") is no boolean
+        if tl.get(key) is not None and not isinstance(tl[key], bool):
+            raise SpecdecError(f"{where}: transformer_layer_config.{key} is {tl[key]!r}, expected true or false")
     if fam == "qwen3" and tl.get("use_sliding_window"):
         raise SpecdecError(f"{where}: a sliding-window head is not supported")
     H, heads = _need(tl, "hidden_size", int, where), _need(tl, "num_attention_heads", int, where)
@@ -130,9 +139,6 @@ def _layer_config(tl, where: str) -> dict:
         raise SpecdecError(f"{where}: num_key_value_heads {kv!r} / head_dim {hd!r} do not fit {heads} heads")
     if tl.get("max_position_embeddings") is not None:
         _need(tl, "max_position_embeddings", int, where)
-    for key in ("attention_bias", "mlp_bias"):     # a string ("false") is no boolean: not guessed
-        if tl.get(key) is not None and not isinstance(tl[key], bool):
-            raise SpecdecError(f"{where}: transformer_layer_config.{key} is {tl[key]!r}, expected true or false")
     return dict(family=fam, hidden_size=H, intermediate_size=_need(tl, "intermediate_size", int, where),
                 num_heads=heads, num_kv_heads=kv, head_dim=hd, eps=float(_need(tl, "rms_norm_eps", float, where)),
                 rope=_rope(tl, where), attention_bias=bool(tl.get("attention_bias")),
@@ -142,14 +148,19 @@ def _layer_config(tl, where: str) -> dict:
 
 def _read_config(path: Path) -> dict:
     f = path / CONFIG
+    if path.exists() and not path.is_dir():
+        raise SpecdecError(f"{path}: is not a directory (a speculators checkpoint is a directory holding "
+                           f"{CONFIG} and {WEIGHTS})")
     if not path.is_dir():
         raise SpecdecError(f"{path}: no such checkpoint directory")
     if not f.is_file():
         raise SpecdecError(f"{path}: no {CONFIG} (a speculators checkpoint holds config.json and model.safetensors)")
     try:
         cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecdecError(f"{f}: not readable JSON ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:
+        # ValueError: JSONDecodeError, UnicodeDecodeError, and an integer of more than 4300 digits;
+        # RecursionError: arrays or objects nested thousands deep
+        raise SpecdecError(f"{f}: not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(cfg, dict):
         raise SpecdecError(f"{f}: not a JSON object")
     kind = cfg.get("speculators_model_type")
@@ -204,6 +215,8 @@ def read_checkpoint(path: str | Path) -> Eagle3Checkpoint:
     if flags["norm_before_fc"] and flags["fc_norm"]:
         raise SpecdecError(f"{where}: norm_before_fc and fc_norm are both set (they exclude each other)")
     th = cfg.get("target_hidden_size")
+    if th is not None and (not isinstance(th, int) or isinstance(th, bool)):
+        raise SpecdecError(f"{where}: target_hidden_size is {th!r}, expected null or an integer")
     if th is not None and th != layer["hidden_size"]:
         raise SpecdecError(f"{where}: target_hidden_size {th} differs from the head's hidden size "
                            f"{layer['hidden_size']}: not supported")
@@ -270,16 +283,19 @@ def check_tensors(ck: Eagle3Checkpoint, f: Path) -> None:
             raise SpecdecError(f"{f}: tensor {name!r} has dtype {t[name].dtype}, expected "
                                f"{ {'i': 'integer', 'b': 'bool', 'f': 'floating point'}[want] }")
         if want == "f" and not _finite(t[name]):
-            raise SpecdecError(f"{f}: tensor {name!r} holds NaN or infinite values (a damaged checkpoint)")
+            raise SpecdecError(f"{f}: tensor {name!r} holds NaN or infinite values, or values past float32's "
+                               f"range that the float32 head would hold as infinite (a damaged checkpoint)")
     if ("d2t" in t) != ("t2d" in t):
         raise SpecdecError(f"{f}: has {'d2t' if 'd2t' in t else 't2d'} without "
                            f"{'t2d' if 'd2t' in t else 'd2t'} (they map the vocabularies together)")
 
 
 def _finite(a: np.ndarray, chunk: int = 1 << 22) -> bool:
-    """No NaN or infinity in ``a`` (checked in chunks: no temporary the size of an embedding table)."""
+    """No NaN or infinity in ``a`` as float32, the head's type: a float64 of 1e300 is finite, but infinite
+    once cast (checked in chunks: no temporary the size of an embedding table)."""
     flat = a.reshape(-1)
-    return all(np.isfinite(flat[i:i + chunk]).all() for i in range(0, flat.size, chunk))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return all(np.isfinite(flat[i:i + chunk].astype(np.float32)).all() for i in range(0, flat.size, chunk))
 
 
 def draft_to_target(ck: Eagle3Checkpoint, target_vocab: int) -> np.ndarray:

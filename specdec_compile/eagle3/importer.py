@@ -34,7 +34,11 @@ _log = logging.getLogger(__name__)
 
 
 def target_layers(ck: Eagle3Checkpoint, t: Target) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(the aux ids, resolved; the target layers whose outputs they are: --hidden-states)."""
+    """(the aux ids, resolved, ascending; the target layers whose outputs they are: --hidden-states).
+
+    Ascending whatever the config's order: vLLM (and speculators' data generator, which trains the head)
+    appends each aux hidden state as its layer runs, so fc's input blocks are the layers in ascending
+    order; ids listed [4, 1, 2] are read as [1, 2, 4], never as fc reading layer 4 in its first block."""
     L = t.num_layers
     ids = ck.aux_ids if ck.aux_ids is not None else (2, L // 2, L - 3)
     where = ck.path / CONFIG
@@ -47,6 +51,7 @@ def target_layers(ck: Eagle3Checkpoint, t: Target) -> tuple[tuple[int, ...], tup
                                f"a target of {L} layers (valid: 1..{L})")
     if len(set(ids)) != len(ids):
         raise SpecdecError(f"{where}: eagle_aux_hidden_state_layer_ids {list(ids)} names a layer twice")
+    ids = sorted(ids)
     return tuple(ids), tuple(i - 1 for i in ids)
 
 
@@ -148,6 +153,32 @@ def check_out_spares(out: Path, ckpt: Path) -> None:
                            f"checkpoint); choose another -o")
 
 
+def make_parent(parent: Path) -> Path | None:
+    """Create ``parent`` (and the folders above it that are missing); returns the topmost one created
+    (None: it existed), for ``remove_parent`` to take back after a refusal: nothing written on failure."""
+    top = None
+    p = parent
+    while not p.exists():
+        top, p = p, p.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return top
+
+
+def remove_parent(parent: Path, top: Path | None) -> None:
+    """Remove the folders ``make_parent`` created, from ``parent`` up to ``top``, each only while empty."""
+    if top is None:
+        return
+    p = parent
+    while True:
+        try:
+            p.rmdir()
+        except OSError:
+            return
+        if p == top:
+            return
+        p = p.parent
+
+
 def move_into_place(staged: Path, out: Path) -> None:
     """Rename the finished directory ``staged`` to ``out`` (a previous ``out`` set aside, then removed)."""
     out = Path(os.path.abspath(out))
@@ -196,7 +227,7 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
     check_out_spares(out, ck.path)
     from .head import export_head
     parent = Path(os.path.abspath(out)).parent
-    parent.mkdir(parents=True, exist_ok=True)
+    created = make_parent(parent)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=parent))
     try:
         _log.info("exporting the EAGLE-3 head (%s, %d aux layers, draft vocabulary %d) with torch.onnx",
@@ -210,6 +241,10 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
         m = _amend(scratch / "artifact" / "manifest.json", ck,
                    eagle3_record(ck, t, ids, layers, target_ids, spread, quantized))
         move_into_place(scratch / "artifact", out)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        remove_parent(parent, created)     # a refusal (no torch, a failed export) leaves no folder behind
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return m

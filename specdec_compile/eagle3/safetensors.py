@@ -6,13 +6,13 @@ optional "__metadata__" object of strings), then the raw little-endian data;
 offsets count from the end of the header. Every check fails in one line
 (``SpecdecError``): a short file, a header that is not JSON, an unknown dtype,
 a shape that is not a list of non-negative integers, offsets outside the data,
-a byte count that does not match the shape, or tensors that overlap.
+a byte count that does not match the shape, tensors that overlap, or a name
+(or key) given twice, which would leave which one is read to the parser.
 """
 from __future__ import annotations
 
 import json
 import struct
-from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -29,16 +29,55 @@ def _bad(path: Path, what: str) -> SpecdecError:
     return SpecdecError(f"{path}: not a valid safetensors file: {what}")
 
 
+def _short(value, limit: int = 120) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a hostile header's values can be megabytes long (and an
+    integer of thousands of digits cannot be printed at all)."""
+    if isinstance(value, list) and len(value) > 16:
+        return f"[{', '.join(_short(v, 24) for v in value[:8])}, ... ({len(value)} in all)]"
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<an integer of {value.bit_length()} bits>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _nbytes(shape: list[int], itemsize: int, limit: int) -> int | None:
+    """The bytes ``shape`` holds, or None past ``limit``: multiplied one dimension at a time and stopped
+    there, since the product of thousands of huge dimensions takes minutes."""
+    if 0 in shape:
+        return 0
+    n = itemsize
+    for d in shape:
+        n *= d
+        if n > limit:
+            return None
+    return n
+
+
+def _object(path: Path, pairs: list) -> dict:
+    """A JSON object of the header, refused when it names a key twice (json keeps the last silently)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _bad(path, f"the header names {k!r} twice")
+        out[k] = v
+    return out
+
+
 def _header(path: Path, data: bytes) -> dict:
     if len(data) < 8:
         raise _bad(path, f"{len(data)} bytes, shorter than the 8-byte header length")
     (n,) = struct.unpack("<Q", data[:8])
-    if n > min(_MAX_HEADER, len(data) - 8):
+    if n > len(data) - 8:
         raise _bad(path, f"header length {n} is past the end of the file ({len(data)} bytes)")
+    if n > _MAX_HEADER:
+        raise _bad(path, f"header length {n} is larger than the {_MAX_HEADER} bytes a header may have")
     try:
-        head = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _bad(path, f"the header is not JSON ({e})") from None
+        head = json.loads(data[8:8 + n].decode("utf-8"), object_pairs_hook=lambda p: _object(path, p))
+    except (ValueError, RecursionError) as e:
+        # ValueError: JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits;
+        # RecursionError: arrays nested thousands deep
+        raise _bad(path, f"the header is not JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(head, dict):
         raise _bad(path, "the header is not a JSON object")
     meta = head.pop("__metadata__", {})
@@ -52,17 +91,18 @@ def _entry(path: Path, name: str, e, size: int) -> tuple[str, tuple[int, ...], i
         raise _bad(path, f"tensor {name!r}: expected keys dtype, shape, data_offsets")
     dt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
     if not isinstance(dt, str) or dt not in DTYPES:
-        raise _bad(path, f"tensor {name!r}: unknown dtype {dt!r}")
+        raise _bad(path, f"tensor {_short(name)}: unknown dtype {_short(dt)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in shape):
-        raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+        raise _bad(path, f"tensor {_short(name)}: shape {_short(shape)} is not a list of non-negative integers")
     if (not isinstance(offs, list) or len(offs) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
             or not 0 <= offs[0] <= offs[1] <= size):
-        raise _bad(path, f"tensor {name!r}: data_offsets {offs!r} outside the {size} data bytes")
-    need = prod(shape) * np.dtype(DTYPES[dt]).itemsize
+        raise _bad(path, f"tensor {_short(name)}: data_offsets {_short(offs)} outside the {size} data bytes")
+    need = _nbytes(shape, np.dtype(DTYPES[dt]).itemsize, 1 << 64)    # no file holds 2**64 bytes
     if offs[1] - offs[0] != need:
-        raise _bad(path, f"tensor {name!r}: {offs[1] - offs[0]} bytes for {dt} {shape} ({need} expected)")
+        expected = f"{need} expected" if need is not None else "more than 2**64 expected"
+        raise _bad(path, f"tensor {_short(name)}: {offs[1] - offs[0]} bytes for {dt} {_short(shape)} ({expected})")
     return dt, tuple(shape), offs[0], offs[1]
 
 
@@ -83,7 +123,7 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         try:
             a = np.frombuffer(body[lo:hi], dtype=DTYPES[dt]).reshape(shape)
         except ValueError:   # no bytes, but dimensions numpy cannot hold (past 2**63, more than 64 of them)
-            raise _bad(path, f"tensor {name!r}: shape {list(shape)} cannot be held") from None
+            raise _bad(path, f"tensor {_short(name)}: shape {_short(list(shape))} cannot be held") from None
         if dt == "BF16":
             a = (a.astype(np.uint32) << 16).view(np.float32)
         elif dt == "F16":
