@@ -50,3 +50,39 @@ def compile_target(case: str, out: Path, *, target: str = "ort", k: int = 3, pre
                      "--target", target, "--prefill-len", str(prefill_len), "--ctx-len", str(ctx_len),
                      "--batch-size", str(batch_size), "-o", str(out), "--quiet"]) == 0
     return out
+
+
+def copy_case(tmp_path: Path, case: str = "llama") -> Path:
+    """A test checkpoint copied to ``tmp_path/ckpt`` for a test to damage (its reference outputs left out)."""
+    import shutil
+    d = tmp_path / "ckpt"
+    shutil.copytree(DATA / case, d)
+    (d / "reference.npz").unlink()
+    return d
+
+
+def edit_config(d: Path, **changes) -> dict:
+    """``d/config.json`` with ``changes`` applied (``layer=``: to transformer_layer_config); returns it."""
+    cfg = json.loads((d / "config.json").read_text())
+    layer = changes.pop("layer", {})
+    cfg.update(changes)
+    cfg["transformer_layer_config"].update(layer)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return cfg
+
+
+def refused_import(tmp_path: Path, capsys, ckpt, *needles, out=None, tlm=None) -> None:
+    """``import-head CKPT`` refused: exit 2, one line holding every needle, nothing written in ``tmp_path``."""
+    from specdec_compile import cli
+    out = out or tmp_path / "out"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    code = cli.main(["import-head", str(ckpt), "--tlm", str(tlm or target_export("eagle3_llama")), "--target",
+                     "ort", "-o", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec-compile: error: "), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == before

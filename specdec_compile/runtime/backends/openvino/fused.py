@@ -433,7 +433,8 @@ class Cursor:
     and gives the call's ``beam_idx`` and ``specdec_slot_positions``. A call that starts past the
     last valid position written plus one is refused (the fixed cache would show that call the
     slots in between, which a grown cache does not hold as the contract has them), and so is a call
-    whose valid positions are not one after another from its first (a gap or a repeat inside it)."""
+    whose valid positions are not one after another from its first (a gap or a repeat inside it).
+    A call of padding only rolls nothing back: the fixed cache writes nothing for it."""
 
     def __init__(self, states: list[str], name: str, stale_limit: int | None = None):
         self.states, self.name = states, name
@@ -451,19 +452,21 @@ class Cursor:
     def feeds(self, request, pos) -> dict:
         """The call's extra inputs (``beam_idx``, ``specdec_slot_positions``); the state rolled back
         to the call's first position first."""
-        first = int(pos[0, 0])
-        if first < 0 or first > self.valid:     # past the valid slots: a gap, or slots padding took
-            raise SpecdecError(f"{self.name}: the fused OpenVINO cache holds positions 0..{self.valid - 1} and "
-                               f"the call starts at {first}; it must start at or before the cache's end "
-                               f"(load it with cache='copy' for other calls)")
         row = pos[0]
+        first = int(row[0])
         n = int(np.count_nonzero(row >= 0))
+        if first > self.valid:     # past the valid slots: a gap, or slots padding took
+            held = f"positions 0..{self.valid - 1}" if self.valid else "no positions"
+            raise SpecdecError(f"{self.name}: the fused OpenVINO cache holds {held} and the call starts at "
+                               f"{first}; it must start at or before the cache's end (load it with "
+                               f"cache='copy' for other calls)")
         if not np.array_equal(row[:n], np.arange(first, first + n)):
             # a slot per token: a gap (or a repeat) would show a query slots the fixed cache does not
             # hold at those positions (or two keys for one), and the logits would differ from it
             raise SpecdecError(f"{self.name}: the fused OpenVINO cache takes a call's positions one after another "
                                f"from its first, got {row.tolist()} (load it with cache='copy' for other calls)")
-        self.slots[self.slots >= first] = STALE
+        if n:               # padding only (first -1) writes nothing in the fixed cache: no rollback
+            self.slots[self.slots >= first] = STALE
         if np.count_nonzero(self.slots == STALE) > self.stale_limit:
             live = np.flatnonzero(self.slots != STALE)
             if self._handles is None or self._handles[0] is not request:     # the state handles, once
@@ -473,7 +476,7 @@ class Cursor:
             self.slots = self.slots[live]
             self.compactions += 1
         self.slots = np.concatenate([self.slots, np.where(row >= 0, row, STALE).astype(np.int64)])
-        self.valid = first + n
+        self.valid = first + n if n else self.valid
         return {"beam_idx": np.zeros(pos.shape[0], np.int32), SLOT_POSITIONS: self.slots[None]}
 
     def reset(self) -> None:
