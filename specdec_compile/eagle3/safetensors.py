@@ -128,6 +128,8 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
             a = (a.astype(np.uint32) << 16).view(np.float32)
         elif dt == "F16":
             a = a.astype(np.float32)
+        elif dt == "BOOL" and np.any(np.frombuffer(body[lo:hi], np.uint8) > 1):   # numpy reads 2..255 as True
+            raise _bad(path, f"tensor {_short(name)}: BOOL bytes other than 0 and 1")
         out[name] = a
     spans.sort()
     for (_, hi, a), (lo, _, b) in zip(spans, spans[1:]):

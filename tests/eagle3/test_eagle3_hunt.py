@@ -69,6 +69,8 @@ def _raw(path, text: bytes, data: bytes = b""):
     (b'{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}',
      b"\0" * 8, "names 'x' twice"),                                                      # the last one was read
     (b'{"__metadata__":{},"__metadata__":{"a":"b"}}', b"", "names '__metadata__' twice"),
+    (b'{"t2d":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}}', b"\x01\x00\x02",
+     "BOOL bytes other than 0 and 1"),                                                   # 2 was read as True
 ])
 def test_hostile_headers_are_one_line_errors(tmp_path, text, data, needle):
     f = _raw(tmp_path / "bad.safetensors", text, data)
