@@ -26,7 +26,8 @@ Library API:
     print_report(report, file=None, color=None)          # rich colours on a terminal
 
 Modules: ``hashing`` (tensor content hashes), ``index`` (the graph index),
-``matching`` (nodes and interface names A -> B), ``sections`` (the report
+``matching`` (nodes and interface names A -> B), ``subgraphs`` (If/Loop/Scan bodies: the outer
+tensors they read, a digest of their structure), ``sections`` (the report
 sections), ``compare`` (the diffs), ``render`` (text, JSON, colours). The
 command line is ``specdec_compile.cli.diff`` (the library never imports it). Running the compile
 pipeline to explain its passes is ``specdec_compile.explain``.

@@ -18,7 +18,7 @@ from .hashing import TensorHasher
 from .index import GraphIndex, type_desc
 from .matching import heuristic_renames, match_nodes, match_nodes_by_name, topology_io_renames
 from .sections import (SECTIONS, init_section, io_section, is_empty, metadata_section, nodes_section,
-                       op_counts_section)
+                       op_counts_section, output_sources)
 
 
 # --------------------------------------------------------------------------- two models
@@ -99,7 +99,8 @@ def _diff_models(a: onnx.ModelProto, b: onnx.ModelProto, *, a_dir, b_dir, a_labe
         "b": b_label,
         "interface": {
             "inputs": io_section(ga.input_order, din, gb.input_order, dinb, in_map),
-            "outputs": io_section(ga.output_order, dout, gb.output_order, doutb, out_map),
+            "outputs": io_section(ga.output_order, dout, gb.output_order, doutb, out_map,
+                                  output_sources(ga, gb, out_map, match, in_map, init_map)),
         },
         "metadata": metadata_section(a, b),
         "op_counts": op_counts_section(ga, gb),

@@ -10,8 +10,9 @@ from collections import defaultdict, deque
 import onnx
 from onnx import AttributeProto, TensorProto
 
-from ..value_types import dims, dtype_name
+from ..value_types import dim, dims, dtype_name
 from .hashing import TensorHasher, short_digest
+from .subgraphs import graph_digest, node_domain, node_outer_names, subgraphs
 
 _LAYER_PATTERNS = [
     re.compile(r"(?:^|[/._:\s\-])layers?[._/](\d+)(?=$|[/._:\s\-])"),
@@ -52,10 +53,21 @@ def node_layer(node: onnx.NodeProto) -> int | None:
 
 
 def type_desc(tp: onnx.TypeProto) -> tuple[str, list | None]:
-    """(dtype, shape) of a value; shape entries are ints, dim names, or '?'."""
+    """(dtype, shape) of a value; shape entries are ints, dim names, or '?'. A sequence, optional or
+    map shows its element type (``sequence(float32)``) and the shape of its tensor elements."""
     kind = tp.WhichOneof("value")
     if kind == "tensor_type":
         return dtype_name(tp.tensor_type.elem_type), dims(tp)
+    if kind == "sparse_tensor_type":
+        st = tp.sparse_tensor_type
+        shape = [dim(d) for d in st.shape.dim] if st.HasField("shape") else None
+        return f"sparse_tensor({dtype_name(st.elem_type)})", shape
+    if kind in ("sequence_type", "optional_type"):
+        inner, shape = type_desc(getattr(tp, kind).elem_type)
+        return f"{kind[:-5]}({inner})", shape
+    if kind == "map_type":
+        inner, shape = type_desc(tp.map_type.value_type)
+        return f"map({dtype_name(tp.map_type.key_type)}, {inner})", shape
     if kind is None:
         return "?", None
     return kind.replace("_type", ""), None
@@ -100,6 +112,8 @@ class GraphIndex:
             for s, x in enumerate(n.input):
                 if x:
                     self.consumers[x].append((i, s))
+        # the tensors of this graph that a node's subgraphs read (If/Loop/Scan): wiring, like its inputs
+        self.outer = [node_outer_names(n) if n.attribute else [] for n in self.nodes]
         self.layers = [node_layer(n) for n in self.nodes]
         self.order = self._topo_order()
         self.pos = {i: p for p, i in enumerate(self.order)}
@@ -109,7 +123,7 @@ class GraphIndex:
         indeg = [0] * len(self.nodes)
         succ: dict[int, list[int]] = defaultdict(list)
         for i, n in enumerate(self.nodes):
-            for x in n.input:
+            for x in list(n.input) + self.outer[i]:
                 p = self.producer.get(x)
                 if p is not None and p[0] != i:
                     indeg[i] += 1
@@ -130,14 +144,22 @@ class GraphIndex:
     def attr_digest(self, i: int) -> str:
         d = self._attr_digest.get(i)
         if d is None:
-            parts = [f"{a.name}={attr_value_digest(a, self)}" for a in sorted(self.nodes[i].attribute, key=lambda a: a.name)]
+            n = self.nodes[i]
+            parts = [f"{a.name}={attr_value_digest(a, self)}" for a in sorted(n.attribute, key=lambda a: a.name)]
+            if n.overload:
+                parts.append(f"(overload)={n.overload}")
             d = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
             self._attr_digest[i] = d
         return d
 
     def content_key(self, i: int) -> tuple:
         n = self.nodes[i]
-        return (n.domain or "", n.op_type, self.attr_digest(i), len(n.input), len(n.output))
+        return (node_domain(n), n.op_type, self.attr_digest(i), len(n.input), len(n.output))
+
+    def outer_digest(self, i: int, resolve) -> str:
+        """Node i's subgraphs with each tensor they read from this graph as ``resolve(name)``."""
+        return ",".join(graph_digest(sg, resolve, lambda a: attr_value_digest(a, self), _value_token,
+                                     lambda t: _tensor_token(t, self)) for sg in subgraphs(self.nodes[i]))
 
 
 # --------------------------------------------------------------------------- attributes
@@ -150,11 +172,20 @@ def attr_value_digest(a: AttributeProto, g: GraphIndex) -> str:
         return _tensor_token(a.t, g)
     if a.type == AttributeProto.TENSORS:
         return "[" + ",".join(_tensor_token(t, g) for t in a.tensors) + "]"
-    if a.type == AttributeProto.GRAPH:
-        return hashlib.sha256(a.g.SerializeToString(deterministic=True)).hexdigest()
-    if a.type == AttributeProto.GRAPHS:
-        return "[" + ",".join(hashlib.sha256(x.SerializeToString(deterministic=True)).hexdigest() for x in a.graphs) + "]"
+    if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
+        # the structure, without names or node order; which outer tensors it reads is wiring
+        return subgraph_attr_digest(a, lambda x: "outer", lambda t: _tensor_token(t, g),
+                                    lambda b: attr_value_digest(b, g))
     return repr(onnx.helper.get_attribute_value(a))
+
+
+def subgraph_attr_digest(a: AttributeProto, resolve, tensor, leaf) -> str:
+    graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)
+    return "[" + ",".join(graph_digest(x, resolve, leaf, _value_token, tensor) for x in graphs) + "]"
+
+
+def _value_token(v: onnx.ValueInfoProto) -> str:
+    return repr(type_desc(v.type))
 
 
 def _tensor_token(t: TensorProto, g: GraphIndex) -> str:
@@ -183,6 +214,6 @@ def attr_display(a: AttributeProto | None, g: GraphIndex) -> str | None:
 
 def op_key(n: onnx.NodeProto) -> str:
     """``Op`` for the default domain, ``domain::Op`` otherwise."""
-    d = n.domain or ""
-    return n.op_type if d in ("", "ai.onnx") else f"{d}::{n.op_type}"
+    d = node_domain(n)
+    return n.op_type if d == "" else f"{d}::{n.op_type}"
 

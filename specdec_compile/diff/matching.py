@@ -6,6 +6,7 @@ import re
 from collections import Counter, defaultdict, deque
 
 from .index import GraphIndex
+from .subgraphs import node_domain
 
 
 def _h(*parts: str) -> str:
@@ -74,7 +75,7 @@ def match_nodes_by_name(ga: GraphIndex, gb: GraphIndex) -> dict[int, int]:
     for i, n in enumerate(ga.nodes):
         if n.name and cnt_a[n.name] == 1 and n.name in idx_b:
             m = gb.nodes[idx_b[n.name]]
-            if n.op_type == m.op_type and (n.domain or "") == (m.domain or ""):
+            if n.op_type == m.op_type and node_domain(n) == node_domain(m):
                 out[i] = idx_b[n.name]
     return out
 
@@ -114,22 +115,25 @@ def topology_io_renames(ga: GraphIndex, gb: GraphIndex, match, un_a: list[str], 
 
 def _forward_hashes(g: GraphIndex, in_map: dict[str, str], init_map: dict[str, str]) -> list[str]:
     F = [""] * len(g.nodes)
+
+    def ref(x: str) -> str:
+        if not x:
+            return "-"
+        if x in g.producer:
+            p, k = g.producer[x]
+            return f"n:{F[p] or 'cycle'}:{k}"
+        if x in g.inits:
+            return "i:" + init_map.get(x, x)
+        if x in g.inputs:
+            return "x:" + in_map.get(x, x)
+        return "f:" + x
+
     for i in g.order:
         n = g.nodes[i]
-        refs = []
-        for x in n.input:
-            if not x:
-                refs.append("-")
-            elif x in g.producer:
-                p, k = g.producer[x]
-                refs.append(f"n:{F[p] or 'cycle'}:{k}")
-            elif x in g.inits:
-                refs.append("i:" + init_map.get(x, x))
-            elif x in g.inputs:
-                refs.append("x:" + in_map.get(x, x))
-            else:
-                refs.append("f:" + x)
-        F[i] = _h(n.domain or "", n.op_type, g.attr_digest(i), *refs, str(len(n.output)))
+        refs = [ref(x) for x in n.input]
+        if g.outer[i]:   # what its subgraphs read from this graph, where it comes from
+            refs.append("outer:" + g.outer_digest(i, ref))
+        F[i] = _h(node_domain(n), n.op_type, g.attr_digest(i), *refs, str(len(n.output)))
     return F
 
 
@@ -183,7 +187,7 @@ def _strict_key(g: GraphIndex, i: int) -> tuple:
 
 def _loose_key(g: GraphIndex, i: int) -> tuple:
     n = g.nodes[i]
-    return (n.domain or "", n.op_type, len(n.input), len(n.output))
+    return (node_domain(n), n.op_type, len(n.input), len(n.output))
 
 
 class _Matcher:

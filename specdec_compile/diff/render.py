@@ -63,6 +63,8 @@ def _change_suffix(e: dict) -> str:
         parts.append(f"shape {fmt_shape(e['shape'][0])} -> {fmt_shape(e['shape'][1])}")
     if "position" in e:
         parts.append(f"position {e['position'][0]} -> {e['position'][1]}")
+    if "source" in e:
+        parts.append(f"from {e['source'][0]} -> {e['source'][1]}")
     return ("  " + "; ".join(parts)) if parts else ""
 
 
@@ -124,7 +126,8 @@ def _diff_lines(r: dict, indent: str = "") -> list[tuple[str, str]]:
                     if "from_before" in s:
                         before += f" [from {s['from_before']}]"
                         after += f" [from {s['from_after']}]"
-                    add(f"        input {s['slot']}: {before} -> {after}", "yellow")
+                    outer = " (outer scope)" if s.get("outer_scope") else ""
+                    add(f"        input {s['slot']}{outer}: {before} -> {after}", "yellow")
                 for a in e.get("attributes", []):
                     add(f"        {a['name']}: {a['before'] if a['before'] is not None else '(none)'} -> "
                         f"{a['after'] if a['after'] is not None else '(none)'}", "yellow")

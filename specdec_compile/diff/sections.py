@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict, deque
+from itertools import zip_longest
 from typing import Any
 
 import onnx
@@ -27,8 +28,11 @@ def is_empty(sec) -> bool:
 # --------------------------------------------------------------------------- interface
 
 
-def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dict:
-    """Graph inputs (or outputs) added, removed, renamed and changed; ``desc``: name -> (dtype, shape)."""
+def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str], sources=None) -> dict:
+    """Graph inputs (or outputs) added, removed, renamed and changed; ``desc``: name -> (dtype, shape);
+    ``sources``: outputs kept in both that another node (input, initializer) produces now: A name ->
+    [before, after] (``output_sources``)."""
+    sources = sources or {}
     sec = {"added": [], "removed": [], "renamed": [], "changed": []}
     set_b = set(order_b)
     renamed_to = set(renames.values())
@@ -43,6 +47,8 @@ def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dic
                 e["shape"] = [sa, sb]
             if name in moved:
                 e["position"] = moved[name]
+            if name in sources:
+                e["source"] = sources[name]
             if len(e) > 1:
                 sec["changed"].append(e)
         elif name in renames:
@@ -55,6 +61,8 @@ def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dic
                 e["shape"] = [sa, sb]
             if name in moved:
                 e["position"] = moved[name]
+            if name in sources:
+                e["source"] = sources[name]
             sec["renamed"].append(e)
         else:
             t, s = desc_a[name]
@@ -65,6 +73,30 @@ def io_section(order_a, desc_a, order_b, desc_b, renames: dict[str, str]) -> dic
             t, s = desc_b[name]
             sec["added"].append({"name": name, "dtype": t, "shape": s})
     return sec
+
+
+def _source_label(g: GraphIndex, x: str) -> str:
+    if x in g.producer:
+        return f"{_node_label(g.nodes[g.producer[x][0]])} ({op_key(g.nodes[g.producer[x][0]])})"
+    if x in g.inits:
+        return f"initializer {x}"
+    return f"input {x}" if x in g.inputs else x
+
+
+def output_sources(ga: GraphIndex, gb: GraphIndex, out_map, match, in_map, init_map) -> dict[str, list[str]]:
+    """Graph outputs kept in both (by name or renamed) whose tensor comes from somewhere else now:
+    A name -> [where from in A, in B]. An output of a removed node that an added node produces now is
+    left out (the nodes section shows both)."""
+    out = {}
+    names_b = set(gb.output_order)
+    for a in ga.output_order:
+        b = a if a in names_b else out_map.get(a)
+        if b is None:
+            continue
+        ra, rb = src_a(ga, a, match, in_map, init_map), src_b(gb, b)
+        if ra != rb and not (ra[0] == "na" and rb[0] == "n" and rb[1] not in set(match.values())):
+            out[a] = [_source_label(ga, a), _source_label(gb, b)]
+    return out
 
 
 def _moved(order_a, order_b, renames: dict[str, str]) -> dict[str, list[int]]:
@@ -112,6 +144,10 @@ def metadata_section(ma: onnx.ModelProto, mb: onnx.ModelProto) -> list[dict]:
     pb = {p.key: p.value for p in mb.metadata_props}
     for k in sorted(set(pa) | set(pb)):
         cmp(f"metadata {k}", pa.get(k), pb.get(k))
+    ga_props = {p.key: p.value for p in ma.graph.metadata_props}   # IR 10: the graph's own
+    gb_props = {p.key: p.value for p in mb.graph.metadata_props}
+    for k in sorted(set(ga_props) | set(gb_props)):
+        cmp(f"graph metadata {k}", ga_props.get(k), gb_props.get(k))
     fa, fb = _functions(ma), _functions(mb)
     for k in sorted(set(fa) | set(fb)):
         cmp(f"function {k}", fa.get(k), fb.get(k))
@@ -226,16 +262,47 @@ def _rewired_inputs(ga: GraphIndex, gb: GraphIndex, i: int, j: int, match, in_ma
         ra = src_a(ga, xa, match, in_map, init_map) if xa is not None else None
         rb = src_b(gb, xb) if xb is not None else None
         if ra != rb:
-            e = {"slot": s, "before": xa, "after": xb}
-            if xa is not None and xb is not None and xa == xb:
-                e["from_before"] = _origin(ga, xa) if xa else None
-                e["from_after"] = _origin(gb, xb) if xb else None
-                if e["from_before"] == e["from_after"] and xa in ga.producer and xb in gb.producer:
-                    # the same name, another node (a removed one replaced by an added one): say which
-                    e["from_before"] += f" ({_producer_state(ga, xa, match, 'removed')})"
-                    e["from_after"] += f" ({_producer_state(gb, xb, set(match.values()), 'added')})"
-            diffs.append(e)
+            diffs.append(_slot_entry(ga, gb, s, xa, xb, match))
     return diffs
+
+
+def _slot_entry(ga: GraphIndex, gb: GraphIndex, s: int, xa, xb, match) -> dict:
+    """A rewired input slot: the tensor before and after, and where from when the name is the same."""
+    e = {"slot": s, "before": xa, "after": xb}
+    if xa is not None and xb is not None and xa == xb:
+        e["from_before"] = _origin(ga, xa) if xa else None
+        e["from_after"] = _origin(gb, xb) if xb else None
+        if e["from_before"] == e["from_after"] and xa in ga.producer and xb in gb.producer:
+            # the same name, another node (a removed one replaced by an added one): say which
+            e["from_before"] += f" ({_producer_state(ga, xa, match, 'removed')})"
+            e["from_after"] += f" ({_producer_state(gb, xb, set(match.values()), 'added')})"
+    return e
+
+
+def _outer_rewired(ga: GraphIndex, gb: GraphIndex, i: int, j: int, match, in_map, init_map) -> list[dict]:
+    """Tensors that the subgraphs of matched nodes A[i] ~ B[j] read from the graph (outer scope) and
+    that come from somewhere else now; only when the subgraphs are the same otherwise (a changed
+    subgraph is a changed attribute). Slots count the tensors each reads, in order of first use."""
+    if not (ga.outer[i] or gb.outer[j]) or ga.attr_digest(i) != gb.attr_digest(j):
+        return []
+
+    def ra(x):
+        return repr(src_a(ga, x, match, in_map, init_map))
+
+    def rb(x):
+        return repr(src_b(gb, x))
+
+    if ga.outer_digest(i, ra) == gb.outer_digest(j, rb):
+        return []
+    oa, ob = ga.outer[i], gb.outer[j]
+    common = [x for x in oa if x in set(ob)]
+    pairs = [(x, x) for x in common if ra(x) != rb(x)] or [(x, x) for x in common]
+    pairs += list(zip_longest([x for x in oa if x not in set(ob)], [x for x in ob if x not in set(oa)]))
+    out = []
+    for xa, xb in pairs:
+        s = ob.index(xb) if xb is not None else oa.index(xa)
+        out.append({**_slot_entry(ga, gb, s, xa, xb, match), "outer_scope": True})
+    return out
 
 
 def _changed_attributes(ga: GraphIndex, gb: GraphIndex, i: int, j: int) -> list[dict]:
@@ -250,6 +317,8 @@ def _changed_attributes(ga: GraphIndex, gb: GraphIndex, i: int, j: int) -> list[
         da, db = attr_display(aa.get(an), ga), attr_display(ab.get(an), gb)
         if an not in aa or an not in ab or attr_value_digest(aa[an], ga) != attr_value_digest(ab[an], gb):
             ch.append({"name": an, "before": da, "after": db})
+    if na.overload != nb.overload:
+        ch.append({"name": "(overload)", "before": na.overload or None, "after": nb.overload or None})
     if len(na.output) != len(nb.output):
         ch.append({"name": "(outputs)", "before": str(len(na.output)), "after": str(len(nb.output))})
     return ch
@@ -283,7 +352,8 @@ def nodes_section(ga: GraphIndex, gb: GraphIndex, match, in_map, init_map) -> li
         base = {"name": nb.name, "op": op_key(nb)}
         if na.name != nb.name:
             base["name_before"] = na.name
-        diffs = _rewired_inputs(ga, gb, i, j, match, in_map, init_map)
+        diffs = _rewired_inputs(ga, gb, i, j, match, in_map, init_map) + \
+            _outer_rewired(ga, gb, i, j, match, in_map, init_map)
         if diffs:
             group(layer)["rewired"].append({**base, "inputs": diffs})
         ch = _changed_attributes(ga, gb, i, j)
