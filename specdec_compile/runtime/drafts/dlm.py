@@ -86,8 +86,10 @@ class DlmDraft:
 
 
 def check_min_prob(p) -> float:
-    """A draft chain's probability floor (``min_prob``): a number in [0, 1)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+    """A draft chain's probability floor (``min_prob``): a number in [0, 1) (a NumPy number too, as
+    SamplingParams takes them; not a bool or a string)."""
+    number = isinstance(p, (int, float, np.integer, np.floating)) and not isinstance(p, (bool, np.bool_))
+    if not number or not 0.0 <= p < 1.0:
         raise SpecdecError(f"draft min_prob must be a number in [0, 1) (got {p!r})")
     return float(p)
 
