@@ -20,7 +20,13 @@ Olive installed; asking for the class without Olive is a one-line error.
 Its parameters are strict: Olive's pydantic would turn ``k: true`` into 1, ``"64"`` into 64 and
 ``3.7`` into 3 before any check saw them, so each parameter has a validator that runs before
 pydantic's conversion (``pydantic_validators``) and refuses, in one line (``check_raw``), a value
-that is not already of the parameter's type.
+that is not already of the parameter's type. A model validator refuses an unknown name (Olive's
+configuration class would drop it with a warning) and, before any pass of the workflow runs, options
+no artifact can have.
+
+Olive logs most exceptions of a workflow as a warning and returns no model, without an error; it
+re-raises ``TypeError`` and ``ValueError`` (a user's error). So every error of the pass is a
+``PassError``: a ``SpecdecError`` and a ``TypeError`` (which pydantic passes on as it is: one line).
 
 Put it after Olive's export and optimization passes: a graph-changing pass after
 it (onnxscript's optimizer inlines the qaic ``CtxScatter``) is refused by
@@ -68,6 +74,15 @@ OLIVE_SPECIAL = ("DEFAULT_VALUE", "SEARCHABLE_VALUES")
 _KINDS = {int: "an integer", str: "a string", list: "a list of integers"}
 
 
+class PassError(SpecdecError, TypeError):
+    """An error of the pass that Olive re-raises (a ``TypeError``: Olive logs a plain exception as a
+    warning and returns no model) and pydantic does not wrap; one line, ``SpecdecCompile: ...``."""
+
+    def __init__(self, message: str):
+        message = str(message)
+        super().__init__(message if message.startswith(f"{PASS_NAME}: ") else f"{PASS_NAME}: {message}")
+
+
 def _olive_value(value) -> bool:
     """A value Olive puts there itself: its special strings and enums, a search parameter (or one
     written as JSON)."""
@@ -81,22 +96,50 @@ def _olive_value(value) -> bool:
 def check_raw(name: str, value):
     """``value`` as given for parameter ``name`` (before Olive's pydantic converts it), when it is of
     the parameter's type (None: not given; Olive's own special values pass); else a one-line
-    SpecdecError: a bool, a float or a numeric string for an integer is refused, not converted."""
+    ``PassError``: a bool, a float or a numeric string for an integer is refused, not converted."""
     if name not in PARAMS or value is None or _olive_value(value):
         return value
     typ = PARAMS[name][0]
     ok = {int: is_int, str: lambda v: isinstance(v, str),
           list: lambda v: isinstance(v, (list, tuple)) and all(is_int(x) for x in v)}[typ](value)
     if not ok:
-        raise SpecdecError(f"{PASS_NAME}: {name} must be {_KINDS[typ]}, got {value!r} ({type(value).__name__}; "
-                           f"it is not converted)")
+        raise PassError(f"{name} must be {_KINDS[typ]}, got {value!r} ({type(value).__name__}; it is not converted)")
     return value
+
+
+def check_names(params: dict) -> None:
+    """A one-line ``PassError`` when ``params`` has a name that is neither a parameter nor Olive's
+    own (``OLIVE_KEYS``), or no ``role``."""
+    unknown = sorted(str(k) for k in params if k not in PARAMS and k not in OLIVE_KEYS)
+    if unknown:
+        raise PassError(f"unknown parameter {unknown[0]!r} (parameters: {', '.join(PARAMS)})")
+    if params.get("role") is None:
+        raise PassError("'role' is required (tlm or dlm)")
+
+
+def check_config(data):
+    """The pass configuration as given (before pydantic converts it): names (``check_names``), types
+    (``check_raw``) and, when no value is Olive's own (a default, a search), the options themselves
+    (``options_of``), so that a bad one stops the workflow before its first pass. Olive's own
+    configuration objects pass."""
+    if not isinstance(data, dict):
+        return data
+    check_names(data)
+    for name, value in data.items():
+        check_raw(name, value)
+    if not any(_olive_value(v) for v in data.values()):
+        try:
+            options_of(data)
+        except SpecdecError as e:
+            raise PassError(str(e)) from None
+    return data
 
 
 def pydantic_validators() -> dict:
     """One validator per parameter, run before pydantic converts the value (``check_raw``), for the
-    configuration class Olive builds (``Pass._validators``). A ``SpecdecError`` is not one of the
-    errors pydantic collects, so it leaves Olive's validation as it is: one line."""
+    configuration class Olive builds (``Pass._validators``), and one of the whole configuration
+    (``check_config``). A ``PassError`` is not one of the errors pydantic collects, so it leaves
+    Olive's validation as it is: one line."""
     try:   # the pydantic Olive builds its classes with (2, or 1 through its pydantic_v1 shim)
         from olive.passes import pass_config as source
     except ImportError:
@@ -108,9 +151,16 @@ def pydantic_validators() -> dict:
         check.__name__ = f"strict_{name}"
         return check
 
+    def whole(cls, data):
+        return check_config(data)
+
     if hasattr(source, "field_validator"):   # pydantic 2
-        return {f"strict_{n}": source.field_validator(n, mode="before")(strict(n)) for n in PARAMS}
-    return {f"strict_{n}": source.validator(n, pre=True, allow_reuse=True)(strict(n)) for n in PARAMS}
+        found = {f"strict_{n}": source.field_validator(n, mode="before")(strict(n)) for n in PARAMS}
+        from pydantic import model_validator   # not among the names olive.passes.pass_config imports
+        return {**found, "strict_config": model_validator(mode="before")(whole)}
+    found = {f"strict_{n}": source.validator(n, pre=True, allow_reuse=True)(strict(n)) for n in PARAMS}
+    root = getattr(source, "root_validator", None)   # pydantic 1 (untried: Olive >= 0.13 builds with pydantic 2)
+    return {**found, "strict_config": root(pre=True, allow_reuse=True)(whole)} if root else found
 
 
 def options_of(params: dict) -> Options:
@@ -119,12 +169,8 @@ def options_of(params: dict) -> Options:
     if not isinstance(params, dict):
         raise SpecdecError(f"{PASS_NAME}: the pass configuration must be a dict of parameters, "
                            f"got {type(params).__name__}")
-    unknown = sorted(str(k) for k in params if k not in PARAMS and k not in OLIVE_KEYS)
-    if unknown:
-        raise SpecdecError(f"{PASS_NAME}: unknown parameter {unknown[0]!r} (parameters: {', '.join(PARAMS)})")
+    check_names(params)
     kw = {k: v for k, v in params.items() if k in PARAMS and v is not None}
-    if "role" not in kw:
-        raise SpecdecError(f"{PASS_NAME}: 'role' is required (tlm or dlm)")
     for key in ("k_list", "hidden_states", "feature_layers"):
         if key in kw:
             if not isinstance(kw[key], (list, tuple)):
@@ -190,12 +236,16 @@ def _build_pass_class():
             return {**super()._validators(), **pydantic_validators()}
 
         def _run_for_config(self, model, config, output_model_path: str):
-            params = config.dict() if hasattr(config, "dict") else dict(config)
+            dump = getattr(config, "model_dump", None) or getattr(config, "dict", None)
+            params = dump() if dump else dict(config)
             out = Path(output_model_path).with_suffix("")
-            model_file, others = compile_artifact(model.model_path, params, out)
+            try:
+                model_file, others = compile_artifact(model.model_path, params, out)
+            except SpecdecError as e:   # Olive would log it as a warning and return no model
+                raise PassError(str(e)) from None
+            # the artifact is the model's directory (model_path): a path of it here would name Olive's cache
             attrs = dict(model.model_attributes or {})
             attrs["additional_files"] = sorted(set(attrs.get("additional_files") or []) | {str(f) for f in others})
-            attrs["specdec_artifact"] = str(out)
             return ONNXModelHandler(model_path=str(out), onnx_file_name=model_file.name, model_attributes=attrs)
 
     SpecdecCompile.__module__ = __name__

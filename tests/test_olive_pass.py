@@ -137,3 +137,80 @@ def test_olives_configuration_refuses_values_it_would_convert():
         with pytest.raises(SpecdecError, match="it is not converted"):
             config_class(**{**PARAMS, **bad})
     assert config_class(**PARAMS).k == 3
+
+
+# --------------------------------------------------------------------------- a real Olive run's errors and output
+
+
+def _workflow(src, out, cache, params) -> dict:
+    """An Olive workflow with SpecdecCompile alone (on the CPU, Olive's log quiet)."""
+    return {
+        "input_model": {"type": "ONNXModel", "model_path": str(src)},
+        "systems": {"local": {"type": "LocalSystem", "accelerators": [
+            {"device": "cpu", "execution_providers": ["CPUExecutionProvider"]}]}},
+        "passes": {"specdec": {"type": "SpecdecCompile", **params}},
+        "host": "local", "target": "local", "output_dir": str(out), "cache_dir": str(cache),
+        "log_severity_level": 3,
+    }
+
+
+def test_an_error_of_the_pass_is_one_olive_reraises():
+    """Olive logs any other exception as a warning and returns no model: the user's error must be
+    one Olive re-raises (a TypeError, which pydantic does not wrap either)."""
+    with pytest.raises(TypeError, match="k must be an integer"):
+        olive_pass.check_raw("k", True)
+
+
+def test_pydantic_refuses_an_unknown_parameter():
+    """Olive's configuration class ignores an unknown key (with a warning); the validators refuse it."""
+    pytest.importorskip("pydantic")
+    strict = _config_class(olive_pass.pydantic_validators())
+    with pytest.raises(SpecdecError, match="unknown parameter 'ctxlen'"):
+        strict(role="tlm", k=3, ctxlen=64)
+    with pytest.raises(SpecdecError, match="'role' is required"):
+        strict(k=3)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"k": True}, "k must be an integer, got True"),               # was: a warning, no model, no error
+    ({"ctxlen": 128}, "unknown parameter 'ctxlen'"),               # was: ignored, the artifact built for 64
+    ({"role": None}, "'role' is required"),                        # was: pydantic's four lines
+    ({"k": -1}, "k must be an integer >= 1"),                      # was: a warning, no model, no error
+    ({"target": "cuda"}, "unknown target 'cuda'"),
+    ({"role": "dlm"}, "--k is for the target model only"),
+])
+def test_a_bad_parameter_stops_the_workflow(fixture_path, tmp_path, params, message):
+    pytest.importorskip("olive")
+    from olive.workflows import run as olive_run
+    config = _workflow(fixture_path("llama_gqa"), tmp_path / "out", tmp_path / "cache",
+                       {k: v for k, v in {**PARAMS, **params}.items() if v is not None})
+    with pytest.raises(SpecdecError, match=message) as e:
+        olive_run(config, package_config=olive_pass.package_config())
+    assert "\n" not in str(e.value) and str(e.value).startswith("SpecdecCompile: ")
+    assert not (tmp_path / "out" / "model.onnx").exists()
+
+
+def test_a_model_that_is_not_a_decoder_stops_the_workflow(tmp_path):
+    pytest.importorskip("olive")
+    import onnx
+    from models import mlp_model
+    from olive.workflows import run as olive_run
+    onnx.save(mlp_model(), tmp_path / "mlp.onnx")
+    with pytest.raises(SpecdecError, match="SpecdecCompile: ") as e:   # was: a warning, no model, no error
+        olive_run(_workflow(tmp_path / "mlp.onnx", tmp_path / "out", tmp_path / "cache", PARAMS),
+                  package_config=olive_pass.package_config())
+    assert "\n" not in str(e.value)
+
+
+def test_the_outputs_attributes_name_only_the_output(fixture_path, tmp_path, recwarn):
+    """The output's model_attributes name files of the output folder, not of Olive's cache; the
+    pass reads its configuration without pydantic's deprecated ``dict()``."""
+    pytest.importorskip("olive")
+    from olive.workflows import run as olive_run
+    out = tmp_path / "out"
+    olive_run(_workflow(fixture_path("llama_gqa"), out, tmp_path / "cache", PARAMS),
+              package_config=olive_pass.package_config())
+    attrs = json.loads((out / "model_config.json").read_text())["config"]["model_attributes"]
+    paths = [v for vals in attrs.values() for v in (vals if isinstance(vals, list) else [vals])]
+    assert paths and all(str(p).startswith(str(out)) for p in paths), attrs
+    assert not [w for w in recwarn if "`dict` method is deprecated" in str(w.message)]
