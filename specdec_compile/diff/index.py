@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import defaultdict, deque
+from collections import defaultdict
 
 import onnx
 from onnx import AttributeProto, TensorProto
 
 from ..value_types import dim, dims, dtype_name
 from .hashing import TensorHasher, short_digest
-from .subgraphs import graph_digest, node_domain, node_outer_names, subgraphs
+from .subgraphs import graph_digest, node_domain, node_outer_names, subgraphs, topo_order
 
 _LAYER_PATTERNS = [
     re.compile(r"(?:^|[/._:\s\-])layers?[._/](\d+)(?=$|[/._:\s\-])"),
@@ -120,26 +120,7 @@ class GraphIndex:
         self._attr_digest: dict[int, str] = {}
 
     def _topo_order(self) -> list[int]:
-        indeg = [0] * len(self.nodes)
-        succ: dict[int, list[int]] = defaultdict(list)
-        for i, n in enumerate(self.nodes):
-            for x in list(n.input) + self.outer[i]:
-                p = self.producer.get(x)
-                if p is not None and p[0] != i:
-                    indeg[i] += 1
-                    succ[p[0]].append(i)
-        ready = deque(i for i in range(len(self.nodes)) if indeg[i] == 0)
-        order = []
-        while ready:
-            i = ready.popleft()
-            order.append(i)
-            for j in succ[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    ready.append(j)
-        seen = set(order)
-        order += [i for i in range(len(self.nodes)) if i not in seen]  # cycles: keep going
-        return order
+        return topo_order(self.nodes, [list(n.input) + self.outer[i] for i, n in enumerate(self.nodes)])
 
     def attr_digest(self, i: int) -> str:
         d = self._attr_digest.get(i)

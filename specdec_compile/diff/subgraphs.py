@@ -64,8 +64,9 @@ def free_names(g: onnx.GraphProto) -> list[str]:
     return list(out)
 
 
-def _topo(nodes: list[onnx.NodeProto], deps: list[list[str]]) -> list[int]:
-    """A topological order of ``nodes`` (``deps``: the names each reads); cycles kept in list order."""
+def topo_order(nodes: list[onnx.NodeProto], deps: list[list[str]]) -> list[int]:
+    """A topological order of ``nodes`` (``deps``: the names each reads, its inputs and what its
+    subgraphs read); nodes in a cycle follow in list order."""
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     indeg = [0] * len(nodes)
     succ: dict[int, list[int]] = defaultdict(list)
@@ -107,7 +108,7 @@ def graph_digest(g: onnx.GraphProto, resolve: Resolve, leaf: Leaf, value: Callab
         return local[x] if x in local else "outer:" + resolve(x)
 
     nodes = list(g.node)
-    order = _topo(nodes, [list(n.input) + node_outer_names(n) for n in nodes])
+    order = topo_order(nodes, [list(n.input) + node_outer_names(n) for n in nodes])
     hashes = []
     for i in order:
         n = nodes[i]
