@@ -197,6 +197,9 @@ def import_and_detect(original: onnx.ModelProto, source=None, source_dir: Path |
         graph = gs.import_onnx(original)
     except Exception as e:
         raise SpecdecError(f"cannot import the graph: {' '.join(str(e).split())[:300]}") from None
+    # onnx-graphsurgeon keeps the model's own opset list, and an export adds the domains the passes
+    # use (ai.specdec) to it: the caller's model changed under it. The graph gets a copy.
+    graph.import_domains = [onnx.helper.make_opsetid(o.domain, o.version) for o in original.opset_import]
     name_unnamed_nodes(graph)
     exporter = " ".join(x for x in (original.producer_name, original.producer_version) if x) or None
     _log.info("detecting the decoder's patterns (%d nodes)", len(graph.nodes))

@@ -4,6 +4,7 @@ Options, write_artifact from a graph rewritten pass by pass, and docs/compiler.m
 block run as written."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -133,3 +134,22 @@ def test_one_compile_checks_its_options_once(fixture_path, tmp_path, monkeypatch
     # a context built by hand is still checked (it did not come from an Options)
     with pytest.raises(SpecdecError, match="unknown role"):
         passes.PassContext(role="draft")
+
+
+@pytest.mark.parametrize("target", ["qaic", "ort"])
+def test_a_proto_given_is_not_changed_and_explain_claims_no_opset_it_lacked(fixture_path, target):
+    """onnx-graphsurgeon kept the model's own opset list, and the export added ai.specdec to it: the
+    caller's proto gained an opset, and --explain's first pass then reported 'opset ai.specdec: 1 ->
+    (none)', an opset the export never had."""
+    from specdec_compile.explain import explain_result
+    model = onnx.load(str(fixture_path("llama_gqa")))
+    before = [(o.domain, o.version) for o in model.opset_import]
+    res = pipeline.rewrite(model, Options(role="tlm", target=target, k=3), record=True)
+    assert [(o.domain, o.version) for o in model.opset_import] == before
+    rep = explain_result(res)
+    # the passes that use ai.specdec add it and lower removes it; the first pass and the whole compile do not
+    added = [p["pass"] for p in rep["passes"] if {"field": "opset ai.specdec", "before": None, "after": 1}
+             in p["metadata"]]
+    assert added and added[0] != rep["passes"][0]["pass"], added
+    claims = json.dumps([rep["passes"][0]["metadata"], rep["total"]["metadata"]])
+    assert "opset ai.specdec" not in claims, claims
