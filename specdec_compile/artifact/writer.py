@@ -389,11 +389,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
     _log.info("writing the artifact %s (model, weights linked, specializations, manifest)", shown)
     source_sha = sha256_file(source) if source else None
 
-    created: list[Path] = []  # parent directories this call made, removed again on failure
-    p = out.parent
-    while not p.exists():
-        created.append(p)
-        p = p.parent
+    created = missing_dirs(out.parent)  # parent directories this call makes, removed again on failure
     tmp = old = None
     try:
         for d in reversed(created):
@@ -418,11 +414,7 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
             shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        for d in created:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        remove_empty(created)
         if isinstance(e, OSError):  # disk full, permissions, a racing writer: one line, exit 2
             raise SpecdecError(f"cannot write the output {shown}: {e.strerror or e}"
                                + (f" ({e.filename})" if e.filename else "")) from None
@@ -465,3 +457,23 @@ def options_dict(options: Options) -> dict:
     d["feature_layers"] = list(options.feature_layers)
     d["qaic_flags"] = list(options.qaic_flags)
     return d
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """The folders of ``path`` (itself included) that do not exist yet, deepest first: what a writer
+    creates and, on failure, takes back with ``remove_empty`` (nothing written on failure)."""
+    out = []
+    p = Path(path)
+    while not p.exists():
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def remove_empty(dirs: list[Path]) -> None:
+    """Remove each of ``dirs`` (deepest first) that is empty; a folder that holds something stays."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            pass

@@ -6,7 +6,6 @@ manifest, the report as a table (or JSON), the exit status.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from ..errors import SpecdecError
 from ..model_io import load_model, resolve_model_path
 from ..artifact.manifest import Manifest
 from ..options import MAX_BATCH_SIZE, MAX_CTX_LEN, check_options
-from ..verify.replay import VerifyReport, compiled_ctx_len, history_past_windows, verify
+from ..verify.replay import VerifyReport, check_verify_options, compiled_ctx_len, history_past_windows, verify
 from .common import Parser, add_progress_flags, start_progress
 
 
@@ -158,10 +157,7 @@ def main(argv: list[str], prog: str = "specdec-compile verify") -> int:
     add_progress_flags(p)
     args = p.parse_args(argv)
     start_progress(prog, args)
-    if args.seed < 0:
-        raise SpecdecError(f"--seed must be an integer >= 0, got {args.seed}")
-    if not math.isfinite(args.tol) or args.tol < 0:
-        raise SpecdecError(f"--tol must be a finite number >= 0, got {args.tol}")
+    check_verify_options(seed=args.seed, tol=args.tol, widths=(), dash="--")
     check_options(k=args.k, prefill_len=args.prefill_len, ctx_len=args.ctx_len, batch_size=args.batch_size,
                   optional=True)
     original, rewritten = resolve_model_path(args.original), resolve_model_path(args.rewritten)

@@ -153,32 +153,6 @@ def check_out_spares(out: Path, ckpt: Path) -> None:
                            f"checkpoint); choose another -o")
 
 
-def make_parent(parent: Path) -> Path | None:
-    """Create ``parent`` (and the folders above it that are missing); returns the topmost one created
-    (None: it existed), for ``remove_parent`` to take back after a refusal: nothing written on failure."""
-    top = None
-    p = parent
-    while not p.exists():
-        top, p = p, p.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return top
-
-
-def remove_parent(parent: Path, top: Path | None) -> None:
-    """Remove the folders ``make_parent`` created, from ``parent`` up to ``top``, each only while empty."""
-    if top is None:
-        return
-    p = parent
-    while True:
-        try:
-            p.rmdir()
-        except OSError:
-            return
-        if p == top:
-            return
-        p = p.parent
-
-
 def move_into_place(staged: Path, out: Path) -> None:
     """Rename the finished directory ``staged`` to ``out`` (a previous ``out`` set aside, then removed)."""
     out = Path(os.path.abspath(out))
@@ -206,7 +180,7 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
     ``weights``: "float" (the checkpoint's, in float32) or "int8"/"int4" (``quantize.quantize_head``:
     weight-only, ort and openvino targets)."""
     from .. import pipeline
-    from ..artifact.writer import check_out, write_artifact
+    from ..artifact.writer import check_out, missing_dirs, remove_empty, write_artifact
     from ..options import Options
     from .quantize import check_weights, quantize_head
     check_weights(weights, target)
@@ -227,7 +201,8 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
     check_out_spares(out, ck.path)
     from .head import export_head
     parent = Path(os.path.abspath(out)).parent
-    created = make_parent(parent)
+    created = missing_dirs(parent)
+    parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=parent))
     try:
         _log.info("exporting the EAGLE-3 head (%s, %d aux layers, draft vocabulary %d) with torch.onnx",
@@ -243,7 +218,7 @@ def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), 
         move_into_place(scratch / "artifact", out)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
-        remove_parent(parent, created)     # a refusal (no torch, a failed export) leaves no folder behind
+        remove_empty(created)     # a refusal (no torch, a failed export) leaves no folder behind
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

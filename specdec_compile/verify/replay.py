@@ -340,15 +340,15 @@ def verify(original, rewritten, *, k: int = 7, prefill_len: int = 32, ctx_len: i
                              precision=precision)
 
 
-def check_verify_options(*, seed, tol, widths) -> None:
+def check_verify_options(*, seed, tol, widths, dash: str = "") -> None:
     """One line for a seed that is not an integer >= 0, a tolerance that is not a finite number >= 0,
-    or a width that is not an integer >= 1 (what the command line refuses too; a width the context
-    cannot hold is the scenario's refusal)."""
+    or a width that is not an integer >= 1 (a width the context cannot hold is the scenario's
+    refusal). ``dash="--"``: named as the command line's flags."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise SpecdecError(f"seed must be an integer >= 0, got {seed!r}")
+        raise SpecdecError(f"{dash}seed must be an integer >= 0, got {seed!r}")
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)) \
             or not np.isfinite(tol) or tol < 0:
-        raise SpecdecError(f"tol must be a finite number >= 0, got {tol!r}")
+        raise SpecdecError(f"{dash}tol must be a finite number >= 0, got {tol!r}")
     for w in widths:
         if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
             raise SpecdecError(f"widths: {w!r} is not a call width (an integer >= 1)")
