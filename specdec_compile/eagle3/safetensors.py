@@ -6,8 +6,9 @@ optional "__metadata__" object of strings), then the raw little-endian data;
 offsets count from the end of the header. Every check fails in one line
 (``SpecdecError``): a short file, a header that is not JSON, an unknown dtype,
 a shape that is not a list of non-negative integers, offsets outside the data,
-a byte count that does not match the shape, tensors that overlap, or a name
-(or key) given twice, which would leave which one is read to the parser.
+a byte count that does not match the shape, tensors that overlap or leave
+bytes that belong to no tensor, or a name (or key) given twice, which would
+leave which one is read to the parser.
 """
 from __future__ import annotations
 
@@ -131,11 +132,22 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         elif dt == "BOOL" and np.any(np.frombuffer(body[lo:hi], np.uint8) > 1):   # numpy reads 2..255 as True
             raise _bad(path, f"tensor {_short(name)}: BOOL bytes other than 0 and 1")
         out[name] = a
-    spans.sort()
-    for (_, hi, a), (lo, _, b) in zip(spans, spans[1:]):
-        if lo < hi:
-            raise _bad(path, f"tensors {a!r} and {b!r} overlap")
+    _check_spans(path, sorted(spans), len(body))
     return out
+
+
+def _check_spans(path: Path, spans: list[tuple[int, int, str]], size: int) -> None:
+    """The tensors must cover the data bytes exactly, as the format requires (its own library refuses a
+    hole): no overlap, no byte that belongs to no tensor, nothing after the last one."""
+    end, last = 0, None
+    for lo, hi, name in spans:
+        if lo < end:
+            raise _bad(path, f"tensors {_short(last)} and {_short(name)} overlap")
+        if lo > end:
+            raise _bad(path, f"data bytes {end}..{lo} belong to no tensor (before {_short(name)})")
+        end, last = hi, name
+    if end != size:
+        raise _bad(path, f"data bytes {end}..{size} belong to no tensor (after the last one)")
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:

@@ -39,6 +39,14 @@ def test_round_trip_and_16_bit_floats(tmp_path):
     ({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "not a list of non-negative"),
     ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
       "y": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 8, "overlap"),
+    # the data bytes must be covered exactly (the format's own library refuses a hole)
+    ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+      "y": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, b"\0" * 12,
+     "data bytes 4..8 belong to no tensor (before 'y')"),
+    ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "data bytes 0..4 belong to no tensor"),
+    ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 9,
+     "data bytes 4..9 belong to no tensor (after the last one)"),
+    ({}, b"\0" * 2, "data bytes 0..2 belong to no tensor"),
     ({"x": {"dtype": "F32", "shape": [1]}}, b"\0" * 4, "expected keys dtype, shape, data_offsets"),
     ([1, 2], b"", "not a JSON object"),
     # a dtype of another JSON type, and dimensions numpy cannot hold (no bytes needed): one line, no TypeError
