@@ -7,11 +7,12 @@ tokenizer), a list of token ids or a list of such lists, a ``[n]`` or
 ``[batch, n]`` integer array (NumPy, or anything with ``__array__`` / ``.numpy()``:
 a torch tensor is read without importing torch), a tokenizer's output
 (``{"input_ids": ..., "attention_mask": ...}``: the masked positions are
-dropped), or chat ``messages`` (a list of ``{"role", "content"}`` dicts, or a
-list of such lists) through the tokenizer's chat template.
+dropped; a mask holds 0 and 1 only, and applies to any form, once encoded), or chat
+``messages`` (a list of ``{"role", "content"}`` dicts, or a list of such lists)
+through the tokenizer's chat template.
 
 Keywords (``parse``): ``max_new_tokens``, ``max_length`` (prompt + new tokens, the
-longest prompt counted, as HF counts a padded batch; ``max_new_tokens`` wins when
+longest prompt counted with its padding, as HF counts a padded batch; ``max_new_tokens`` wins when
 both are given), ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
 ``stop_strings`` (or ``stop``), ``streamer``, ``tokenizer``, ``attention_mask``,
 ``input_ids``, ``messages``, ``pad_token_id`` (accepted, unused: outputs are not
@@ -96,14 +97,14 @@ def _parse(inputs, kwargs: dict, tokenizer, what: str, check_tokenizer) -> Reque
     elif tok is not tokenizer and check_tokenizer is not None:
         check_tokenizer(tok)
     if isinstance(inputs, (list, tuple)) and not inputs and what != "generate":
-        prompts, single = [], False   # no prompts: no results
+        prompts, single, width = [], False, 0   # no prompts: no results
     else:
-        prompts, single = prompt_inputs(inputs, tok, input_ids=kw.pop("input_ids", None),
-                                        attention_mask=kw.pop("attention_mask", None),
-                                        messages=kw.pop("messages", None))
+        prompts, single, width = prompt_rows(inputs, tok, input_ids=kw.pop("input_ids", None),
+                                             attention_mask=kw.pop("attention_mask", None),
+                                             messages=kw.pop("messages", None))
     kw.pop("pad_token_id", None)
     _one_segment(kw.pop("token_type_ids", None))
-    max_new = _max_new_tokens(kw.pop("max_new_tokens", None), kw.pop("max_length", None), prompts)
+    max_new = _max_new_tokens(kw.pop("max_new_tokens", None), kw.pop("max_length", None), width)
     sampling = _sampling(kw)
     stop = _stop(kw.pop("stop_strings", None), kw.pop("stop", None), tok)
     streamer = kw.pop("streamer", None)
@@ -152,15 +153,18 @@ def _one_segment(token_type_ids) -> None:
         raise SpecdecError("token_type_ids other than 0 (several segments) mean nothing to a decoder LM")
 
 
-def _max_new_tokens(max_new_tokens, max_length, prompts) -> int:
+def _max_new_tokens(max_new_tokens, max_length, width: int) -> int:
+    """``width``: the prompt length HF counts in max_length (a padded batch's width, padding
+    included; else the longest prompt)."""
     if max_new_tokens is not None:
         n = max_new_tokens
     elif max_length is not None:
-        longest = max((len(p) for p in prompts), default=0)
-        if _bad_int(max_length) or max_length <= longest:
+        if _bad_int(max_length):
+            raise SpecdecError(f"max_length must be an integer (got {max_length!r})")
+        if max_length <= width:
             raise SpecdecError(f"max_length={max_length!r} leaves no room to generate after the "
-                               f"{longest}-token prompt (max_length counts the prompt)")
-        n = max_length - longest
+                               f"{width}-token prompt (max_length counts the prompt)")
+        n = max_length - width
     else:
         n = DEFAULT_MAX_NEW_TOKENS
     return check_max_new_tokens(n)
@@ -241,6 +245,16 @@ def _stop(stop_strings, stop, tok):
 def prompt_inputs(inputs, tok, *, input_ids=None, attention_mask=None, messages=None
                   ) -> tuple[list[list[int]], bool]:
     """(prompts as token-id lists, whether one prompt was given) from any accepted form."""
+    prompts, single, _ = prompt_rows(inputs, tok, input_ids=input_ids, attention_mask=attention_mask,
+                                     messages=messages)
+    return prompts, single
+
+
+def prompt_rows(inputs, tok, *, input_ids=None, attention_mask=None, messages=None
+                ) -> tuple[list[list[int]], bool, int]:
+    """``prompt_inputs`` and the prompt length HF's ``max_length`` counts: the rows' width as
+    given, padding included (a batch padded to 16 tokens counts 16), before the mask drops it.
+    An ``attention_mask`` applies to every form (a string's or a chat's encoded ids too)."""
     if input_ids is not None:
         if inputs is not None:
             raise SpecdecError("give the prompt once: positionally or as input_ids=, not both")
@@ -248,25 +262,38 @@ def prompt_inputs(inputs, tok, *, input_ids=None, attention_mask=None, messages=
     if messages is not None:
         if inputs is not None:
             raise SpecdecError("give either a prompt or messages=, not both")
-        return _chat(messages, tok)
-    if _is_mapping(inputs):
-        if "input_ids" not in inputs:
-            raise SpecdecError(f"a mapping prompt needs 'input_ids' (got keys {sorted(inputs.keys())})")
-        if attention_mask is None:
-            attention_mask = inputs.get("attention_mask")
-        inputs = inputs["input_ids"]
-    if inputs is None:
-        raise SpecdecError("no prompt given")
-    if isinstance(inputs, str):
-        return [_encode(inputs, tok)], True
-    if isinstance(inputs, (list, tuple)):
-        prompts, single = _from_list(inputs, tok)
+        prompts, single = _chat(messages, tok)
     else:
-        arr = as_array(inputs, "the prompt")
-        prompts, single = _from_array(arr)
+        if _is_mapping(inputs):
+            inputs, attention_mask = _from_mapping(inputs, attention_mask)
+        if inputs is None:
+            raise SpecdecError("no prompt given")
+        if isinstance(inputs, str):
+            prompts, single = [_encode(inputs, tok)], True
+        elif isinstance(inputs, (list, tuple)):
+            prompts, single = _from_list(inputs, tok)
+        else:
+            prompts, single = _from_array(as_array(inputs, "the prompt"))
+    width = max((len(p) for p in prompts), default=0)
     if attention_mask is not None:
         prompts = _unmask(prompts, as_array(attention_mask, "attention_mask"))
-    return prompts, single
+    return prompts, single, width
+
+
+def _from_mapping(enc, attention_mask):
+    """(input_ids, attention_mask) of a tokenizer's output; its token_type_ids are checked as the
+    keyword's are, and a second mask (the mapping's and ``attention_mask=``) is refused."""
+    keys = set(enc.keys())
+    if "input_ids" not in keys:
+        raise SpecdecError(f"a mapping prompt needs 'input_ids' (got keys {sorted(keys, key=str)})")
+    if "token_type_ids" in keys:
+        _one_segment(enc["token_type_ids"])
+    if "attention_mask" in keys and enc["attention_mask"] is not None:
+        if attention_mask is not None:
+            raise SpecdecError("give the attention mask once: in the prompt's mapping or as attention_mask=, "
+                               "not both")
+        attention_mask = enc["attention_mask"]
+    return enc["input_ids"], attention_mask
 
 
 def _is_mapping(x) -> bool:
@@ -319,6 +346,8 @@ def _from_list(items, tok) -> tuple[list[list[int]], bool]:
     for i, x in enumerate(items):
         if isinstance(x, str):
             out.append(_encode(x, tok))
+        elif isinstance(x, (list, tuple)) and all(_is_id(t) for t in x):   # huge ids too: the range check names them
+            out.append([int(t) for t in x])
         elif isinstance(x, (list, tuple)) or hasattr(x, "__array__") or callable(getattr(x, "numpy", None)):
             arr = as_array(x, f"prompt {i + 1}")
             if (arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer))
@@ -341,6 +370,11 @@ def _unmask(prompts: list[list[int]], mask: np.ndarray) -> list[list[int]]:
     if mask.ndim != 2 or mask.shape[0] != len(prompts) or any(mask.shape[1] != len(p) for p in prompts):
         raise SpecdecError(f"attention_mask has shape {list(mask.shape)}, the prompts "
                            f"{[len(p) for p in prompts]} tokens")
+    odd = mask.ravel()[:1] if mask.dtype == object else mask[~np.isin(mask, (0, 1))]
+    if odd.size:   # 2, -1, 0.5, NaN, None: no tokenizer's mask, and no meaning to guess
+        v = odd.flat[0]
+        raise SpecdecError(f"attention_mask must hold 1 (token) and 0 (padding) only (got "
+                           f"{v.item() if isinstance(v, np.generic) else v!r}, dtype {mask.dtype})")
     out = []
     for i, (p, m) in enumerate(zip(prompts, mask)):
         keep = np.flatnonzero(m != 0)
@@ -357,10 +391,30 @@ def _encode(text: str, tok) -> list[int]:
     if not callable(tok):
         raise SpecdecError(f"a text prompt needs a tokenizer that encodes (tokenizer(text)); "
                            f"{type(tok).__name__} does not")
-    ids = list(tok(text)["input_ids"])
+    enc = tok(text)
+    if not (_is_mapping(enc) and "input_ids" in enc):
+        raise SpecdecError(f"the tokenizer's output for {text[:40]!r} is no mapping with 'input_ids' "
+                           f"(got {type(enc).__name__})")
+    ids = token_ids(enc["input_ids"], f"the tokenizer's input_ids for {text[:40]!r}")
     if not ids:
         raise SpecdecError(f"prompt {text[:40]!r} encodes to no tokens")
-    return [int(i) for i in ids]
+    return ids
+
+
+def token_ids(value, what: str) -> list[int]:
+    """A tokenizer's ids for one text as a list of ints: a list or ``[n]`` / ``[1, n]`` array of integers;
+    anything else (a float, a string, several rows) is refused, not truncated by ``int()``."""
+    if isinstance(value, (list, tuple)) and all(_is_id(i) for i in value):
+        return [int(i) for i in value]
+    try:
+        arr = as_array(value, what)
+    except SpecdecError:
+        arr = None
+    if arr is not None and arr.ndim == 2 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr is None or arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise SpecdecError(f"{what}: expected a list of integer token ids (got {str(value)[:60]})")
+    return [int(i) for i in arr.tolist()]
 
 
 def _chat(messages, tok) -> tuple[list[list[int]], bool]:
@@ -383,7 +437,7 @@ def _chat(messages, tok) -> tuple[list[list[int]], bool]:
         except Exception as e:  # jinja and transformers raise many kinds
             raise SpecdecError(f"the chat template failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}") \
                 from None
-        if _is_mapping(ids):
+        if _is_mapping(ids) and "input_ids" in ids:
             ids = ids["input_ids"]
-        out.append([int(i) for i in ids])
+        out.append(token_ids(ids, "the chat template's token ids"))
     return out, single

@@ -3,13 +3,17 @@
 lengths, like the models' table sizes, may differ)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import SpecdecError
 
 
 def load_tokenizer(path):
-    """A ``transformers`` tokenizer from a local directory (never downloads)."""
+    """A ``transformers`` tokenizer from a local directory (never downloads). An empty path is
+    refused: ``Path("")`` is the working directory, whose tokenizer would load unasked."""
+    if not os.fspath(path):
+        raise SpecdecError("no tokenizer directory given (an empty path)")
     p = Path(path)
     if not p.is_dir():
         raise SpecdecError(f"{p}: no such tokenizer directory")
