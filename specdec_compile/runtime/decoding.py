@@ -113,7 +113,7 @@ class _Decoder:
         streamer fed as tokens are accepted. Sampled text depends on (prompt, seed,
         ``prompt_index``) only; without a seed, one is drawn from ``rng`` (or fresh).
         With a tokenizer, each result's ``text`` is its decoded output."""
-        req = parse(inputs, kwargs, self.tokenizer, "generate", self.check_call_tokenizer)
+        req = parse(inputs, kwargs, self.tokenizer, "generate", self.check_call_tokenizer, self.eos)
         if not req.single:
             return self._many(req)
         sink = (TokenSink(req.tokenizer, req.prompts[0], streamer=req.streamer, user=req.on_tokens, chunks=False)
@@ -139,7 +139,7 @@ class _Decoder:
         Several prompts: every row of the batch (continuous batching, batch.py), yielding
         (index, GenerationResult) as each finishes; every prompt is checked first. Prompt i
         samples as ``generate(prompts[i], prompt_index=i)`` with the same seed."""
-        req = parse(inputs, kwargs, self.tokenizer, "stream", self.check_call_tokenizer)
+        req = parse(inputs, kwargs, self.tokenizer, "stream", self.check_call_tokenizer, self.eos)
         if req.single:
             return self._stream_one(req)
         return self._stream_many(req)
@@ -170,7 +170,7 @@ class _Decoder:
     def generate_many(self, inputs=None, /, **kwargs) -> list[GenerationResult]:
         """Several prompts (any form ``generate`` takes; one prompt is a batch of one) through
         every row of the batch; the results in input order."""
-        req = parse(inputs, kwargs, self.tokenizer, "generate_many", self.check_call_tokenizer)
+        req = parse(inputs, kwargs, self.tokenizer, "generate_many", self.check_call_tokenizer, self.eos)
         return self._many(req)
 
     def _many(self, req) -> list[GenerationResult]:

@@ -15,7 +15,8 @@ Keywords (``parse``): ``max_new_tokens``, ``max_length`` (prompt + new tokens, t
 longest prompt counted with its padding, as HF counts a padded batch; ``max_new_tokens`` wins when
 both are given), ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
 ``stop_strings`` (or ``stop``), ``streamer``, ``tokenizer``, ``attention_mask``,
-``input_ids``, ``messages``, ``pad_token_id`` (accepted, unused: outputs are not
+``input_ids``, ``messages``, ``pad_token_id`` (without an ``attention_mask``, as in HF:
+that id is padding where the prompt holds it, unless it is an EOS id; outputs are not
 padded), ``token_type_ids`` (a tokenizer's output; all 0, else refused), and the runtime's own ``sampling``, ``rng``, ``on_tokens``,
 ``prompt_index``. Any other keyword is a one-line ``SpecdecError`` naming it.
 """
@@ -70,14 +71,16 @@ class Request:
     extra: dict = field(default_factory=dict)
 
 
-def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate", check_tokenizer=None) -> Request:
-    """``inputs`` and the keywords of one ``what(...)`` call, checked; ``tokenizer``: the decoder's.
+def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate", check_tokenizer=None,
+          eos: frozenset = frozenset()) -> Request:
+    """``inputs`` and the keywords of one ``what(...)`` call, checked; ``tokenizer``: the decoder's,
+    ``eos``: its EOS ids (HF's rule for ``pad_token_id`` without a mask reads them).
     ``check_tokenizer(tok)``: the decoder's check of a ``tokenizer=`` given for this call (one that
     is not the decoder's own), run before the tokenizer encodes anything.
     A refused call ends its ``streamer=`` (``end()``): a consumer iterating a
     ``TextIteratorStreamer`` in another thread would otherwise wait for ever."""
     try:
-        return _parse(inputs, kwargs, tokenizer, what, check_tokenizer)
+        return _parse(inputs, kwargs, tokenizer, what, check_tokenizer, eos)
     except SpecdecError:
         end = getattr(kwargs.get("streamer"), "end", None)
         if callable(end):
@@ -85,7 +88,7 @@ def parse(inputs, kwargs: dict, tokenizer=None, what: str = "generate", check_to
         raise
 
 
-def _parse(inputs, kwargs: dict, tokenizer, what: str, check_tokenizer) -> Request:
+def _parse(inputs, kwargs: dict, tokenizer, what: str, check_tokenizer, eos: frozenset) -> Request:
     unknown = sorted(set(kwargs) - set(HF_KEYWORDS) - set(OWN_KEYWORDS))
     if unknown:
         raise SpecdecError(f"{what}() does not support {', '.join(repr(k) for k in unknown)} (supported: "
@@ -101,7 +104,8 @@ def _parse(inputs, kwargs: dict, tokenizer, what: str, check_tokenizer) -> Reque
     else:
         prompts, single, width = prompt_rows(inputs, tok, input_ids=kw.pop("input_ids", None),
                                              attention_mask=kw.pop("attention_mask", None),
-                                             messages=kw.pop("messages", None))
+                                             messages=kw.pop("messages", None),
+                                             pad=_pad_id(kw.pop("pad_token_id", None), eos))
     kw.pop("pad_token_id", None)
     _one_segment(kw.pop("token_type_ids", None))
     max_new = _max_new_tokens(kw.pop("max_new_tokens", None), kw.pop("max_length", None), width)
@@ -151,6 +155,18 @@ def _one_segment(token_type_ids) -> None:
     """A tokenizer's token_type_ids (``generate(**tok(text))``): all zero, one segment, means nothing here."""
     if token_type_ids is not None and np.any(as_array(token_type_ids, "token_type_ids") != 0):
         raise SpecdecError("token_type_ids other than 0 (several segments) mean nothing to a decoder LM")
+
+
+def _pad_id(pad_token_id, eos: frozenset) -> int | None:
+    """The id HF's generate reads as padding when no attention mask is given: ``pad_token_id``
+    unless it is an EOS id (then HF masks nothing: the id is text, e.g. a chat's end of turn)."""
+    if pad_token_id is None:
+        return None
+    if isinstance(pad_token_id, np.ndarray) and pad_token_id.ndim == 0:
+        pad_token_id = pad_token_id.item()
+    if _bad_int(pad_token_id) or pad_token_id < 0:
+        raise SpecdecError(f"pad_token_id must be a token id, an integer >= 0 (got {pad_token_id!r})")
+    return None if int(pad_token_id) in eos else int(pad_token_id)
 
 
 def _max_new_tokens(max_new_tokens, max_length, width: int) -> int:
@@ -250,11 +266,13 @@ def prompt_inputs(inputs, tok, *, input_ids=None, attention_mask=None, messages=
     return prompts, single
 
 
-def prompt_rows(inputs, tok, *, input_ids=None, attention_mask=None, messages=None
+def prompt_rows(inputs, tok, *, input_ids=None, attention_mask=None, messages=None, pad: int | None = None
                 ) -> tuple[list[list[int]], bool, int]:
     """``prompt_inputs`` and the prompt length HF's ``max_length`` counts: the rows' width as
     given, padding included (a batch padded to 16 tokens counts 16), before the mask drops it.
-    An ``attention_mask`` applies to every form (a string's or a chat's encoded ids too)."""
+    An ``attention_mask`` applies to every form (a string's or a chat's encoded ids too). ``pad``:
+    without a mask, the id that is padding wherever it stands (HF's rule; padding between tokens is
+    then refused, as a mask's is)."""
     if input_ids is not None:
         if inputs is not None:
             raise SpecdecError("give the prompt once: positionally or as input_ids=, not both")
@@ -275,9 +293,21 @@ def prompt_rows(inputs, tok, *, input_ids=None, attention_mask=None, messages=No
         else:
             prompts, single = _from_array(as_array(inputs, "the prompt"))
     width = max((len(p) for p in prompts), default=0)
+    if attention_mask is None and pad is not None and any(pad in p for p in prompts):
+        attention_mask = _pad_mask(prompts, pad)
     if attention_mask is not None:
         prompts = _unmask(prompts, as_array(attention_mask, "attention_mask"))
     return prompts, single, width
+
+
+def _pad_mask(prompts: list[list[int]], pad: int) -> np.ndarray:
+    """The mask HF's generate builds from ``pad_token_id`` (1 where the id is not ``pad``), for rows of
+    one width; rows of other widths hold no padding a mask could describe."""
+    if len({len(p) for p in prompts}) != 1:
+        raise SpecdecError(f"a prompt holds pad_token_id {pad}, but the prompts are of different lengths "
+                           f"{[len(p) for p in prompts]}: give each prompt without its padding, or a padded "
+                           f"batch with its attention_mask")
+    return (np.asarray(prompts, np.int64) != pad).astype(np.int64)
 
 
 def _from_mapping(enc, attention_mask):

@@ -159,3 +159,27 @@ def test_a_huge_id_in_a_row_is_named_out_of_range(tok):
     """[[5, 2**64 - 1], [5]]: NumPy read the row as float64 and the message said 'not integer ids'."""
     spec, _, _ = _decoders(tok, batch_size=2)
     _one_line_error(lambda: spec.generate([[5, 2 ** 64 - 1], [5]], max_new_tokens=2), "out of range")
+
+
+def test_pad_token_id_without_a_mask_is_padding_as_in_hf(tok):
+    """HF's generate builds the mask from pad_token_id when none is given (unless the id is an EOS id);
+    the pads were decoded as prompt text here. Padding between tokens is refused, as a mask's is."""
+    spec, base, lm = _decoders(tok)
+    want = [reference_greedy(lm, IDS[2:], 6, 64), reference_greedy(lm, IDS[:8], 6, 64)]
+    batch = np.array([[0, 0] + IDS[2:], IDS[:8] + [0, 0]])
+    for dec in (spec, base):
+        rs = dec.generate(batch, pad_token_id=0, max_new_tokens=6)
+        assert [r.prompt_ids for r in rs] == [IDS[2:], IDS[:8]]
+        assert [r.generated_ids for r in rs] == want
+        _one_line_error(lambda: dec.generate([5, 0, 9], pad_token_id=0, max_new_tokens=4), "padding between")
+        _one_line_error(lambda: dec.generate([[0, 5, 9], [5]], pad_token_id=0, max_new_tokens=4),
+                        "different lengths")
+        _one_line_error(lambda: dec.generate([5, 9], pad_token_id=-1, max_new_tokens=4), "pad_token_id must be")
+        # a given mask wins; an id the prompt does not hold changes nothing
+        r = dec.generate([0, 5, 9], pad_token_id=0, attention_mask=[1, 1, 1], max_new_tokens=4)
+        assert r.prompt_ids == [0, 5, 9]
+        assert dec.generate([5, 9], pad_token_id=0, max_new_tokens=4).prompt_ids == [5, 9]
+    # pad_token_id that is an EOS id: HF masks nothing (a chat's end-of-turn token is text)
+    tlm, dlm, lm = fake_pair(vocab=V, k=3, ctx_len=64)
+    for dec in (SpecDecoder(tlm, dlm, eos_token_id=[2]), TargetOnlyDecoder(tlm, eos_token_id=2)):
+        assert dec.generate([5, 2, 9], pad_token_id=2, max_new_tokens=4).prompt_ids == [5, 2, 9]
