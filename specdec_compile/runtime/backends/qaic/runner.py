@@ -7,7 +7,7 @@ import numpy as np
 from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
 from ..base import Backend
-from .loader import QaicProgram, load_qaic
+from .loader import QaicProgram, guarded, load_qaic
 
 
 class QaicBackend(Backend):
@@ -30,6 +30,10 @@ class QaicBackend(Backend):
             if given:   # loaded already: these would be dropped without a word
                 raise SpecdecError(f"{artifact.artifact.name}: {', '.join(given)} given with a program load_qaic "
                                    f"already loaded; pass them to load_qaic (or give the artifact directory)")
+            role = artifact.artifact.role
+            if expect_role is not None and expect_role != role:   # a path would be refused by load_artifact
+                raise SpecdecError(f"{artifact.artifact.name}: expected a {str(expect_role).upper()} artifact, "
+                                   f"the program load_qaic loaded is a {role.upper()}")
             loaded = artifact
         else:
             loaded = load_qaic(artifact, device_ids=device_ids, qpc=qpc, expect_role=expect_role,
@@ -57,9 +61,27 @@ class QaicBackend(Backend):
         self.dims[i] = (arr.itemsize, list(arr.shape) if arr.shape else [1])
 
     def _get(self, outs, name, shape) -> np.ndarray:
-        """A float output's values as float32."""
+        """A float output's values as float32; a buffer not of the call's size is refused (never
+        reshaped from another call's rows)."""
         i = self.index[name]
-        return self._dtypes[self.bindings[i].type].decode(bytes(outs[i]), shape)
+        t = self._dtypes[self.bindings[i].type]
+        raw = guarded(self.artifact.name, f"getData ({name})", lambda: bytes(outs[i]))
+        if len(raw) != t.itemsize * int(np.prod(shape)):
+            raise SpecdecError(f"{self.qpc_path}: the device gave {name} of {len(raw)} bytes, not the "
+                               f"{list(shape)} {t.name} ({t.itemsize * int(np.prod(shape))} bytes) of this call")
+        return t.decode(raw, shape)
+
+    def _exec(self) -> list:
+        """One run of the buffers set: setData, enqueue, wait, getData (every status checked; an
+        exception from qaicrt is one line too)."""
+        rt, lp, where = self.rt, self.loaded, self.artifact.name
+        dims = guarded(where, "BufferDimensionsVecRef", rt.BufferDimensionsVecRef, self.dims)
+        lp.check(guarded(where, "setData", lp.exec_obj.setData, self.qbuffers, dims), "setData")
+        lp.check(guarded(where, "enqueue", lp.queue.enqueue, lp.exec_obj), "enqueue")
+        lp.check(guarded(where, "run (waitForCompletion)", lp.exec_obj.waitForCompletion), "run (waitForCompletion)")
+        status, outs = guarded(where, "getData", lp.exec_obj.getData)
+        lp.check(status, "getData")
+        return outs
 
     def _skip(self, name):
         i = self.index[name]
@@ -75,17 +97,17 @@ class QaicBackend(Backend):
 
     def _kept(self, B: int, S: int) -> int:
         """The logits columns a TLM call of [B, S] gives: S, or an --interface qeff
-        specialization's num_logits_to_keep (1 at prefill; the largest where two match)."""
+        specialization's num_logits_to_keep (1 at prefill): the manifest's, else the QPC's largest."""
         if not (self.artifact.qeff and self.role == "tlm"):
             return S
-        ns = [a[NUM_LOGITS_TO_KEEP][0] for a in self.allowed
-              if a.get(INPUT_IDS) == (B, S) and NUM_LOGITS_TO_KEEP in a]
-        ns += [int(sp["num_logits_to_keep"]) for sp in (self.artifact.manifest.get("qeff") or {}).get(
-            "specializations", []) if (int(sp["batch_size"]), int(sp["seq_len"])) == (B, S) and not self.allowed]
+        # the manifest's specialization first: load_qaic checked that the QPC has it
+        ns = [int(sp["num_logits_to_keep"]) for sp in (self.artifact.manifest.get("qeff") or {}).get(
+            "specializations", []) if (int(sp["batch_size"]), int(sp["seq_len"])) == (B, S)]
+        ns = ns or [a[NUM_LOGITS_TO_KEEP][0] for a in self.allowed
+                    if a.get(INPUT_IDS) == (B, S) and NUM_LOGITS_TO_KEEP in a]
         return max(ns) if ns else S
 
     def _run_outputs(self, ids, pos, extra):
-        rt, lp = self.rt, self.loaded
         B, S = ids.shape
         n = self._kept(B, S)
         out_s = n if self.role == "tlm" else 1
@@ -111,12 +133,8 @@ class QaicBackend(Backend):
                 self._set(n, self._dtypes[b.type].zeros(b.dims))
             else:
                 self._skip(n)
-        self._zero_next = False
-        lp.check(lp.exec_obj.setData(self.qbuffers, rt.BufferDimensionsVecRef(self.dims)), "setData")
-        lp.check(lp.queue.enqueue(lp.exec_obj), "enqueue")
-        lp.check(lp.exec_obj.waitForCompletion(), "run (waitForCompletion)")
-        status, outs = lp.exec_obj.getData()
-        lp.check(status, "getData")
+        outs = self._exec()
+        self._zero_next = False     # only once a call ran: a failed one leaves the zeros to the next
         res = {LOGITS: self._get(outs, LOGITS, logits_shape)}
         if out_s != S and self.role == "tlm":
             res[LOGITS] = place_kept(res[LOGITS], pos, S)
