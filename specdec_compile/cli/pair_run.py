@@ -48,6 +48,9 @@ def resolve_pair(args) -> None:
     m = read_pair(args.pair)
     args.tlm = m["tlm"]
     if m["draft"] in ("ngram", "suffix"):
+        if args.draft in ("dlm", "hybrid"):    # (it said "--dlm DIR is required", which --pair refuses)
+            raise SpecdecError(f"--draft {args.draft} needs a draft model, and --pair {args.pair} is a "
+                               f"{m['draft']} pair: it has none (build a pair with --dlm or --head)")
         if args.draft is None and not args.target_only:
             args.draft = m["draft"]
     elif not args.target_only and args.draft not in ("ngram", "suffix"):

@@ -95,9 +95,10 @@ def split_prompts(values: list[str]) -> list[str]:
 
 
 def read_text(path: str) -> str:
-    """A prompt file's text; one line on a missing or non-UTF-8 file."""
+    """A prompt file's text; one line on a missing or non-UTF-8 file. A UTF-8 byte-order mark (as
+    Windows editors write) is not text: it would become part of the first prompt's first token."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             return f.read()
     except OSError as e:
         raise SpecdecError(f"{path}: cannot read: {e.strerror or e}") from None

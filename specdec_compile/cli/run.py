@@ -22,6 +22,7 @@ from .common import Parser, add_progress_flags, run_cli, start_progress
 from .pair_run import add_pair_flags, compile_pair, resolve_pair
 from .qeff_words import (add_qeff_run_flags, check_full_batch_size, read_prompt_lines, read_text,
                          resolve_qeff_run_flags, split_prompts)
+from .run_args import check_args, check_sampling
 from ..errors import SpecdecError
 
 PROG = "specdec-run"
@@ -133,15 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ids(text: str, what: str) -> list[int]:
-    """Integers separated by commas and/or whitespace: "1,2,3", "1 2 3", "1, 2 3"."""
+    """Integers separated by commas and/or whitespace: "1,2,3", "1 2 3", "1, 2 3". ASCII digits only:
+    int() would also read "1_0" as 10, "+1" and other scripts' digits (as --device-group refuses them)."""
     import re
     parts = [x for x in re.split(r"[\s,]+", text.strip()) if x]
     if re.search(r",\s*,", text):
         raise SpecdecError(f"{what}: an empty item between commas in {text!r}")
-    try:
-        return [int(x) for x in parts]
-    except ValueError:
-        raise SpecdecError(f"{what}: expected comma-separated (or space-separated) integers, got {text!r}") from None
+    if not all(re.fullmatch(r"-?[0-9]+", x) for x in parts):
+        raise SpecdecError(f"{what}: expected comma-separated (or space-separated) integers, got {text!r}")
+    return [int(x) for x in parts]
 
 
 def _prompts(args, tok) -> list[list[int]]:
@@ -199,8 +200,8 @@ class _Printer:
     def _write(self, text: str, style: str | None):
         if not text:
             return
-        if self.console is not None:
-            self.console.print(text, style=style, end="")
+        if self.console is not None:   # out(), not print(): the text is the model's, never rich markup
+            self.console.out(text, style=style, highlight=False, end="")   # ("[i]", ":smile:", "[/x]")
         else:
             write_stdout(text)
 
@@ -276,87 +277,6 @@ def _device_ids(text, what):
     if not ids or min(ids) < 0:
         raise SpecdecError(f"{what}: expected device ids like 0 or 0,1")
     return ids
-
-
-def _check_args(args) -> None:
-    if args.draft is None and not args.target_only:
-        args.draft = "dlm"
-    if args.compare and args.target_only:
-        raise SpecdecError("--compare runs the target alone itself: give the draft (--dlm DIR or --draft), "
-                           "not --target-only")
-    if args.target_only and args.dlm:
-        raise SpecdecError("--target-only decodes with the TLM alone: it takes no --dlm")
-    if args.draft == "ngram" and args.dlm:
-        raise SpecdecError("--draft ngram takes no --dlm (the drafts come from the text itself)")
-    if args.draft == "ngram" and args.target_only:
-        raise SpecdecError("--draft ngram has no meaning with --target-only")
-    if args.draft == "hybrid" and (args.target_only or not args.dlm):
-        raise SpecdecError("--draft hybrid needs --dlm DIR (prompt lookup first, that draft otherwise)")
-    if args.ngram_max is not None and args.draft not in ("ngram", "hybrid"):
-        raise SpecdecError("--ngram-max is for --draft ngram or hybrid")
-    if args.ngram_max is not None:
-        from ..runtime.drafts.ngram import NgramDraft
-        if not 1 <= args.ngram_max <= NgramDraft.MAX_N:
-            raise SpecdecError(f"--ngram-max must be in [1, {NgramDraft.MAX_N}] (got {args.ngram_max})")
-    _check_suffix_args(args)
-    _check_backend_args(args)
-    _check_min_prob(args)
-    if not args.target_only and args.draft == "dlm" and not args.dlm:
-        raise SpecdecError("--dlm DIR is required (or --draft ngram, or --target-only)")
-    if args.k is not None and args.target_only:
-        raise SpecdecError("--k has no meaning with --target-only")
-    if args.chat and args.prompt_ids is not None:
-        raise SpecdecError("--chat applies the chat template to text: give --prompt or --prompt-file")
-    if args.chat and not args.tokenizer:
-        raise SpecdecError("--chat needs --tokenizer DIR (its chat template)")
-    if args.dlm_tokenizer and not args.tokenizer:
-        raise SpecdecError("--dlm-tokenizer needs --tokenizer")
-    if args.dlm_tokenizer and (args.target_only or args.draft in ("ngram", "suffix")):
-        raise SpecdecError("--dlm-tokenizer is the draft model's tokenizer: it needs --dlm (not --target-only, "
-                           "--draft ngram or --draft suffix)")
-    if args.dlm_device_ids is not None and (args.target_only or args.draft in ("ngram", "suffix")):
-        raise SpecdecError("--dlm-device-ids places the draft model: it needs --dlm (not --target-only, "
-                           "--draft ngram or --draft suffix)")
-
-
-def _check_min_prob(args) -> None:
-    p = args.draft_min_prob
-    if not 0.0 <= p < 1.0:
-        raise SpecdecError(f"--draft-min-prob must be in [0, 1) (got {p})")
-    if p and (args.target_only or args.draft not in ("dlm", "hybrid")):
-        raise SpecdecError("--draft-min-prob is for a draft model (--dlm, alone or in --draft hybrid)")
-
-
-def _check_backend_args(args) -> None:
-    for flag, value in (("--ov-precision", args.ov_precision), ("--ov-threads", args.ov_threads),
-                        ("--ov-cache", args.ov_cache)):
-        if value is not None and args.backend != "openvino":
-            raise SpecdecError(f"{flag} is for --backend openvino")
-    for flag, given in (("--ort-threads", args.ort_threads is not None), ("--copy-cache", args.copy_cache)):
-        if given and args.backend != "ort":     # the other backends would run without it, without a word
-            raise SpecdecError(f"{flag} is for --backend ort (ONNX Runtime)")
-    if args.ov_threads is not None:
-        from ..ort_session import check_threads
-        check_threads(args.ov_threads, "--ov-threads")
-    if args.backend == "openvino":   # not installed: one line saying how, before anything loads
-        from ..runtime.backends.openvino import import_openvino
-        import_openvino()
-
-
-def _check_suffix_args(args) -> None:
-    if args.draft == "suffix" and args.dlm:
-        raise SpecdecError("--draft suffix takes no --dlm (the drafts come from the text itself)")
-    if args.draft == "suffix" and args.target_only:
-        raise SpecdecError("--draft suffix has no meaning with --target-only")
-    for name in ("suffix_cache_tokens", "suffix_max_depth"):
-        flag = "--" + name.replace("_", "-")
-        if getattr(args, name) is not None and args.draft != "suffix":
-            raise SpecdecError(f"{flag} is for --draft suffix")
-    if args.suffix_cache_tokens is not None and not 1 <= args.suffix_cache_tokens < 2 ** 63:
-        raise SpecdecError(f"--suffix-cache-tokens must be a positive number of tokens, below 2**63 "
-                           f"(got {args.suffix_cache_tokens})")
-    if args.suffix_max_depth is not None and not 2 <= args.suffix_max_depth <= 256:
-        raise SpecdecError(f"--suffix-max-depth must be in [2, 256] (got {args.suffix_max_depth})")
 
 
 def ort_thread_options(threads: int | None, two_models: bool) -> dict:
@@ -454,9 +374,10 @@ def run(argv: list[str]) -> int:
     resolve_pair(args)
     resolve_qeff_run_flags(args)     # also refuses a negative --max-new-tokens / --generation-len
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    check_sampling(args, sampling)
     if not sampling.greedy:   # one seed for the run (drawn when --seed is not given): prompt i samples as
         sampling = dataclasses.replace(sampling, seed=sampling.run_seed())   # (seed, i); --json records it
-    _check_args(args)
+    check_args(args)
     if compile_pair(args):
         return 0
     tlm, dlm, (tok, dlm_tok), prompts = _open(args)

@@ -23,8 +23,8 @@ def busy_time_s(m) -> float:
 
 
 def decode_time_s(m) -> float:
-    """A generation's decode time: after the first token, callbacks excluded."""
-    return busy_time_s(m) - m["ttft_s"]
+    """A generation's decode time: after the first token, callbacks excluded (0 without a token)."""
+    return 0.0 if m["ttft_s"] is None else busy_time_s(m) - m["ttft_s"]
 
 
 def decode_rate_of(m) -> float | None:
@@ -93,7 +93,7 @@ def _opt():
 class GenerationMetrics(_Record):
     """Counters and timings of one generation."""
     new_tokens: int
-    ttft_s: float
+    ttft_s: float | None               # None when no token was generated (max_new_tokens=0)
     acceptance_rate: float | None
     mean_tokens_per_tlm_call: float | None
     acceptance_histogram: list
@@ -126,7 +126,7 @@ class RunMetrics(_Record):
     """Metrics over several generations: sums, and rates recomputed from the sums."""
     prompts: int
     new_tokens: int
-    ttft_s: float                      # the mean over prompts
+    ttft_s: float | None               # the mean over the prompts that generated a token (None: none did)
     decode_tokens: int
     decode_time_s: float
     acceptance_rate: float | None
@@ -222,11 +222,11 @@ class Meter:
     def metrics(self, new_tokens: int, speculative: bool) -> GenerationMetrics:
         end = self.t_end or time.perf_counter()
         total = end - self.t0
-        first = self.t_first or end
+        first = self.t_first or (end if new_tokens else None)
         model_time = sum(c.total() for c in self.by_width.values())
         return GenerationMetrics(
             new_tokens=new_tokens,
-            ttft_s=first - self.t0,
+            ttft_s=None if first is None else first - self.t0,
             acceptance_rate=(self.accepted / self.drafted) if self.drafted else None,
             mean_tokens_per_tlm_call=(self.round_tokens / self.verify_calls) if self.verify_calls else None,
             acceptance_histogram=list(self.hist) if speculative else [],
@@ -267,6 +267,10 @@ def use_backend_counts(m: RunMetrics, before: dict, after: dict, wall_s: float) 
     m.host_time_s = max(wall_s - m.tlm_time_s - m.dlm_time_s, 0.0)
 
 
+def _mean(xs: list) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
 def aggregate_metrics(results: list[GenerationResult]) -> RunMetrics | None:
     """Metrics over several generations (sums, and rates recomputed from the sums).
 
@@ -285,7 +289,7 @@ def aggregate_metrics(results: list[GenerationResult]) -> RunMetrics | None:
     return RunMetrics(
         prompts=len(ms),
         new_tokens=tot("new_tokens"),
-        ttft_s=tot("ttft_s") / len(ms),
+        ttft_s=_mean([m["ttft_s"] for m in ms if m["ttft_s"] is not None]),
         decode_tokens=sum(max(m["new_tokens"] - 1, 0) for m in ms),
         decode_time_s=sum(decode_time_s(m) for m in ms),
         acceptance_rate=accepted / drafted if drafted else None,
