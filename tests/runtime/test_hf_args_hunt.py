@@ -8,27 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_helpers import make_tokenizer, reference_greedy
+from runtime_helpers import reference_greedy
 
 from specdec_compile.errors import SpecdecError
 from specdec_compile.runtime import SpecDecoder, TargetOnlyDecoder
 from specdec_compile.runtime.testing import fake_pair
-
-V = 211
-TEXT = "w5 w9 w33 w7 w100 w42 w17 w3 w8 w55"
-IDS = [5, 9, 33, 7, 100, 42, 17, 3, 8, 55]
-CHAT = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w3{% endif %}"
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("hunt_tok") / "tok", n=V)
-
-
-@pytest.fixture
-def tok(tok_dir):
-    from specdec_compile.runtime.tokenizer import load_tokenizer
-    return load_tokenizer(tok_dir)
+# the shared prompt, ids, chat template and tokenizer fixtures of the HF-argument tests
+from test_hf_args import CHAT, IDS, TEXT, V, tok, tok_dir  # noqa: F401
 
 
 def _decoders(tok, batch_size=1):
