@@ -22,7 +22,8 @@ position is written before it is attended to. No batch_index input is needed.
 An --interface qeff model with continuous batching (contract section 7) has no
 full-width prefill: a new prompt's chunk runs alone at batch 1 into its cache
 row (``batch_index``), and the decoding rows wait for the next call, which runs
-every row. A plain --interface qeff TLM runs as above, but a call holding a
+every row. At prefill length 1 its prefill is the seq_len-1 call of every row
+(calls.prefill_alone), which runs as above. A plain --interface qeff TLM runs as above, but a call holding a
 verifying row never runs at the prefill width (that specialization keeps one
 logits column).
 """
@@ -33,7 +34,7 @@ from collections import deque
 
 import numpy as np
 
-from .calls import exclusive, row_of, run_rows
+from .calls import exclusive, prefill_alone, row_of, run_rows
 from .generation import check_prompt
 from .hf_args import check_max_new_tokens
 from .sampling import Noise, SamplingParams
@@ -145,7 +146,7 @@ class BatchEngine:
         group = self._group(slots)
         backend = group[0][1].runner.b
         prefill = [(r, c) for r, c in group if c.prefill]
-        if backend.artifact.cache_rows and prefill:
+        if prefill and prefill_alone(backend):
             # --interface qeff: one prompt chunk at batch 1 into its cache row (batch_index); the
             # decoding rows wait for the next call, which runs every row (contract section 7)
             (r, c), width = prefill[0], backend.prefill_len

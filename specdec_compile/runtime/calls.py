@@ -143,6 +143,13 @@ def run_rows(backend: Backend, calls: list[tuple[int, Call]], B: int, width: int
     return out, time.perf_counter() - t
 
 
+def prefill_alone(backend: Backend) -> bool:
+    """Whether a prompt chunk runs alone at batch 1 into its cache row (``batch_index``): an
+    --interface qeff model with continuous batching, unless its prefill length is 1, where the
+    prefill specialization is the decode call of every row (contract section 7)."""
+    return bool(backend.artifact.cache_rows) and backend.artifact.prefill_batch == 1
+
+
 def row_of(out: dict, row: int):
     """What a generation is sent back: (its logits rows, {name: its rows of each extra output})."""
     return out[LOGITS][row], {n: a[row] for n, a in out.items() if n != LOGITS}
@@ -156,7 +163,7 @@ def steps(co):
         req = next(co)
         while True:
             r = req.runner
-            if req.prefill and r.b.artifact.cache_rows:   # contract section 7: a prompt at batch 1 into its row
+            if req.prefill and prefill_alone(r.b):   # contract section 7: a prompt at batch 1 into its row
                 out, dt = run_rows(r.b, [(0, req)], 1, req.width, cache_rows=[0])
             else:
                 out, dt = run_rows(r.b, [(0, req)], r.b.batch_size, req.width)
