@@ -163,6 +163,8 @@ class _Decoder:
     def _stream_many(self, req):
         from .batch import BatchEngine
         on_tokens = req.on_tokens
+        if on_tokens is not None and req.single:   # generate_many(one prompt): on_tokens takes (ids, sources)
+            on_tokens = lambda _i, ids, sources: req.on_tokens(ids, sources)  # noqa: E731
         for i, r in BatchEngine(self).stream(req.prompts, max_new_tokens=req.max_new_tokens, sampling=req.sampling,
                                              rng=req.rng, on_tokens=on_tokens, stop=req.stop):
             yield i, _texted(r, req.tokenizer)
@@ -250,6 +252,9 @@ class SpecDecoder(_Decoder):
                  policy: WidthPolicy | None = None, record_calls: bool = False, tokenizer=None,
                  dlm_tokenizer=None, draft_min_prob: float = 0.0):
         check_backend(tlm)
+        if getattr(tlm.artifact, "role", "tlm") != "tlm":   # it has no verification widths to check drafts with
+            raise SpecdecError(f"{tlm.artifact.path}: the target is a {str(tlm.artifact.role).upper()} artifact; a "
+                               f"SpecDecoder's target must be a TLM artifact (--role tlm): were the two swapped?")
         if policy is not None and not isinstance(policy, WidthPolicy):
             raise SpecdecError(f"policy must be a WidthPolicy instance (got {policy!r})")
         self.tokenizer = tokenizer = resolve_tokenizer(tokenizer)

@@ -41,3 +41,27 @@ def test_continuous_batching_at_prefill_len_1_runs(pl1):
     spec = SpecDecoder(tlm, open_("dlmcb"))        # llama_gqa drafting for itself
     assert [r.generated_ids for r in spec.generate_many(PROMPTS, max_new_tokens=8)] == want
     assert [spec.generate(p, max_new_tokens=8).generated_ids for p in PROMPTS] == want
+
+
+def test_generate_many_of_one_prompt_calls_on_tokens_as_documented():
+    """generate_many(one prompt, on_tokens=cb): cb(ids, sources) passed the check, then the engine
+    called it as (index, ids, sources): a TypeError mid-run, and no callback could work."""
+    from specdec_compile.runtime.testing import fake_pair
+    tlm, dlm, _ = fake_pair(vocab=211, k=3, ctx_len=64)
+    for dec in (SpecDecoder(tlm, dlm), TargetOnlyDecoder(tlm)):
+        seen = []
+        [r] = dec.generate_many([1, 5, 9], max_new_tokens=6, on_tokens=lambda ids, src: seen.extend(ids))
+        assert seen == r.generated_ids and len(seen) == 6
+        seen = []
+        rs = dec.generate_many([[1, 5, 9], [1, 7]], max_new_tokens=4, on_tokens=lambda i, ids, src: seen.append(i))
+        assert sorted(set(seen)) == [0, 1] and len(rs) == 2
+
+
+def test_a_speculative_decoder_needs_a_tlm_target(pl1):
+    """A DLM-role target with an n-gram or suffix draft stopped with a TypeError in the width policy."""
+    from specdec_compile.errors import SpecdecError
+    dlm = OrtBackend(pl1 / "dlm", intra_op_threads=1)
+    for draft in ("ngram", "suffix"):
+        with pytest.raises(SpecdecError, match="must be a TLM artifact") as e:
+            SpecDecoder(dlm, draft=draft)
+        assert "\n" not in str(e.value)
