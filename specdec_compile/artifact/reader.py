@@ -249,7 +249,7 @@ def _load_qeff(p: Path, m: Manifest, specs: list[dict], need_model: bool) -> Art
     decodes = tuple(sorted({s for _, s in shapes[1:]}))
     seq_lens = tuple(sorted({s for b, s in shapes if b == B}))    # the plain interface's prefill too
     if m.role == "dlm":
-        if decodes != (1,):
+        if decodes != (1,) and not (PL == 1 and not decodes):   # plain at PL 1: the prefill is the decode
             raise SpecdecError(f"{where}: a --interface qeff DLM decodes at seq_len 1, got {list(decodes)}")
         k, k_list = None, ()
     else:

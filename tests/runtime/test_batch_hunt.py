@@ -65,3 +65,18 @@ def test_a_speculative_decoder_needs_a_tlm_target(pl1):
         with pytest.raises(SpecdecError, match="must be a TLM artifact") as e:
             SpecDecoder(dlm, draft=draft)
         assert "\n" not in str(e.value)
+
+
+def test_a_plain_qeff_dlm_at_prefill_len_1_loads_and_drafts(fixture_path, tmp_path):
+    """--role dlm --interface qeff --prefill-len 1 (no continuous batching) has one specialization,
+    the prefill that is also its decode (contract section 7); the compile wrote it and every reader
+    refused it ("decodes at seq_len 1, got []")."""
+    src = str(fixture_path("llama_gqa"))
+    common = ["--target", "ort", "--ctx-len", "32", "--prefill-len", "1", "--quiet"]
+    assert compile_cli.main([src, *common, "--role", "dlm", "--interface", "qeff", "-o", str(tmp_path / "d")]) == 0
+    assert compile_cli.main([src, *common, "--role", "tlm", "--k", "3", "-o", str(tmp_path / "t")]) == 0
+    tlm = OrtBackend(tmp_path / "t", intra_op_threads=1)
+    want = [TargetOnlyDecoder(tlm).generate(p, max_new_tokens=8).generated_ids for p in PROMPTS]
+    d = OrtBackend(tmp_path / "d", intra_op_threads=1)
+    assert [TargetOnlyDecoder(d).generate(p, max_new_tokens=8).generated_ids for p in PROMPTS] == want
+    assert [SpecDecoder(tlm, d).generate(p, max_new_tokens=8).generated_ids for p in PROMPTS] == want
