@@ -103,11 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="new tokens per prompt at most (default 128; QEfficient's --generation-len)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0 = greedy (default); below 1e-5 behaves as greedy")
-    p.add_argument("--top-k", type=int, default=0, metavar="K")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="sampling: the K most likely tokens only (0 = all, the default)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sampling: the most likely tokens holding P of the probability (1 = all, the default)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="fixes the sampled text: the same prompts, seed, settings and models give the same "
-                        "text whatever the batch size or schedule (an integer >= 0)")
+                        "text whatever the batch size or schedule (an integer >= 0). --top-k, --top-p and "
+                        "--seed need --temperature > 0 (refused with greedy decoding)")
     p.add_argument("--k", type=int, default=None, metavar="K",
                    help="drafts per round (one of the TLM's compiled widths; default: its k, "
                         "adaptive when several are compiled)")
