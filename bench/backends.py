@@ -55,6 +55,7 @@ import numpy as np
 from specdec_compile.eagle3.quantize import WEIGHTS
 
 from . import ovgenai
+from .record import verdict
 
 K, K_LIST, PL, CTX, NEW = 4, "0,1,2,4", 64, 256, 128
 DRAFTS = ("ngram", "suffix", "eagle3-hybrid")
@@ -401,14 +402,16 @@ def _goal_lines(res: dict) -> list[str]:
     f = gl["f32_target_only"]
     cache = lambda v: f", {v['cache']} cache" if v.get("cache") else ""     # noqa: E731
     lines = [f"goal: OpenVINO f32 target-only{cache(f)} / GenAI f32 target-only ({f.get('measured', 'the rows')}) = "
-             f"{f['ours']:.1f} / {f['genai']:.1f} = {f['ratio']:.2f} (goal >= {f['goal']})"]
+             f"{f['ours']:.1f} / {f['genai']:.1f} = {f['ratio']:.2f} (goal >= {f['goal']}): "
+             f"{verdict(f['ratio'], f['goal'])}"]
     for key in (k for k in gl if k.startswith("best_spec_")):
         b = gl[key]
         lines.append(f"goal: our best speculative on OpenVINO at {b['precision']} ({b['draft']}{cache(b)}, "
                      f"greedy == target-only: "
                      f"{'yes' if b['greedy_equal_target_only'] else 'NO'}) / GenAI's best ({b['genai_run']}; "
                      f"{b.get('measured', 'the rows')}) = "
-                     f"{b['ours']:.1f} / {b['genai']:.1f} = {b['ratio']:.2f} (goal >= {b['goal']})")
+                     f"{b['ours']:.1f} / {b['genai']:.1f} = {b['ratio']:.2f} (goal >= {b['goal']}): "
+                     f"{verdict(b['ratio'], b['goal'], b['greedy_equal_target_only'])}")
     for key in ("paired_f32_target_only", "paired_best_spec"):
         p = res.get(key)
         if isinstance(p, dict):

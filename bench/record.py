@@ -3,7 +3,8 @@ measured and keeps the others, so the file says which run wrote each section (``
 its command and when it finished), which sections this run did not measure
 (``kept_from_earlier_runs``) and which sections it was asked for and skipped
 (``skipped_sections``); results.md says the last two in words. ``command``, ``machine``,
-``finished`` and ``wall_s`` are this run's alone."""
+``finished`` and ``wall_s`` are this run's alone. ``verdict``: whether a ratio meets its goal, said
+from the unrounded ratio, for the reports that print one beside its goal."""
 from __future__ import annotations
 
 #: the keys about the run itself, not a section's
@@ -43,3 +44,14 @@ def lines(res: dict) -> list[str]:
     if res.get("skipped_sections"):
         out.append(f"Skipped in this run: {', '.join(res['skipped_sections'])} (nothing measured; the log says why).")
     return ["", *out] if out else []
+
+
+def verdict(ratio: float, goal: float, exact: bool = True) -> str:
+    """Whether ``ratio`` meets ``goal``, from the unrounded ratio: the two decimals shown alone read
+    0.946 as "0.95 (goal >= 0.95)", a goal met that was not (then the ratio is shown to 4 places).
+    ``exact`` False (a draft whose greedy output is not target-only's): not met, whatever the ratio."""
+    if ratio >= goal and exact:
+        return "met"
+    why = ([f"{ratio:.4f}"] if round(ratio, 2) >= goal > ratio else []) + ([] if exact else
+                                                                          ["the output is not target-only's"])
+    return "not met" + (f" ({', '.join(why)})" if why else "")

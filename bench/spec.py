@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from demo.compiling import compile_trio
-from demo.rates import busy_time_s, decode_rate, decode_time_s
+from demo.rates import decode_rate, decode_time_s
 from demo.toy_demo import held_out_prompts
 
 KS = list(range(1, 9))
@@ -35,6 +35,20 @@ def merge_width_times(ms: list[dict]) -> dict:
                 c[0] += n
                 c[1] += t
     return out
+
+
+def decode_model_time_s(m: dict) -> float:
+    """A generation's model time after its prefill: its TLM and DLM calls less their prefill calls."""
+    pre = m.get("prefill_time_s") or {}
+    return m["tlm_time_s"] + m["dlm_time_s"] - pre.get("tlm", 0.0) - pre.get("dlm", 0.0)
+
+
+def decode_host_share(ms: list[dict]) -> float | None:
+    """The share of the decode phase (after the first token; what the speedups time) spent outside
+    model calls, over ``ms``: not the whole generation's host time over its busy time, which
+    counts the prefill's host work and calls too."""
+    dec = sum(decode_time_s(m) for m in ms)
+    return max(dec - sum(decode_model_time_s(m) for m in ms), 0.0) / dec if dec > 0 else None
 
 
 def _best_runs(decs: dict, target, ids_list: list, a) -> dict:
@@ -90,9 +104,7 @@ def _k_row(k: int, ms: list[dict], target_rate: float, t_step: float, a) -> tupl
            else (k + 1) / (k * c + 1))
     pred = tpc * t_step / (draft_calls * dlm_step + verify) if tpc and verify else None
     speedup = rate / target_rate
-    host_s = sum(m["host_time_s"] for m in ms)
-    tot_s = sum(busy_time_s(m) for m in ms)
-    host = host_s / tot_s
+    host = decode_host_share(ms)
     row = {"k": k, "target_tokens_per_s": round(target_rate, 2), "spec_tokens_per_s": round(rate, 2),
            "speedup": round(speedup, 3), "alpha": round(alpha, 4) if alpha is not None else None,
            "tokens_per_tlm_call": round(tpc, 3) if tpc else None, "c": round(c, 4),
@@ -147,8 +159,7 @@ def bench_spec(pair: dict, out: Path, a) -> tuple[list, dict, dict]:
     best_row = max(rows, key=lambda r: r["speedup"])
     host_share = {"best_k": best_row["k"], "share": round(host[str(best_row["k"])], 4),
                   "by_k": {k: round(v, 4) for k, v in host.items()},
-                  "target_only": round(sum(m["host_time_s"] for m in tms) /
-                                       sum(busy_time_s(m) for m in tms), 4)}
+                  "target_only": round(decode_host_share(tms), 4)}
     info = {"prompts": [n for n, _ in prompts], "max_new_tokens": a.max_new_tokens, "ctx_len": a.ctx_len,
             "repeats": a.repeats, "ort_threads": a.ort_threads,
             "new_tokens": [tms[i]["new_tokens"] for i in range(len(tms))],

@@ -15,7 +15,8 @@ head's pair, real model) and OUT/demo.json with "model", "draft",
 "identical" (greedy speculative output equal to target-only output for every prompt).
 
 Exit status: 0, 1 when a speculative output differed from the target-only output, 2 when an
-option or the EAGLE-3 head is refused (one line: a count below 1, a --k-list without --toy/--micro
+option or the EAGLE-3 head is refused (one line: a count below 1, --max-new-tokens 1 (no decode
+phase to time), a --k-list without --toy/--micro
 (the real model's widths are fixed, 0-8), a missing --fdraft-head, another target's head, a missing
 --eagle3-head DIR, a --decode-k the artifacts lack).
 """
@@ -115,6 +116,9 @@ def check_args(a) -> str | None:
                          ("--threads", a.threads, 1), ("--ort-threads", a.ort_threads, 1)):
         if v is not None and v < low:
             return f"{flag} must be at least {low} (got {v})"
+    if a.max_new_tokens == 1:       # the rates are the tokens after the first over their time: none to time
+        return ("--max-new-tokens must be at least 2: the speedups are decode rates, of the tokens after the "
+                "first (got 1)")
     if a.k_list is not None and not (a.toy or a.micro):
         return (f"--k-list is the toy pair's (--toy, --micro): the real model's TLMs are compiled with widths "
                 f"0-8, whatever --k-list says (got {a.k_list!r})")
