@@ -55,3 +55,12 @@ def verdict(ratio: float, goal: float, exact: bool = True) -> str:
     why = ([f"{ratio:.4f}"] if round(ratio, 2) >= goal > ratio else []) + ([] if exact else
                                                                           ["the output is not target-only's"])
     return "not met" + (f" ({', '.join(why)})" if why else "")
+
+
+def beside_results(a, default):
+    """Where a section's side file goes: beside ``--results`` (``a.results``), as results.json does, so
+    that a run given ``--results /tmp/x/results.json`` does not overwrite the committed bench/results/
+    files; ``default`` (its name kept) when the run has no --results."""
+    from pathlib import Path
+    results = getattr(a, "results", None)
+    return Path(results).parent / Path(default).name if results else Path(default)

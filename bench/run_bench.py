@@ -461,7 +461,9 @@ def _args(argv: list[str] | None):
     ap.add_argument("--real-threads", type=int, default=2,
                     help="real, real-ood: torch threads for building the demo's models (the demo's --threads: "
                          "a build made with other threads is retrained, as its cache key says)")
-    ap.add_argument("--results", type=Path, default=HERE / "results" / "results.json")
+    ap.add_argument("--results", type=Path, default=HERE / "results" / "results.json",
+                    help="results.json (default bench/results/); results.md and every section's side file "
+                         "(results-mtbench.*, results-step-floor.*, results-suffix-real.*, real_model.svg) go beside it")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ctx-len", type=int, default=256)
@@ -543,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     if "real" in only:
         from . import real_model
         res["real_model"], res["real_model_settings"] = real_model.run(a.real_out, a, log=log)
-        log(f"[bench] picture {real_model.picture(res['real_model'], HERE / 'results' / 'real_model.svg')}")
+        log(f"[bench] picture {real_model.picture(res['real_model'], record.beside_results(a, 'real_model.svg'))}")
     if "backends" in only:      # SmolLM2 on ORT f32, OpenVINO f32 and bf16 (bench/backends.py)
         from . import backends
         res["backends"] = backends.run_section(a.real_out, a.out / "backends", a.backends_threads, a.real_prompts, log,

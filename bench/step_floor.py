@@ -309,9 +309,12 @@ def run(a, only: set) -> dict:
             ort_threads=a.ort_threads, repeats=a.real_repeats, prompts=a.real_prompts,
             max_new_tokens=a.real_max_new_tokens, log=a.log)
     rec["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    RESULTS.write_text(json.dumps(rec, indent=1) + "\n")
-    RESULTS.with_suffix(".md").write_text("\n".join(markdown(rec)))
-    a.log(f"[step_floor] wrote {RESULTS} and {RESULTS.with_suffix('.md')}")
+    from .record import beside_results
+    path = beside_results(a, RESULTS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    path.with_suffix(".md").write_text("\n".join(markdown(rec)))
+    a.log(f"[step_floor] wrote {path} and {path.with_suffix('.md')}")
     return {"step_floor": rec}
 
 

@@ -210,9 +210,12 @@ def run_real(a, only: set) -> dict:
     import json
     import time
     info["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    REAL_RESULTS.write_text(json.dumps({"settings": info, "rows": rows}, indent=1) + "\n")
-    REAL_RESULTS.with_suffix(".md").write_text("\n".join(markdown(rows, real_title(info))))
-    a.log(f"[suffix-real] wrote {REAL_RESULTS} and {REAL_RESULTS.with_suffix('.md')}")
+    from .record import beside_results
+    path = beside_results(a, REAL_RESULTS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": info, "rows": rows}, indent=1) + "\n")
+    path.with_suffix(".md").write_text("\n".join(markdown(rows, real_title(info))))
+    a.log(f"[suffix-real] wrote {path} and {path.with_suffix('.md')}")
     return {"suffix_drafts_real": rows, "suffix_drafts_real_settings": info}
 
 

@@ -98,3 +98,25 @@ def test_the_demo_refuses_one_new_token_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("demo: --max-new-tokens must be at least 2") and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_side_files_go_beside_results(tmp_path, monkeypatch):
+    """--results /tmp/x/results.json still wrote step_floor's, suffix-real's and real_model.svg's files into
+    bench/results/, over the committed ones; they now go beside --results, as mtbench's do."""
+    from pathlib import Path
+    from bench import step_floor, suffix
+    a = SimpleNamespace(results=tmp_path / "x" / "results.json")
+    assert record.beside_results(a, step_floor.RESULTS) == tmp_path / "x" / "results-step-floor.json"
+    assert record.beside_results(a, "real_model.svg") == tmp_path / "x" / "real_model.svg"
+    assert record.beside_results(SimpleNamespace(), suffix.REAL_RESULTS) == Path(suffix.REAL_RESULTS)
+    # suffix-real end to end with its measurement stubbed: the files land beside --results only
+    committed = Path(suffix.REAL_RESULTS)
+    before = committed.read_bytes() if committed.exists() else None
+    monkeypatch.setattr(suffix, "real_build_missing", lambda out: None)
+    monkeypatch.setattr(suffix, "bench_suffix_real", lambda out, a: ([], {"k_list": [0]}))
+    monkeypatch.setattr(suffix, "markdown", lambda rows, title: ["x"])
+    monkeypatch.setattr(suffix, "real_title", lambda info: "t")
+    a = SimpleNamespace(results=tmp_path / "x" / "results.json", real_out=tmp_path, log=lambda m: None)
+    suffix.run_real(a, {"suffix-real"})
+    assert (tmp_path / "x" / "results-suffix-real.json").exists()
+    assert (committed.read_bytes() if committed.exists() else None) == before
