@@ -7,17 +7,35 @@ empty, not integers, names a layer twice (also after resolving: 1 and -1 of
 a 2-layer model) or a layer the model does not have."""
 from __future__ import annotations
 
+import re
+
 from .errors import SpecdecError
 
 
+#: one integer of a list: ASCII digits, an optional minus (int() would also read "1_0" as 10, "+3"
+#: and other scripts' digits)
+INTEGER = re.compile(r"-?[0-9]+")
+
+
+def parse_ints(text: str, option: str, example: str) -> tuple[int, ...]:
+    """``"3,5, 7"`` -> ``(3, 5, 7)``: comma-separated integers, spaces allowed around the commas. An
+    empty item or a space inside one is refused ("3 5" is not 35, nor a guess at 3,5); one line each."""
+    items = [x.strip() for x in str(text).split(",")]
+    if items == [""]:
+        raise SpecdecError(f"{option} is empty")
+    if not all(INTEGER.fullmatch(x) for x in items):
+        what = "an empty item" if "" in items else "not an integer"
+        raise SpecdecError(f"{option} must be comma-separated integers like {example}, got {text!r} ({what})")
+    if max(len(x) for x in items) > 20:   # int() refuses over 4300 digits; no width or layer has 20
+        raise SpecdecError(f"{option}: an item of {max(len(x) for x in items)} digits is too large")
+    return tuple(int(x) for x in items)
+
+
 def parse_layers(text: str, option: str) -> tuple[int, ...]:
-    """``"2,5,-1"`` -> ``(2, 5, -1)``; duplicates refused here already."""
-    try:
-        vals = tuple(int(x) for x in str(text).replace(" ", "").split(",") if x)
-    except ValueError:
-        raise SpecdecError(f"{option} must be comma-separated layer indices like 2,5,-1, got {text!r}") from None
-    if not vals:
+    """``"2,5,-1"`` -> ``(2, 5, -1)`` (``parse_ints``' rules); duplicates refused here already."""
+    if not str(text).strip():
         raise SpecdecError(f"{option} is empty: name at least one layer (e.g. -1, the last)")
+    vals = parse_ints(text, option, "2,5,-1")
     dup = sorted({v for v in vals if vals.count(v) > 1})
     if dup:
         raise SpecdecError(f"{option} names layer {dup[0]} twice ({text})")

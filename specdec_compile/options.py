@@ -10,6 +10,7 @@ it comes in. Every failure is one ``SpecdecError`` line naming the command-line 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .contract import INTERFACES, ROLES, TARGETS
@@ -117,9 +118,9 @@ class Options:
     def __post_init__(self):
         """Checked once, here: raise SpecdecError (one line) for options no artifact can
         satisfy. Layer lists given as lists are kept as tuples (None: none)."""
-        for name in ("k_list", "hidden_states", "feature_layers", "qaic_flags"):
+        for name in ("k_list", "hidden_states", "feature_layers", "qaic_flags", "feature_target"):
             value = getattr(self, name)
-            if value is None or isinstance(value, list):
+            if (value is None and name != "feature_target") or isinstance(value, list):
                 object.__setattr__(self, name, tuple(value or ()))
         self._check_types()
         self._check()
@@ -131,6 +132,16 @@ class Options:
             value = getattr(self, name)
             if not isinstance(value, tuple) or not all(is_int(v) for v in value):
                 raise SpecdecError(f"{flag} must be a list of integers, got {value!r}")
+        # sizes every artifact has (check_options takes None as "not given" for its other callers;
+        # here None would be written as the seq_len or batch "None" in specializations.json)
+        for name, flag in (("prefill_len", "--prefill-len"), ("ctx_len", "--ctx-len"),
+                           ("batch_size", "--batch-size"), ("num_devices", "--num-devices")):
+            if not is_int(getattr(self, name)):
+                raise SpecdecError(f"{flag} must be an integer, got {getattr(self, name)!r}")
+        ft = self.feature_target   # recorded as the manifest's target {file, sha256}: "ab" would be a, b
+        if ft is not None and not (isinstance(ft, tuple) and len(ft) == 2 and isinstance(ft[0], str) and ft[0]
+                                   and isinstance(ft[1], str) and re.fullmatch(r"[0-9a-f]{64}", ft[1])):
+            raise SpecdecError(f"--feature-target: feature_target must be (file name, sha256 hex digest), got {ft!r}")
         if not isinstance(self.qaic_flags, tuple) or not all(isinstance(f, str) for f in self.qaic_flags):
             raise SpecdecError(f"--qaic-flag: qaic_flags must be a list of flags (strings), got {self.qaic_flags!r}")
         for name in ("continuous_batching", "mxint8_kv_cache", "aic_enable_depth_first", "link_weights"):
@@ -154,9 +165,10 @@ class Options:
                                        f"manifest says)")
         if self.interface not in INTERFACES:
             raise SpecdecError(f"--interface {self.interface!r} is not one of {', '.join(INTERFACES)}")
-        if self.interface == "qeff" and self.target == "openvino":
-            raise SpecdecError("--interface qeff is for --target qaic or ort; the openvino target has the "
-                               "default interface only")
+        if self.interface == "qeff" and self.target == "openvino":   # named as given: --full-batch-size sets qeff
+            given = "--full-batch-size (--interface qeff)" if self.continuous_batching else "--interface qeff"
+            raise SpecdecError(f"{given} is for --target qaic or ort; the openvino target has the "
+                               f"default interface only")
         if self.continuous_batching and self.interface != "qeff":
             raise SpecdecError("continuous batching (--full-batch-size) is QEfficient's interface: it needs "
                                "--interface qeff (or no --interface)")

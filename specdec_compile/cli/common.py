@@ -21,16 +21,74 @@ import time
 from ..errors import SpecdecError
 
 
+def strict_int(text: str) -> int:
+    """argparse type of the integer options: ASCII digits and an optional minus only (int() would also
+    read "1_0" as 10, "+3" and other scripts' digits)."""
+    from ..layer_lists import INTEGER
+    if not INTEGER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r} (an integer in ASCII digits)")
+    try:
+        return int(text)
+    except ValueError:   # more digits than Python converts
+        raise argparse.ArgumentTypeError(f"invalid int value: {text[:20]!r}... ({len(text)} digits)") from None
+
+
+class _StoreOnce(argparse.Action):
+    """Store an option's value; the same option again with another value is refused: argparse
+    would keep the last one and drop the first without a word (``--k-list 1 --k-list 2``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = parser.given
+        if self.dest in given and given[self.dest] != values:
+            raise SpecdecError(f"{'/'.join(self.option_strings)} given twice ({given[self.dest]!r}, then "
+                               f"{values!r}): give it once")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+def _strict(args: tuple, kwargs: dict) -> dict:
+    """An option's keywords with ``_StoreOnce`` and ``strict_int`` where argparse's defaults would be."""
+    if args and str(args[0]).startswith("-") and kwargs.get("action") is None:
+        kwargs = {**kwargs, "action": _StoreOnce}
+        if kwargs.get("type") is int:
+            kwargs["type"] = strict_int
+    return kwargs
+
+
+def _strict_group(group):
+    """A group of a ``Parser`` whose options follow the parser's rules too."""
+    plain = group.add_argument
+    group.add_argument = lambda *args, **kwargs: plain(*args, **_strict(args, kwargs))
+    return group
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one-line ``SpecdecError``s (exit 2 through ``run_cli``).
 
     ``help_hint`` is appended to the message, e.g. ``" (see specdec-compile --help)"``;
-    without it the message is argparse's alone.
+    without it the message is argparse's alone. An option that takes one value (in a group too)
+    takes it once (a second, different value is refused: argparse keeps the
+    last without a word), and ``type=int`` reads ASCII digits only (``strict_int``); repeatable
+    options (``action="append"``) and switches are as argparse makes them.
     """
 
     def __init__(self, *args, help_hint: str = "", **kwargs):
         super().__init__(*args, **kwargs)
         self.help_hint = help_hint
+        self.given: dict = {}
+
+    def add_argument(self, *args, **kwargs):
+        return super().add_argument(*args, **_strict(args, kwargs))
+
+    def add_mutually_exclusive_group(self, **kwargs):
+        return _strict_group(super().add_mutually_exclusive_group(**kwargs))
+
+    def add_argument_group(self, *args, **kwargs):
+        return _strict_group(super().add_argument_group(*args, **kwargs))
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = {}       # each parse starts afresh (tests parse many command lines with one parser)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message):  # noqa: D401 - argparse API
         raise SpecdecError(f"{message}{self.help_hint}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -54,13 +55,8 @@ specdec-compile pair --tlm T --dlm D -o OUT (export, compile and verify a pair i
 
 
 def _positive_list(text: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise SpecdecError(f"--k-list must be comma-separated integers like 3,5,7, got {text!r}") from None
-    if not vals:
-        raise SpecdecError("--k-list is empty")
-    return vals
+    from ..layer_lists import parse_ints
+    return parse_ints(text, "--k-list", "3,5,7")
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -191,14 +187,18 @@ def _layers(text: str | None, option: str) -> tuple[int, ...]:
 def _layer_values(argv: list[str]) -> list[str]:
     """``--hidden-states -1,0`` as ``--hidden-states=-1,0`` and ``--qaic-flag -mos=1`` as
     ``--qaic-flag=-mos=1`` (argparse takes a value starting with '-' that is not a plain
-    number for an option)."""
-    out, it = [], iter(argv)
-    for x in it:
-        if x in ("--hidden-states", "--feature-layers", "--qaic-flag"):
-            nxt = next(it, None)
-            out.append(x if nxt is None else f"{x}={nxt}")
+    number for an option). A layer list starts with a digit or -digit: ``--hidden-states -o OUT``
+    leaves -o to be -o (argparse then says --hidden-states lacks its value)."""
+    out, i = [], 0
+    while i < len(argv):
+        x, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and (x == "--qaic-flag" or (x in ("--hidden-states", "--feature-layers")
+                                                       and re.match(r"\s*-?[0-9]", nxt))):
+            out.append(f"{x}={nxt}")
+            i += 2
         else:
             out.append(x)
+            i += 1
     return out
 
 

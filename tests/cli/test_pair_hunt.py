@@ -62,7 +62,8 @@ def test_output_holding_the_current_directory_is_refused(tmp_path, capsys, monke
     assert code == 0, err
     before = sorted(p.name for p in out.rglob("*"))
     monkeypatch.chdir(out / "tlm")
-    code, _, err = pair(_ngram("..", "--target", "ort", "--k", "2", "--force"), capsys)
+    other_k = ["--tlm", target_export("eagle3_llama"), "--draft", "ngram", "--k", "2", *SHAPES[2:]]   # another pair
+    code, _, err = pair([*other_k, "--target", "ort", "--force", "-o", ".."], capsys)
     _one_line(code, err)
     assert "current directory" in err and sorted(p.name for p in out.rglob("*")) == before
     monkeypatch.chdir(tmp_path)
