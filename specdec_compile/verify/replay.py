@@ -166,8 +166,8 @@ def _detection(path: Path):
 class OriginalModel:
     """The stock export, run one row at a time with a concatenating cache."""
 
-    def __init__(self, path: Path, req: Request = Request()):
-        self.det = _detection(path)
+    def __init__(self, path: Path, req: Request = Request(), det=None):
+        self.det = det if det is not None else _detection(path)
         self.hidden = layer_names(self.det, req)  # the export's internal tensors the rewrite outputs
         self.copy = ExposedCopy(path, self.hidden) if self.hidden else None
         self.sess = _session(self.copy.path if self.copy else path)
@@ -388,7 +388,12 @@ def _verify_paths(original: Path, rewritten: Path, *, k: int, prefill_len: int, 
     req = request_of(model, rewritten)
     _log.info("verifying %s against %s on ONNX Runtime (k %d, prefill %d, context %d, batch %d)", rewritten,
               original, k, prefill_len, ctx_len, batch_size)
-    orig = OriginalModel(Path(original), req)
+    det = _detection(Path(original))
+    layers = sum(1 for i in model.graph.input if i.name.startswith("past_key."))
+    if layers != det.info.num_layers:   # before the hidden-state layers are resolved against the export
+        raise SpecdecError(f"layer count differs: original {det.info.num_layers}, rewrite {layers} "
+                           f"({rewritten} is not a rewrite of this export)")
+    orig = OriginalModel(Path(original), req, det)
     try:
         new = _Rewritten(Path(rewritten), ctx_len, batch_size, req)
         if backend == "openvino":

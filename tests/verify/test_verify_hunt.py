@@ -205,3 +205,18 @@ def test_a_fused_cache_that_fails_to_build_fails_verify(fixture_path, arts, monk
     monkeypatch.setattr(ov, "keep_cache", failing)
     with pytest.raises(SpecdecError, match="cannot compile it: boom"):
         verify(fixture_path("llama_gqa"), arts("ov") / "model.onnx", k=3, prefill_len=PL, ctx_len=CL)
+
+
+def test_a_rewrite_of_a_deeper_model_is_named_as_another_export(fixture_path, tmp_path, capsys):
+    """A 4-layer rewrite exposing layer 3, verified against a 2-layer export, was refused as
+    "hidden states: layer 3 is out of range" (the layers were resolved before the models were
+    compared); docs/verify.md says a rewrite of another export is refused as such."""
+    from eagle3_models import target_export
+    out = tmp_path / "t"
+    assert cli.main([str(target_export("eagle3_llama")), "--role", "tlm", "--k", "3", "--prefill-len", str(PL),
+                     "--ctx-len", str(CL), "--hidden-states", "0,1,3", "--target", "ort", "-o", str(out), "-q"]) == 0
+    capsys.readouterr()
+    assert cli.main(["verify", str(fixture_path("llama_gqa")), str(out / "model.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "layer count differs: original 2, rewrite 4" in err and "not a rewrite of this export" in err, err
+    assert "\n" not in err
