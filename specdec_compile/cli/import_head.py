@@ -36,12 +36,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="the target: its ONNX export, or its compiled TLM directory (then compiled with "
                         "--hidden-states of exactly the head's layers)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
-    p.add_argument("--target", choices=TARGETS, default="qaic", help="lowering target (default qaic)")
-    p.add_argument("--k", type=int, default=4, help="drafted tokens per round: the draft's catch-up widths "
-                                                    "(default 4; the TLM's --k)")
-    p.add_argument("--prefill-len", type=int, default=32, help="prompt chunk length (default 32)")
-    p.add_argument("--ctx-len", type=int, default=256, help="context length / KV slots (default 256)")
-    p.add_argument("--batch-size", type=int, default=1, help="rows per call, as the TLM's (default 1)")
+    p.add_argument("--target", choices=TARGETS, default=None,
+                   help="lowering target (default: a compiled TLM's, else qaic)")
+    p.add_argument("--k", type=int, default=None, help="drafted tokens per round: the draft's catch-up widths "
+                                                       "(default: a compiled TLM's --k, else 4)")
+    p.add_argument("--prefill-len", type=int, default=None,
+                   help="prompt chunk length (default: a compiled TLM's, else 32; another is refused)")
+    p.add_argument("--ctx-len", type=int, default=None,
+                   help="context length / KV slots (default: a compiled TLM's, else 256; another is refused)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="rows per call (default: a compiled TLM's, else 1; another is refused)")
     p.add_argument("--weights", choices=WEIGHTS, default="float",
                    help="the head's MatMul weights: float (the checkpoint's, in float32; default) or int8/int4 "
                         "(weight-only MatMulNBits: cheaper drafts on a CPU, the same output, since every draft "
@@ -55,7 +59,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def main(argv: list[str], prog: str = "specdec-compile import-head") -> int:
     a = build_parser(prog).parse_args(argv)
     start_progress(prog, a)
-    if a.k < 1:
+    if a.k is not None and a.k < 1:
         raise SpecdecError(f"--k must be at least 1, got {a.k}")
     from ..eagle3.importer import hidden_states_hint, import_head
     m = import_head(a.checkpoint, a.tlm, a.output, target=a.target, k=a.k, prefill_len=a.prefill_len,

@@ -171,21 +171,47 @@ def move_into_place(staged: Path, out: Path) -> None:
         os.rename(staged, out)
 
 
-def import_head(ckpt, tlm, out, *, target: str = "qaic", k: int = 4, k_list=(), prefill_len: int = 32,
-                ctx_len: int = 256, force: bool = False, export_dir=None, weights: str = "float",
-                **compile_options) -> dict:
+#: the import's shapes when the target is an export (a compiled TLM gives its own)
+DEFAULTS = {"k": 4, "prefill_len": 32, "ctx_len": 256, "batch_size": 1, "target": "qaic"}
+
+
+def resolve_shapes(t: Target, given: dict) -> dict:
+    """``given`` (k, prefill_len, ctx_len, batch_size, target; None: not given) completed from a compiled
+    TLM's manifest, else ``DEFAULTS``. A given batch, context or prefill length other than the compiled
+    TLM's is refused: the draft could never run beside it (specdec-run refuses the pair)."""
+    out = {}
+    for key, default in DEFAULTS.items():
+        value, have = given.get(key), (t.compiled or {}).get(key)
+        if value is not None and have is not None and value != have and key in ("batch_size", "ctx_len",
+                                                                                "prefill_len"):
+            flag = "--" + key.replace("_", "-")
+            raise SpecdecError(f"{flag} {value}: --tlm {t.path} was compiled with {flag} {have}, and a draft runs "
+                               f"only beside a TLM of the same {key.replace('_', ' ')} (leave {flag} out to take "
+                               f"the TLM's)")
+        out[key] = value if value is not None else have if have is not None else default
+    return out
+
+
+def import_head(ckpt, tlm, out, *, target: str | None = None, k: int | None = None, k_list=(),
+                prefill_len: int | None = None, ctx_len: int | None = None, force: bool = False, export_dir=None,
+                weights: str = "float", **compile_options) -> dict:
     """Compile the checkpoint ``ckpt`` into the feature-draft artifact ``out`` for the target ``tlm``;
-    returns the artifact's manifest (as JSON). ``export_dir``: keep the head's ONNX export there
-    (``export_dir``/model.onnx, what ``verify`` compares the artifact with); default: discarded.
-    ``weights``: "float" (the checkpoint's, in float32) or "int8"/"int4" (``quantize.quantize_head``:
-    weight-only, ort and openvino targets)."""
+    returns the artifact's manifest (as JSON). ``target``, ``k``, ``prefill_len``, ``ctx_len`` and
+    ``batch_size`` left None: a compiled TLM's (``resolve_shapes``), else ``DEFAULTS``.
+    ``export_dir``: keep the head's ONNX export there (``export_dir``/model.onnx, what ``verify``
+    compares the artifact with); default: discarded. ``weights``: "float" (the checkpoint's, in
+    float32) or "int8"/"int4" (``quantize.quantize_head``: weight-only, ort and openvino targets)."""
     from .. import pipeline
     from ..artifact.writer import check_out, missing_dirs, remove_empty, write_artifact
     from ..options import Options
     from .quantize import check_weights, quantize_head
-    check_weights(weights, target)
     ck = read_checkpoint(ckpt)
     t = read_target(tlm)
+    shapes = resolve_shapes(t, {"k": k, "prefill_len": prefill_len, "ctx_len": ctx_len, "target": target,
+                                "batch_size": compile_options.pop("batch_size", None)})
+    target, k, prefill_len, ctx_len = shapes["target"], shapes["k"], shapes["prefill_len"], shapes["ctx_len"]
+    compile_options["batch_size"] = shapes["batch_size"]
+    check_weights(weights, target)
     ids, layers = check_pair(ck, t)
     target_ids = draft_to_target(ck, t.vocab_size)
     emb = ck.tensors.get("embed_tokens.weight")

@@ -32,6 +32,9 @@ class Target:
     sha256: str
     exposed: tuple[int, ...] | None   # a compiled TLM's --hidden-states layer indices; None for an export
     family: str | None = None      # its config.json model_type (an export's, or a TLM manifest's "family")
+    #: a compiled TLM's shapes a draft must share (batch_size, ctx_len, prefill_len) and its k and target,
+    #: the import's defaults; None for an export
+    compiled: dict | None = None
 
 
 def read_target(path: str | Path) -> Target:
@@ -57,7 +60,9 @@ def _from_artifact(p: Path) -> Target:
     hs = m.hidden_states or {}
     return Target(path=p, model=p / MODEL_FILE, num_layers=m.num_layers, hidden_size=hs.get("hidden_size"),
                   vocab_size=m.vocab_size, file=m.source_file, sha256=m.source_sha256,
-                  exposed=tuple(hs.get("layer_indices") or ()), family=m.family)
+                  exposed=tuple(hs.get("layer_indices") or ()), family=m.family,
+                  compiled={"k": m.k, "prefill_len": m.prefill_len, "ctx_len": m.ctx_len,
+                            "batch_size": m.batch_size, "target": m.target})
 
 
 def _from_export(p: Path) -> Target:

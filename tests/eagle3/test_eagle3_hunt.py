@@ -130,3 +130,27 @@ def test_a_header_of_thousands_of_huge_dimensions_does_not_hang(tmp_path):
     with pytest.raises(SpecdecError) as e:
         read_safetensors(f)
     assert time.perf_counter() - t0 < 20 and len(str(e.value)) < 1000
+
+
+def test_a_compiled_tlm_gives_the_draft_its_shapes(tmp_path, capsys):
+    """import-head with a compiled TLM directory wrote a draft of the defaults (ctx 256, PL 32) beside a
+    TLM of ctx 64, PL 8, with exit 0; specdec-run then refused the pair. The TLM's values are the
+    defaults now, and another batch, context or prefill length is refused in one line, nothing written."""
+    from eagle3_models import compile_target
+    from specdec_compile import cli
+    from specdec_compile.runtime import OrtBackend, SpecDecoder, TargetOnlyDecoder
+    tlm = compile_target("llama", tmp_path / "tlm", k=3, prefill_len=8, ctx_len=64)
+    out = tmp_path / "head"
+    assert cli.main(["import-head", str(DATA / "llama"), "--tlm", str(tlm), "-o", str(out), "--quiet"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["ctx_len"], m["prefill_len"], m["batch_size"], m["target"], m["k"]) == (64, 8, 1, "ort", 3)
+    t = OrtBackend(tlm, intra_op_threads=1)
+    want = TargetOnlyDecoder(t).generate([1, 5, 9, 33], max_new_tokens=6).generated_ids
+    assert SpecDecoder(t, OrtBackend(out, intra_op_threads=1)).generate([1, 5, 9, 33], max_new_tokens=6
+                                                                       ).generated_ids == want
+    for flag, value in (("--ctx-len", "256"), ("--prefill-len", "32"), ("--batch-size", "2")):
+        capsys.readouterr()
+        bad = tmp_path / f"bad{flag}"
+        assert cli.main(["import-head", str(DATA / "llama"), "--tlm", str(tlm), flag, value, "-o", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"was compiled with {flag}" in err and "\n" not in err and not bad.exists(), err
