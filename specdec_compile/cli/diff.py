@@ -1,7 +1,7 @@
 """``specdec-compile diff``: the command line over the diff library.
 
     specdec-compile diff A.onnx B.onnx [--json] [--color auto|always|never]
-    specdec-compile diff --passes ORIGINAL.onnx --role tlm [--target qaic|ort] [--k K] [--json]
+    specdec-compile diff --passes ORIGINAL.onnx --role tlm [--target qaic|ort|openvino] [--k K] [--json]
 
 Exit status like ``diff(1)``: 0 same, 1 different, 2 error. A leaf: the
 library (``specdec_compile.diff``) never imports this module.
