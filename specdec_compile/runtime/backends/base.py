@@ -272,15 +272,11 @@ def check_device_ids(device_ids) -> list[int]:
 
 
 def resolve_artifact(artifact_or_path, expect_role: str | None, need_model: bool) -> Artifact:
-    """An ``Artifact`` as given, or read from its directory; of ``expect_role`` either way."""
+    """An ``Artifact`` as given, or read from its directory."""
     if expect_role not in (None, "tlm", "dlm"):
         raise SpecdecError(f"expect_role must be 'tlm', 'dlm' or None, got {expect_role!r}")
     if isinstance(artifact_or_path, Artifact):
-        a = artifact_or_path
-        if expect_role and a.role != expect_role:   # as load_artifact refuses a directory of the other role
-            raise SpecdecError(f"{a.path}: is a {a.role.upper()} artifact, expected a {expect_role.upper()} "
-                               f"(were --tlm and --dlm swapped?)")
-        return a
+        return artifact_or_path
     if not isinstance(artifact_or_path, (str, os.PathLike)):
         raise SpecdecError(f"expected an artifact directory (a path) or an Artifact, got "
                            f"{type(artifact_or_path).__name__} {artifact_or_path!r}"[:200])
