@@ -17,15 +17,15 @@ from .errors import SpecdecError
 INTEGER = re.compile(r"-?[0-9]+")
 
 
-def parse_ints(text: str, option: str, example: str) -> tuple[int, ...]:
+def parse_ints(text: str, option: str, example: str, what: str = "integers") -> tuple[int, ...]:
     """``"3,5, 7"`` -> ``(3, 5, 7)``: comma-separated integers, spaces allowed around the commas. An
     empty item or a space inside one is refused ("3 5" is not 35, nor a guess at 3,5); one line each."""
     items = [x.strip() for x in str(text).split(",")]
     if items == [""]:
         raise SpecdecError(f"{option} is empty")
     if not all(INTEGER.fullmatch(x) for x in items):
-        what = "an empty item" if "" in items else "not an integer"
-        raise SpecdecError(f"{option} must be comma-separated integers like {example}, got {text!r} ({what})")
+        why = "an empty item" if "" in items else "not an integer"
+        raise SpecdecError(f"{option} must be comma-separated {what} like {example}, got {text!r} ({why})")
     if max(len(x) for x in items) > 20:   # int() refuses over 4300 digits; no width or layer has 20
         raise SpecdecError(f"{option}: an item of {max(len(x) for x in items)} digits is too large")
     return tuple(int(x) for x in items)
@@ -35,7 +35,7 @@ def parse_layers(text: str, option: str) -> tuple[int, ...]:
     """``"2,5,-1"`` -> ``(2, 5, -1)`` (``parse_ints``' rules); duplicates refused here already."""
     if not str(text).strip():
         raise SpecdecError(f"{option} is empty: name at least one layer (e.g. -1, the last)")
-    vals = parse_ints(text, option, "2,5,-1")
+    vals = parse_ints(text, option, "2,5,-1", "layer indices")
     dup = sorted({v for v in vals if vals.count(v) > 1})
     if dup:
         raise SpecdecError(f"{option} names layer {dup[0]} twice ({text})")

@@ -92,7 +92,8 @@ def test_verify_checks_a_qeff_graph_against_the_export(fixture_path, tmp_path, r
     default interface's calls, so its report compares with the export as for any artifact."""
     src = fixture_path("llama_gqa")
     k = ["--k", "3"] if role == "tlm" else []
-    r = _cli(src, "--role", role, *k, "--target", target, *shape, "--ctx-len", "64", "-o", tmp_path / "a")
+    assert shape[-2] == "--ctx-len"      # verify's scenario needs a context of 64
+    r = _cli(src, "--role", role, *k, "--target", target, *shape[:-2], "--ctx-len", "64", "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     v = _cli("verify", src, tmp_path / "a" / "model.onnx")
     assert v.returncode == 0, v.stdout + v.stderr
