@@ -140,10 +140,11 @@ def _ids(text: str, what: str) -> list[int]:
     """Integers separated by commas and/or whitespace: "1,2,3", "1 2 3", "1, 2 3". ASCII digits only:
     int() would also read "1_0" as 10, "+1" and other scripts' digits (as --device-group refuses them)."""
     import re
+    from ..layer_lists import INTEGER
     parts = [x for x in re.split(r"[\s,]+", text.strip()) if x]
     if re.search(r",\s*,", text):
         raise SpecdecError(f"{what}: an empty item between commas in {text!r}")
-    if not all(re.fullmatch(r"-?[0-9]+", x) for x in parts):
+    if not all(INTEGER.fullmatch(x) for x in parts):
         raise SpecdecError(f"{what}: expected comma-separated (or space-separated) integers, got {text!r}")
     return [int(x) for x in parts]
 
