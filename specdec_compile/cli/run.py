@@ -332,7 +332,8 @@ def _open(args):
         kw.update(ort_thread_options(args.ort_threads, two_models=dlm_art is not None))
     if args.backend == "openvino":
         kw.update(precision=args.ov_precision, threads=args.ov_threads, cache=args.ov_cache)
-    tlm = open_backend(tlm_art, args.backend, expect_role="tlm", device_ids=tlm_dev, **kw)
+    tlm = open_backend(tlm_art, args.backend, expect_role=None if args.target_only else "tlm",
+                       device_ids=tlm_dev, **kw)
     dlm = None
     if dlm_art is not None:
         dlm = open_backend(dlm_art, args.backend, expect_role="dlm", device_ids=dlm_dev, **kw)

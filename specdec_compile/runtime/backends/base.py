@@ -271,12 +271,21 @@ def check_device_ids(device_ids) -> list[int]:
     return [int(d) for d in device_ids]
 
 
+def check_role(a: Artifact, expect_role: str | None) -> Artifact:
+    """``a`` when it is of ``expect_role`` (None: any), as load_artifact refuses a directory of the other
+    role; for an Artifact or a model loaded already, which no manifest read checks."""
+    if expect_role and a.role != expect_role:
+        raise SpecdecError(f"{a.path}: is a {a.role.upper()} artifact, expected a {expect_role.upper()} "
+                           f"(were --tlm and --dlm swapped?)")
+    return a
+
+
 def resolve_artifact(artifact_or_path, expect_role: str | None, need_model: bool) -> Artifact:
-    """An ``Artifact`` as given, or read from its directory."""
+    """An ``Artifact`` as given, or read from its directory; of ``expect_role`` either way."""
     if expect_role not in (None, "tlm", "dlm"):
         raise SpecdecError(f"expect_role must be 'tlm', 'dlm' or None, got {expect_role!r}")
     if isinstance(artifact_or_path, Artifact):
-        return artifact_or_path
+        return check_role(artifact_or_path, expect_role)
     if not isinstance(artifact_or_path, (str, os.PathLike)):
         raise SpecdecError(f"expected an artifact directory (a path) or an Artifact, got "
                            f"{type(artifact_or_path).__name__} {artifact_or_path!r}"[:200])

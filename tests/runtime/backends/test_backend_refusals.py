@@ -217,3 +217,15 @@ def test_cli_backend_flags(art, capsys):
             (["--tlm", tlm, "--tlm-device-ids", "0,1"], "runs a model on one device")):
         code, _, err = run([*argv, *base], capsys)
         one_line_error(code, err, needle)
+
+
+def test_expect_role_of_an_artifact_object(art):
+    """An Artifact object of the other role passed every backend's expect_role (a directory was refused)."""
+    from specdec_compile.artifact.reader import load_artifact
+    tlm = load_artifact(art())
+    refused("is a TLM artifact, expected a DLM", OrtBackend, tlm, expect_role="dlm")
+    refused("is a TLM artifact, expected a DLM", open_backend, tlm, "ort", expect_role="dlm")
+    refused("is a TLM artifact, expected a DLM", load_ort, tlm, expect_role="dlm")
+    assert OrtBackend(tlm, expect_role="tlm").role == "tlm"
+    loaded = load_ort(tlm)      # a model loaded already: the backend checks the role it was asked for
+    refused("is a TLM artifact, expected a DLM", OrtBackend, loaded, expect_role="dlm")

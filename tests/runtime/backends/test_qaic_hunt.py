@@ -185,7 +185,7 @@ def test_an_output_buffer_not_of_the_calls_size_is_refused(arts):
 
 def test_expect_role_is_checked_with_a_program_already_loaded(arts):
     p = load_qaic(arts["tlm"], qaicrt_module=fake_qaicrt([]), aicapi_module=fake_aicapi())
-    with pytest.raises(SpecdecError, match="expected a DLM artifact, the program load_qaic loaded is a TLM"):
+    with pytest.raises(SpecdecError, match="is a TLM artifact, expected a DLM"):
         QaicBackend(p, expect_role="dlm")
     assert QaicBackend(p, expect_role="tlm").role == "tlm"
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ....contract import INPUT_IDS, LOGITS, POSITION_IDS
 from ....errors import SpecdecError
-from ..base import Backend, resolve_artifact
+from ..base import Backend, check_role, resolve_artifact
 from .fused import Cursor, check_stale_limit, default_stale_limit, state_array
 from .loader import OpenVinoModel, load_openvino
 
@@ -53,6 +53,7 @@ class OpenVinoBackend(Backend):
             if given:   # compiled already: these would be dropped without a word
                 raise SpecdecError(f"{artifact.artifact.name}: {', '.join(given)} given with a model load_openvino "
                                    f"already compiled; pass them to load_openvino (or give the artifact directory)")
+            check_role(artifact.artifact, expect_role)
         if stale_limit is not None:     # before anything compiles
             art = artifact.artifact if isinstance(artifact, OpenVinoModel) else resolve_artifact(artifact, expect_role,
                                                                                                   need_model=True)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
-from ..base import Backend
+from ..base import Backend, check_role
 from .loader import OrtModel, load_ort
 
 
@@ -56,6 +56,7 @@ class OrtBackend(Backend):
             if given:   # the session exists: options for making one would be dropped without a word
                 raise SpecdecError(f"{artifact.artifact.name}: {', '.join(given)} given with a model load_ort already "
                                    f"loaded; pass them to load_ort (or give OrtBackend the artifact directory)")
+            check_role(artifact.artifact, expect_role)
             model = artifact
         else:
             model = load_ort(artifact, providers=providers, device_id=device_id, expect_role=expect_role,

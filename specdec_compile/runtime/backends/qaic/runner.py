@@ -6,7 +6,7 @@ import numpy as np
 
 from ....contract import BATCH_INDEX, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS
 from ....errors import SpecdecError
-from ..base import Backend
+from ..base import Backend, check_role
 from .loader import QaicProgram, guarded, load_qaic
 
 
@@ -30,10 +30,7 @@ class QaicBackend(Backend):
             if given:   # loaded already: these would be dropped without a word
                 raise SpecdecError(f"{artifact.artifact.name}: {', '.join(given)} given with a program load_qaic "
                                    f"already loaded; pass them to load_qaic (or give the artifact directory)")
-            role = artifact.artifact.role
-            if expect_role is not None and expect_role != role:   # a path would be refused by load_artifact
-                raise SpecdecError(f"{artifact.artifact.name}: expected a {str(expect_role).upper()} artifact, "
-                                   f"the program load_qaic loaded is a {role.upper()}")
+            check_role(artifact.artifact, expect_role)
             loaded = artifact
         else:
             loaded = load_qaic(artifact, device_ids=device_ids, qpc=qpc, expect_role=expect_role,
