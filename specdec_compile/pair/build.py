@@ -249,6 +249,10 @@ def _check_out(out: Path, force: bool, old: dict | None, key: str, inputs) -> No
                                    f"(key {old.get('key')}, now {key}): --force rebuilds it, or choose another -o")
             raise SpecdecError(f"output directory {out} is not empty (use --force to replace a pair built there)")
         if any(out.iterdir()) and not _is_pair_manifest(out / PAIR_FILE):
+            if (out / PAIR_FILE).exists():   # damaged, or another program's: never removed on a guess
+                raise SpecdecError(f"output directory {out} holds a {PAIR_FILE} that is not a readable one of "
+                                   f"specdec-compile pair (damaged, or another program's): --force only replaces a "
+                                   f"pair it can read; remove {out} yourself if it is a damaged pair")
             raise SpecdecError(f"output directory {out} is not empty and holds no {PAIR_FILE} of specdec-compile "
                                f"pair: --force only replaces a pair that specdec-compile pair built")
     o = out.resolve()

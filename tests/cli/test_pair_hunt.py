@@ -78,9 +78,23 @@ def test_force_keeps_a_folder_whose_pair_json_is_not_a_pair(tmp_path, capsys):
     (out / "data.txt").write_text("precious\n")
     code, _, err = pair(_ngram(out, "--target", "ort", "--force"), capsys)
     _one_line(code, err)
-    assert "holds no pair.json of specdec-compile pair" in err
+    assert "holds a pair.json that is not a readable one of specdec-compile pair" in err
     assert sorted(p.name for p in out.iterdir()) == ["data.txt", "pair.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_force_with_a_damaged_pair_json_says_so(tmp_path, capsys):
+    """A truncated pair.json was reported as "holds no pair.json": the folder holds one, unreadable."""
+    out = tmp_path / "p"
+    code, _, err = pair(_ngram(out, "--target", "ort", "--quiet"), capsys)
+    assert code == 0, err
+    text = (out / "pair.json").read_text()
+    (out / "pair.json").write_text(text[: len(text) // 2])
+    before = sorted(p.name for p in out.rglob("*"))
+    code, _, err = pair(_ngram(out, "--target", "ort", "--force"), capsys)
+    _one_line(code, err)
+    assert "holds a pair.json that is not a readable one" in err and "remove" in err
+    assert sorted(p.name for p in out.rglob("*")) == before
 
 
 def test_python_api_refuses_bool_ish_and_missing_values(tmp_path):
