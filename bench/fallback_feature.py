@@ -26,8 +26,11 @@ import statistics
 import time
 from pathlib import Path
 
+from .record import verdict
+
 ARTIFACTS = ("tlm-base", "tlm", "tlm-hs", "fdlm")
 DECODERS = ("target", "feature_k0", "tlm_hs_alone", "plain_k0")
+GOAL = 0.98          # issue 30 part 5: feature_k0 over target-only
 
 
 def add_args(ap) -> None:
@@ -104,11 +107,12 @@ def measure(build: Path, prompts: list, threads: int, rounds: int, n_new: int, l
         if bad:
             raise SystemExit(f"fallback_feature: {bad[0]}'s greedy output differs from target-only's (prompt {i}, "
                              f"round {r + 1})")
-    rec = {"threads": threads, "decoders": {}}
+    ratios = {d: statistics.median(x / y for x, y in zip(rates[d], rates["target"])) for d in DECODERS}
+    rec = {"threads": threads, "decoders": {}, "goal": verdict(ratios["feature_k0"], GOAL)}   # unrounded
     for d in DECODERS:
         rec["decoders"][d] = {
             "decode_tokens_per_s": round(max(rates[d]), 2),
-            "ratio_to_target": round(statistics.median(x / y for x, y in zip(rates[d], rates["target"])), 3),
+            "ratio_to_target": round(ratios[d], 3),
             "width1_call_ms": round(1e3 * statistics.median(calls[d]), 2) if calls[d] else None,
             "host_ms_per_token": round(1e3 * statistics.median(host[d]), 3)}
     log(f"[fallback_feature] {threads} thread(s): " + ", ".join(
@@ -128,4 +132,6 @@ def markdown(rec: dict) -> list[str]:
         for d, v in run["decoders"].items():
             L.append(f"| {run['threads']} | {d} | {v['decode_tokens_per_s']} | {v['ratio_to_target']:.3f}x | "
                      f"{v['width1_call_ms'] if v['width1_call_ms'] is not None else '-'} | {v['host_ms_per_token']} |")
+    L += [""] + [f"Goal feature_k0 >= {GOAL}x at {run['threads']} thread(s): {run['goal']}."
+                 for run in rec["runs"] if "goal" in run]     # runs recorded before the verdict have none
     return L

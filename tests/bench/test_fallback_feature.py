@@ -41,6 +41,17 @@ def test_the_section_on_a_tiny_build(build):
     assert said and "feature_k0" in said[0]
     md = "\n".join(fallback_feature.markdown({"prompts": 2, "new_tokens": 10, "rounds": 2, "runs": [rec]}))
     assert "| 1 | feature_k0 |" in md and "goal: feature_k0 >= 0.98x" in md
+    assert rec["goal"] in ("met", "not met") or rec["goal"].startswith("not met (")
+    assert f"Goal feature_k0 >= 0.98x at 1 thread(s): {rec['goal']}." in md
+
+
+def test_the_goal_is_judged_on_the_unrounded_ratio():
+    """0.9796 printed as 0.980x beside "goal >= 0.98x" read as met; the verdict line says it is not."""
+    dec = {d: {"decode_tokens_per_s": 1.0, "ratio_to_target": 0.98, "width1_call_ms": 1.0, "host_ms_per_token": 0.1}
+           for d in fallback_feature.DECODERS}
+    run = {"threads": 1, "decoders": dec, "goal": fallback_feature.verdict(0.9796, fallback_feature.GOAL)}
+    md = "\n".join(fallback_feature.markdown({"prompts": 1, "new_tokens": 4, "rounds": 1, "runs": [run]}))
+    assert "| 0.980x |" in md and "at 1 thread(s): not met (0.9796)." in md
 
 
 def test_a_greedy_difference_fails_loudly(build, monkeypatch):
