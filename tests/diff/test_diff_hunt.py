@@ -205,3 +205,20 @@ def test_graph_metadata_props_are_compared(tmp_path, capsys):
     assert rc == 1
     assert rep["metadata"] == [{"field": "graph metadata k", "before": None, "after": "v"}]
     assert "+ graph metadata k: (none) -> v" in text
+
+
+def _function_body(order, last_op="Sigmoid") -> onnx.ModelProto:
+    body = {"r": helper.make_node("Relu", ["a"], ["t"]), "s": helper.make_node(last_op, ["a"], ["u"]),
+            "add": helper.make_node("Add", ["t", "u"], ["b"])}
+    f = helper.make_function("d", "F", ["a"], ["b"], [body[k] for k in order], OPSET)
+    n = helper.make_node("F", ["x"], ["y"], name="f", domain="d")
+    return _model([n], opsets=OPSET + [helper.make_opsetid("d", 1)], functions=[f])
+
+
+def test_a_function_whose_nodes_were_only_reordered_is_the_same(tmp_path, capsys):
+    """--explain said cleanup changed the qaic CtxScatter function when it only reordered its nodes:
+    function bodies were compared by their bytes, the graph by structure."""
+    rc, rep, text = _cli(tmp_path, _function_body(["r", "s", "add"]), _function_body(["s", "r", "add"]), capsys)
+    assert rc == 0 and rep["identical"] is True and "function d::F" not in text
+    rc, rep, text = _cli(tmp_path, _function_body(["r", "s", "add"]), _function_body(["s", "r", "add"], "Tanh"), capsys)
+    assert rc == 1 and [m["field"] for m in rep["metadata"]] == ["function d::F"]
