@@ -193,3 +193,30 @@ def toposort(graph: gs.Graph) -> gs.Graph:
     outer graph's subgraphs again), so such a graph sorts its nodes only."""
     has_subgraph = any(a for n in graph.nodes for a in n.attrs.values() if isinstance(a, gs.Graph))
     return graph.toposort(mode="nodes") if has_subgraph else graph.toposort()
+
+
+def _attribute_tensors(graphs) -> Iterable[onnx.TensorProto]:
+    for g in graphs:
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    yield a.t
+                yield from _attribute_tensors([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
+
+
+class UnnamedAttributesKept:
+    """``with UnnamedAttributesKept(model): ...`` gives a caller's ``ModelProto`` back as it was:
+    onnx-graphsurgeon's export reuses the tensors of node attributes it imported and sets their
+    ``name`` ("" then, present: the values are the same, the bytes not). Cleared again on exit."""
+
+    def __init__(self, model: onnx.ModelProto):
+        graphs = [model.graph, *model.functions]
+        self.unnamed = [t for t in _attribute_tensors(graphs) if not t.HasField("name")]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for t in self.unnamed:
+            if t.HasField("name") and not t.name:
+                t.ClearField("name")

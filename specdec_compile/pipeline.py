@@ -53,7 +53,7 @@ from . import passes as _passes
 from .contract import CTX_LEN_KEY, INTERFACE_KEY, PASSES_KEY, ROLE_KEY, SPECDEC_DOMAIN, TARGET_KEY, TARGET_OPSET
 from .detect import Detection, ModelInfo, detect
 from .errors import SpecdecError, UnsupportedPatternError
-from .graph_utils import name_unnamed_nodes
+from .graph_utils import UnnamedAttributesKept, name_unnamed_nodes
 from .model_io import as_kind, read_any, read_json
 from .options import Options
 from .graph_checks import check_model, input_blamed, input_problem, interface_problems
@@ -142,19 +142,21 @@ class Prepared:
         """Every pass in order from ``graph`` (default the original); (graph, snapshots)."""
         graph = self.graph if graph is None else graph
         snapshots = [("original", self.original)] if record else None
-        for i, p in enumerate(self.passes, 1):
-            t = time.perf_counter()
-            with input_blamed(self.original, self.source):
-                graph = p.run(graph, self.ctx)
-            _log.info("pass %d/%d %s: %d nodes (%.2f s)", i, len(self.passes), p.name, len(graph.nodes),
-                      time.perf_counter() - t)
-            if record:
-                snapshots.append((p.name, _export(graph, self.original)))
+        with UnnamedAttributesKept(self.original):
+            for i, p in enumerate(self.passes, 1):
+                t = time.perf_counter()
+                with input_blamed(self.original, self.source):
+                    graph = p.run(graph, self.ctx)
+                _log.info("pass %d/%d %s: %d nodes (%.2f s)", i, len(self.passes), p.name, len(graph.nodes),
+                          time.perf_counter() - t)
+                if record:
+                    snapshots.append((p.name, _export(graph, self.original)))
         return graph, snapshots
 
     def finish(self, graph: gs.Graph, snapshots=None) -> CompileResult:
         """The CompileResult of ``graph`` (the passes' output): exported, recorded, checked."""
-        return _finish(self, graph, snapshots)
+        with UnnamedAttributesKept(self.original):
+            return _finish(self, graph, snapshots)
 
 
 def _options(options) -> Options:
@@ -193,6 +195,11 @@ def import_and_detect(original: onnx.ModelProto, source=None, source_dir: Path |
     if not isinstance(original, onnx.ModelProto):
         raise SpecdecError(f"import_and_detect takes an onnx.ModelProto (prepare and rewrite also read paths "
                            f"and onnx_ir models), got {type(original).__name__}")
+    with UnnamedAttributesKept(original):
+        return _import_and_detect(original, source, source_dir)
+
+
+def _import_and_detect(original: onnx.ModelProto, source, source_dir: Path | None):
     try:
         graph = gs.import_onnx(original)
     except Exception as e:

@@ -144,8 +144,11 @@ def test_a_proto_given_is_not_changed_and_explain_claims_no_opset_it_lacked(fixt
     from specdec_compile.explain import explain_result
     model = onnx.load(str(fixture_path("llama_gqa")))
     before = [(o.domain, o.version) for o in model.opset_import]
+    given = model.SerializeToString(deterministic=True)
     res = pipeline.rewrite(model, Options(role="tlm", target=target, k=3), record=True)
     assert [(o.domain, o.version) for o in model.opset_import] == before
+    # and byte for byte: the export set name "" on the attribute tensors it shared with the proto
+    assert model.SerializeToString(deterministic=True) == given
     rep = explain_result(res)
     # the passes that use ai.specdec add it and lower removes it; the first pass and the whole compile do not
     added = [p["pass"] for p in rep["passes"] if {"field": "opset ai.specdec", "before": None, "after": 1}
