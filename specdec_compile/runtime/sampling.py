@@ -42,15 +42,16 @@ class SamplingParams:
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-                raise SpecdecError(f"{name.replace('_', '-')} must be a number (got {v!r})")
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise SpecdecError(f"temperature must be >= 0 (got {self.temperature})")
+                raise SpecdecError(f"{name.replace('_', '-')} must be a number (got {_shown(v)})")
+        t = self.temperature      # (an int past float's range: np.isfinite cannot take it)
+        if t < 0 or (abs(t) >= 2 ** 1023 if isinstance(t, (int, np.integer)) else not np.isfinite(t)):
+            raise SpecdecError(f"temperature must be a finite number >= 0 (got {_shown(t)})")
         if _not_int(self.top_k) or self.top_k < 0:
-            raise SpecdecError(f"top-k must be a non-negative integer (got {self.top_k!r})")
+            raise SpecdecError(f"top-k must be a non-negative integer (got {_shown(self.top_k)})")
         if not (0.0 < self.top_p <= 1.0):
-            raise SpecdecError(f"top-p must be in (0, 1] (got {self.top_p})")
+            raise SpecdecError(f"top-p must be in (0, 1] (got {_shown(self.top_p)})")
         if self.seed is not None and (_not_int(self.seed) or not 0 <= self.seed < 2 ** 64):
-            raise SpecdecError(f"seed must be an integer in [0, 2**64) (got {self.seed!r})")
+            raise SpecdecError(f"seed must be an integer in [0, 2**64) (got {_shown(self.seed)})")
 
     @property
     def greedy(self) -> bool:
@@ -67,6 +68,14 @@ class SamplingParams:
     def noise(self, index: int = 0, rng: np.random.Generator | None = None) -> "Noise | None":
         """The randomness of prompt ``index`` of a run (None when greedy)."""
         return None if self.greedy else Noise(self.run_seed(rng), index)
+
+
+def _shown(v) -> str:
+    """A refused value as an error shows it: an int too long to print (past 4300 digits Python
+    refuses to) by its size."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 256:
+        return f"an integer of {v.bit_length()} bits"
+    return repr(v)
 
 
 def _not_int(v) -> bool:
@@ -166,10 +175,15 @@ def verify(drafts, target_logits, start: int, params: SamplingParams, noise: Noi
 
     ``target_logits`` has len(drafts)+1 rows (len(drafts) with ``bonus=False``):
     row i is the target's logits for position start+i. The target's token at
-    each position is :func:`choose`'s; a draft is accepted while it equals it.
+    each position is :func:`choose`'s; a draft is accepted while it equals it. A draft that is no
+    integer (a float, a bool: a broken draft source) is refused, never rounded into a token.
     Returns (number accepted, the next token: the target's at the first
     mismatch, or the bonus token; None after a full accept without ``bonus``).
     """
+    bad = next((d for d in drafts if _not_int(d)), None)
+    if bad is not None:    # int(11.5) == 11 would accept it, and 11.5 would be emitted
+        raise SpecdecError(f"a draft source proposed {bad!r} ({type(bad).__name__}): drafts are token ids "
+                           f"(integers)")
     n = len(drafts)
     rows = n + 1 if bonus else n
     if params.greedy or noise is None:

@@ -93,20 +93,30 @@ NAMES = ("dlm", "ngram", "suffix", "hybrid")
 
 
 def whole_number(v, what: str) -> int:
-    """A source's size argument as an int: an integer (3.0 too), not a bool, None, NaN, inf or a string."""
+    """A source's size argument as an int: an integer (3.0 too) of magnitude below 2**63, not a bool,
+    None, NaN, inf or a string."""
     if isinstance(v, (bool, np.bool_)):
         raise SpecdecError(f"{what} must be a whole number (got {v!r})")
-    if isinstance(v, (int, np.integer)):        # any size (np.isfinite refuses ints past 2**64)
-        return int(v)
-    if isinstance(v, (float, np.floating)) and np.isfinite(v) and int(v) == v:
-        return int(v)
-    raise SpecdecError(f"{what} must be a whole number (got {v!r})")
+    if isinstance(v, (int, np.integer)):        # (np.isfinite refuses ints past 2**64)
+        n = int(v)
+    elif isinstance(v, (float, np.floating)) and np.isfinite(v) and int(v) == v:
+        n = int(v)
+    else:
+        raise SpecdecError(f"{what} must be a whole number (got {v!r})")
+    if abs(n) >= 2 ** 63:              # no size is that large; and printing one may fail (4300 digits)
+        raise SpecdecError(f"{what} must be a whole number of magnitude below 2**63 (got one of "
+                           f"{n.bit_length()} bits)")
+    return n
 
 
 def real_number(v, what: str) -> float:
-    """A source's real argument as a float: a finite number, not a bool, None or a string."""
-    if not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
-            and np.isfinite(v):
+    """A source's real argument as a float: a finite number, not a bool, None or a string (an int
+    past float's range too: np.isfinite cannot take it)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise SpecdecError(f"{what} must be a finite number (got {v!r})")
+    if isinstance(v, (int, np.integer)) and abs(v) >= 2 ** 1023:
+        raise SpecdecError(f"{what} must be a float-sized number (got an integer of {int(v).bit_length()} bits)")
+    if np.isfinite(v):
         return float(v)
     raise SpecdecError(f"{what} must be a finite number (got {v!r})")
 
@@ -135,7 +145,7 @@ def make_draft_source(draft=None, dlm=None, *, ngram_max: int | None = None, suf
         from .hybrid import HybridDraft
         from .ngram import NgramDraft
         model = make_draft_source(None, dlm, tokenizer=tokenizer, dlm_tokenizer=dlm_tokenizer, min_prob=min_prob)
-        n = 3 if ngram_max is None else ngram_max
+        n = 3 if ngram_max is None else whole_number(ngram_max, "n-gram size")
         return HybridDraft(NgramDraft(n, min_n=min(2, n)), model, weak=NgramDraft(n))
     if dlm is not None and draft is not None and draft != "dlm":
         raise SpecdecError("give either a DLM or another draft source, not both")

@@ -42,7 +42,10 @@ class HybridDraft:
     kind = "hybrid"
 
     def __init__(self, lookup, model, min_drafts: int = 1, min_alpha: float = 0.15, weak=None):
-        for name, s in (("lookup", lookup), ("model", model)) + ((("weak lookup", weak),) if weak else ()):
+        for name, s in (("lookup", lookup), ("model", model)) + ((("weak lookup", weak),) if weak is not None else ()):
+            if isinstance(s, type):      # its methods would be called unbound: a TypeError later
+                raise SpecdecError(f"hybrid draft: {name} {s.__name__} is a class: give a source object "
+                                   f"({s.__name__}(...))")
             if not all(hasattr(s, a) for a in ("drafter", "bind", "backends")):
                 raise SpecdecError(f"hybrid draft: {name} {type(s).__name__} is not a draft source")
         for src in (lookup, weak):

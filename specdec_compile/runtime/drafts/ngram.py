@@ -87,9 +87,9 @@ class NgramIndex:
         return d[0] if d else None
 
     def draft(self, seq: list[int], q: int, n: int) -> list[int]:
-        d = self.propose(seq[:q], n)
-        if self.vocab is not None:
-            d = [t for t in d if 0 <= t < self.vocab][:n]
+        d = self.propose(seq[:q], n)[:n]
+        if self.vocab is not None:      # drafts are positions: cut at an id the target lacks, never close the gap
+            d = d[:next((i for i, t in enumerate(d) if not 0 <= t < self.vocab), len(d))]
         return d
 
     def verified(self, step) -> None:

@@ -36,7 +36,8 @@ sampling stays exact (sampling.py).
 16384). Each request's output (led in by the prompt's last 8 tokens, the context an
 answer starts from) is one entry, added token by token as the target accepts it; when the total passes the cap, whole entries are evicted oldest
 first (FIFO by the request's start; an evicted request still decoding starts a
-new entry with its following tokens). Nodes are at most ``max_depth`` per cached
+new entry with its following tokens, as does one decoding across ``SuffixDraft.clear()``; a
+request that adds no token opens none). Nodes are at most ``max_depth`` per cached
 token. When a generation ends (the protocol's ``finish``), its last round's
 tokens are added too.
 """
@@ -172,9 +173,10 @@ class SuffixCache:
         self.entries[e.id] = e
         return e
 
-    def append(self, entry: "_Entry", t: int) -> "_Entry":
-        """Add one token to a request's entry (a new entry if it was evicted); returns the entry."""
-        if entry.id not in self.entries:
+    def append(self, entry: "_Entry | None", t: int) -> "_Entry":
+        """Add one token to a request's entry (a new entry if it has none yet, was evicted, or is
+        another cache's: one from before ``SuffixDraft.clear()``); returns the entry."""
+        if entry is None or self.entries.get(entry.id) is not entry:
             entry = self.open()
         entry.frontier = self.trie.extend(entry.frontier, t)
         entry.tokens.append(t)
@@ -222,7 +224,8 @@ class SuffixDraft:
         self.cache = SuffixCache(self.max_depth, self.cache_tokens)
 
     def clear(self) -> None:
-        """Forget earlier requests (a new, empty global trie)."""
+        """Forget earlier requests (a new, empty global trie); a generation still running goes on
+        in a new entry there (SuffixCache.append)."""
         self.cache = SuffixCache(self.max_depth, self.cache_tokens)
 
     def bind(self, tlm) -> None:
@@ -249,7 +252,7 @@ class SuffixDrafter:
         self.vocab = vocab
         self.local = SuffixTrie(source.max_depth)
         self.frontier = [self.local.root]
-        self.entry = source.cache.open()
+        self.entry = None        # its entry in the shared cache, opened with its first token there
         self.seq: list[int] = []
         self.prompt_len = None
 
@@ -277,13 +280,16 @@ class SuffixDrafter:
         # the longest suffix seen continued: the deepest frontier node with a continuation. The
         # global trie holds this request's own text too, so its entry's frontier is the same
         # walk there, and it sees every other request's continuations of those strings.
-        for trie, f in ((self.local, self.frontier), (src.cache.trie, self.entry.frontier)):
+        e = self.entry                           # (none yet, or one from before clear(): the root)
+        shared = e.frontier if e is not None and src.cache.entries.get(e.id) is e else [src.cache.trie.root]
+        for trie, f in ((self.local, self.frontier), (src.cache.trie, shared)):
             m = next((d for d in range(len(f) - 1, 0, -1) if f[d].cont > 0), 0)
             trie.visits += len(f) - m
             if m:
                 cands.append((trie, f[m], m))
         for trie, node, m in cands:
-            cap = min(n, max(1, int(src.spec_factor * m)))
+            span = src.spec_factor * m           # may overflow to inf (spec_factor near 1e308)
+            cap = n if span >= n else max(1, int(span))
             toks, score = trie.walk(node, m, seq, cap, src.min_prob)
             if score > best_score:
                 best, best_score = toks, score
@@ -300,10 +306,10 @@ class SuffixDrafter:
         if self.prompt_len is None:      # first() not called (--k 0): the prompt is what came before
             self.prompt_len = q - 1
         self._catch_up(seq, q)
-        d = self.propose(n)
-        if self.vocab is not None:
-            d = [t for t in d if 0 <= t < self.vocab]
-        return d[:n]
+        d = self.propose(n)[:n]
+        if self.vocab is not None:      # the shared trie may hold another target's ids: stop at the first
+            d = d[:next((i for i, t in enumerate(d) if not 0 <= t < self.vocab), len(d))]
+        return d
 
     def verified(self, step) -> None:
         pass   # the tries read the text itself
