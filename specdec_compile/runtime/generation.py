@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import numpy as np
+
 from ..errors import SpecdecError
 from .backends import Backend
 from .calls import Runner
@@ -21,6 +23,23 @@ from .metrics import GenerationResult, Meter
 from .sampling import Noise, SamplingParams, choose, verify
 
 OnTokens = Callable[[list, list], None]
+
+
+def draft_ids(drafts, vocab: int | None) -> list[int]:
+    """A draft source's proposal as Python ints: one that is no token id of the target (a float, a
+    bool, a string, an id outside its vocabulary) is refused in one line, never sent to the target
+    (a traceback there, or an id the target cannot hold)."""
+    out = []
+    for d in drafts:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise SpecdecError(f"a draft source proposed {str(d)[:40]!r} ({type(d).__name__}): drafts are "
+                               f"token ids (integers)")
+        if d < 0 or (vocab and d >= vocab):
+            shown = d if abs(d) < 2 ** 63 else f"of {int(d).bit_length()} bits"
+            raise SpecdecError(f"a draft source proposed the token id {shown}, outside the target's vocabulary "
+                               f"[0, {vocab})" if vocab else f"a draft source proposed the token id {shown}")
+        out.append(int(d))
+    return out
 
 
 def check_prompt(prompt_ids, backend: Backend, max_new_tokens: int) -> list[int]:
@@ -127,6 +146,7 @@ class SpecGeneration:
         d1 = (yield from answer(self.drafter.first(self.prompt))) if self.policy.fixed_k != 0 else None
         if d1 is None:                    # no first draft (n-gram: nothing matched; --k 0)
             return self.emit([choose(L0, self.sampling, self.noise, n)], ["target"])
+        d1, = draft_ids([d1], self.dec.tlm.vocab_size)
         a, tok = verify([d1], L0[None], n, self.sampling, self.noise, bonus=False)
         self.first_accepted = a == 1
         self.policy.note_acceptance(self.row, a, 1)
@@ -148,6 +168,7 @@ class SpecGeneration:
         j = policy.round1_drafts() if round1 else policy.choose(self.row)   # round 1: TLM width k, [d1..dk]
         kv = max(min(j, remaining - 1), 0)   # drafts worth making
         drafts = list((yield from answer(self.drafter.draft(self.seq, q, kv))) if kv else [])[:kv]
+        drafts = draft_ids(drafts, self.dec.tlm.vocab_size)
         kv = len(drafts)
         start = self.tlm_valid
         pending_t = self.seq[start:q]

@@ -2,6 +2,8 @@
 case that showed it. FAKE backends (specdec_compile.runtime.testing): exact and fast."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from runtime_helpers import reference_greedy
@@ -194,3 +196,29 @@ def test_a_draft_that_is_no_integer_is_refused_not_rounded(sampling):
     for bad in (want[1] + 0.5, float(want[1]), True):
         with pytest.raises(SpecdecError, match="drafts are token ids"):
             SpecDecoder(tlm, draft=_Fixed([bad] * 3)).generate(PROMPT, max_new_tokens=12, sampling=sampling)
+
+
+class _First(_Fixed):
+    """_Fixed whose first draft (from the prefill's logits) is the first of ``values``."""
+
+    def drafter(self, ctx):
+        d = super().drafter(ctx)
+        d.first = lambda prompt: self.values[0]
+        return d
+
+
+@pytest.mark.parametrize("source", [_Fixed, _First])
+def test_drafts_outside_the_vocabulary_are_refused_before_the_target_call(source):
+    """The loop sent a custom source's drafts to the target unchecked: an id past the vocabulary or a
+    negative one went into the call, 10**20 was an OverflowError and "a" a ValueError (tracebacks), and
+    NumPy-int drafts came out as NumPy ints in generated_ids."""
+    m = CopyLM(23)
+    tlm = tlm_of(m, k=4)
+    v = tlm.vocab_size
+    want = TargetOnlyDecoder(tlm).generate(PROMPT, max_new_tokens=12).generated_ids
+    got = SpecDecoder(tlm, draft=source([np.int64(t) for t in want])).generate(PROMPT, max_new_tokens=12)
+    assert got.generated_ids == want and all(type(t) is int for t in got.generated_ids)
+    for bad, words in ((v, f"the token id {v}, outside the target's vocabulary [0, {v})"), (-1, "token id -1"),
+                       (10 ** 20, "token id of 67 bits"), ("a", "drafts are token ids")):
+        with pytest.raises(SpecdecError, match=re.escape(words)):
+            SpecDecoder(tlm, draft=source([bad] * 3)).generate(PROMPT, max_new_tokens=12)
