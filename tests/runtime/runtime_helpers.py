@@ -143,3 +143,40 @@ def same_as_target(spec, base, prompts, n=25, **kw):
     for p, x, y in zip(prompts, s, b):
         assert x.generated_ids == y.generated_ids, p
     return s
+
+
+class ProposeDraft:
+    """A draft source of one's own (the protocol's minimum): ``make()`` is called once a generation
+    and returns its ``propose(seq, q, n)``, each round's drafts; the first draft (from the prefill's
+    logits) is ``first(prompt)``."""
+
+    kind = "custom"
+
+    def __init__(self, make, first=lambda prompt: None):
+        self.make, self.first = make, first
+
+    def bind(self, tlm):
+        pass
+
+    def backends(self):
+        return []
+
+    def drafter(self, ctx):
+        first, propose = self.first, self.make()
+
+        class D:
+            def first(self, prompt):
+                return first(prompt)
+
+            def draft(self, seq, q, n):
+                return propose(seq, q, n)
+
+            def verified(self, step):
+                pass
+
+            def rollback(self, valid):
+                pass
+
+            def finish(self, seq):
+                pass
+        return D()

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from runtime_helpers import reference_greedy
+from runtime_helpers import ProposeDraft, reference_greedy
 from test_ngram_draft import PROMPT, CopyLM, tlm_of
 
 from specdec_compile.errors import SpecdecError
@@ -149,39 +149,9 @@ def test_numbers_past_floats_range_are_refused_in_one_line(make, msg):
         make()
 
 
-class _Fixed:
+def _fixed(values):
     """A draft source of one's own that proposes the given values every round."""
-
-    kind = "fixed"
-
-    def __init__(self, values):
-        self.values = values
-
-    def bind(self, tlm):
-        pass
-
-    def backends(self):
-        return []
-
-    def drafter(self, ctx):
-        values = self.values
-
-        class D:
-            def first(self, prompt):
-                return None
-
-            def draft(self, seq, q, n):
-                return list(values)[:n]
-
-            def verified(self, step):
-                pass
-
-            def rollback(self, valid):
-                pass
-
-            def finish(self, seq):
-                pass
-        return D()
+    return ProposeDraft(lambda: lambda seq, q, n: list(values)[:n])
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.8, seed=3)])
@@ -191,23 +161,19 @@ def test_a_draft_that_is_no_integer_is_refused_not_rounded(sampling):
     m = CopyLM(23)
     tlm = tlm_of(m, k=4)
     want = TargetOnlyDecoder(tlm).generate(PROMPT, max_new_tokens=12, sampling=sampling).generated_ids
-    assert SpecDecoder(tlm, draft=_Fixed([np.int64(want[1])])).generate(
+    assert SpecDecoder(tlm, draft=_fixed([np.int64(want[1])])).generate(
         PROMPT, max_new_tokens=12, sampling=sampling).generated_ids == want        # NumPy ints are ids
     for bad in (want[1] + 0.5, float(want[1]), True):
         with pytest.raises(SpecdecError, match="drafts are token ids"):
-            SpecDecoder(tlm, draft=_Fixed([bad] * 3)).generate(PROMPT, max_new_tokens=12, sampling=sampling)
+            SpecDecoder(tlm, draft=_fixed([bad] * 3)).generate(PROMPT, max_new_tokens=12, sampling=sampling)
 
 
-class _First(_Fixed):
-    """_Fixed whose first draft (from the prefill's logits) is the first of ``values``."""
-
-    def drafter(self, ctx):
-        d = super().drafter(ctx)
-        d.first = lambda prompt: self.values[0]
-        return d
+def _first_too(values):
+    """_fixed whose first draft (from the prefill's logits) is the first of ``values`` too."""
+    return ProposeDraft(lambda: lambda seq, q, n: list(values)[:n], first=lambda prompt: values[0])
 
 
-@pytest.mark.parametrize("source", [_Fixed, _First])
+@pytest.mark.parametrize("source", [_fixed, _first_too])
 def test_drafts_outside_the_vocabulary_are_refused_before_the_target_call(source):
     """The loop sent a custom source's drafts to the target unchecked: an id past the vocabulary or a
     negative one went into the call, 10**20 was an OverflowError and "a" a ValueError (tracebacks), and

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_helpers import (PROMPT, chi2, chi2_crit, one_line_error, run, same_as_target, sample_counts,
+from runtime_helpers import (PROMPT, ProposeDraft, chi2, chi2_crit, one_line_error, run, same_as_target, sample_counts,
                              sequence_dist)
 
 from specdec_compile.errors import SpecdecError
@@ -49,35 +49,18 @@ class _Recorded:
         return D()
 
 
-class _EveryOther:
+def _every_other_round():
+    state = {"n": 0}
+
+    def propose(seq, q, n):
+        state["n"] += 1
+        return [0] * n if state["n"] % 2 else []
+    return propose
+
+
+def _every_other():
     """A lookup stand-in: wrong drafts (token 0 x n) every other round, none otherwise."""
-
-    def bind(self, tlm):
-        pass
-
-    def backends(self):
-        return []
-
-    def drafter(self, ctx):
-        state = {"n": 0}
-
-        class D:
-            def first(self, prompt):
-                return None
-
-            def draft(self, seq, q, n):
-                state["n"] += 1
-                return [0] * n if state["n"] % 2 else []
-
-            def verified(self, step):
-                pass
-
-            def rollback(self, valid):
-                pass
-
-            def finish(self, seq):
-                pass
-        return D()
+    return ProposeDraft(_every_other_round)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
@@ -105,7 +88,7 @@ def test_the_models_cache_catches_up_after_lookup_rounds(model):
         tlm, d, _ = fake_pair(k=3, dlm="same")
         inner = DlmDraft(d)
     log, rollbacks = [], []
-    src = HybridDraft(_EveryOther(), _Recorded(inner, log, rollbacks))
+    src = HybridDraft(_every_other(), _Recorded(inner, log, rollbacks))
     r = SpecDecoder(tlm, draft=src).generate(PROMPT, max_new_tokens=40)
     ref = TargetOnlyDecoder(tlm).generate(PROMPT, max_new_tokens=40)
     assert r.generated_ids == ref.generated_ids
@@ -215,7 +198,7 @@ def test_the_policy_prices_lookup_drafts_at_no_model_call():
     assert pol.choose_drafts(0.5, share=0.1) > 0
     # the hybrid's share: the model's rounds over drafting rounds, decayed
     tlm, d, _ = fake_feature_pair(k=3)
-    src = _Kept(_EveryOther(), FeatureDraft(d))
+    src = _Kept(_every_other(), FeatureDraft(d))
     SpecDecoder(tlm, draft=src).generate(PROMPT, max_new_tokens=30)
     dr = src.made[0]
     assert dr.rounds["lookup"] > 0 and dr.rounds["model"] > 0 and 0.3 < dr.model_share() < 0.7
