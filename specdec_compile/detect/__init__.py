@@ -51,7 +51,7 @@ from .integer_inputs import find_integer_inputs, require_integer_input
 from .layers import find_layer_outputs
 from .logits import find_logits, vocab_dim
 from .model_info import find_model_info
-from .positions import PositionSources, check_query_uses, find_position_sources
+from .positions import PositionSources, check_key_uses, check_query_uses, find_position_sources
 from .rotary import find_rotary
 from .windows import find_windows
 
@@ -95,6 +95,7 @@ def detect(graph: gs.Graph, family: str | None = None, exporter: str | None = No
     attention = find_attention(graph, nodes, hints, concats, inputs.attention_mask,
                                mask_sources=_mask_sources(inputs, sources), key_positions=sources.key)
     check_query_uses(sources, [n.inputs[j] for a in attention for n, j, _ in a.sites])
+    check_key_uses(graph, nodes, sources, attention)
     windows, dtypes = find_windows(graph, attention, inputs, concats)
     info = find_model_info(attention, logits, inputs.input_ids, family=family, exporter=exporter)
     layers, sites = _named(graph, attention, windows, dtypes)

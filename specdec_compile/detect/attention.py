@@ -12,7 +12,8 @@ or the query positions the export derives). An ALiBi bias also depends on
 ``attention_mask`` (through its key positions): dependence does not pass
 through those key-position tensors, so the bias is not taken for a mask.
 A layer without any mask operand is refused: the compiler never rewrites a
-graph whose masking it cannot account for."""
+graph whose masking it cannot account for; so is a Softmax over another axis
+than the keys (the scores' last)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -137,8 +138,21 @@ def probs_matmul(softmax: gs.Node, probs_ops: set[str]) -> gs.Node | None:
     return pv
 
 
+def _check_softmax_axis(sm: gs.Node, opset: int) -> None:
+    """The attention Softmax must normalize over the keys (the scores' last axis): over heads or
+    queries it is another model, which the rewrite (padded queries, grouped heads, a ctx_len
+    long key axis) would not reproduce. Opset < 13 defaults to axis 1 (and flattens from it)."""
+    axis = int(sm.attrs.get("axis", -1 if opset >= 13 else 1))
+    shape = sm.inputs[0].shape
+    rank = len(shape) if shape is not None else 4   # scores of a rank-4 cache, when not recorded
+    if axis not in (-1, rank - 1):
+        raise UnsupportedPatternError(
+            f"attention at Softmax {sm.name!r} normalizes over axis {axis} of its rank-{rank} scores, not "
+            f"over the keys (the last axis); cannot rewrite it")
+
+
 def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], am_dep: set[int],
-           sources: list[gs.Tensor], key_dep: set[int]) -> Attention | None:
+           sources: list[gs.Tensor], key_dep: set[int], opset: int = 13) -> Attention | None:
     """The attention layer at Softmax ``sm``, or None when it is not one."""
     layout_ops = set(hints["layout_ops"])
     qk, sites = scores_path(sm, set(hints["score_ops"]), cache_dep, am_dep, key_dep)
@@ -147,6 +161,7 @@ def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], 
     key = walk_back(qk.inputs[1], layout_ops, cache_dep, lambda n: id(n) in concat_ids)
     if key is None:
         return None
+    _check_softmax_axis(sm, opset)
     pv = probs_matmul(sm, set(hints["probs_ops"]))
     value = None
     if pv is not None:
@@ -177,6 +192,12 @@ def _check_every_concat_read_once(found: list[Attention], concats: list[gs.Node]
             f"cache Concat nodes not read by any attention: {', '.join(n.name for n in unused)}")
 
 
+def _opset(graph: gs.Graph) -> int:
+    """The default-domain opset (13 when not recorded: Softmax's axis then defaults to -1)."""
+    v = getattr(graph, "opset", None)
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else 13
+
+
 def find_attention(graph: gs.Graph, nodes: list[gs.Node], hints: dict, concats: list[gs.Node],
                    attention_mask: gs.Tensor | None, mask_sources: list[gs.Tensor] | None = None,
                    key_positions: list[gs.Tensor] = ()) -> list[Attention]:
@@ -191,7 +212,7 @@ def find_attention(graph: gs.Graph, nodes: list[gs.Node], hints: dict, concats: 
     concat_ids = {id(n) for n in concats}
     found = []
     for sm in (n for n in nodes if n.op == "Softmax"):
-        layer = _layer(sm, hints, concat_ids, cache_dep, am_dep, mask_sources, key_dep)
+        layer = _layer(sm, hints, concat_ids, cache_dep, am_dep, mask_sources, key_dep, _opset(graph))
         if layer is not None:
             found.append(layer)
     _check_every_concat_read_once(found, concats)

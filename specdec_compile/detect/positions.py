@@ -14,7 +14,9 @@ query   a ``Range`` whose values are the new tokens' positions, past..past+seq-1
 key     a ``CumSum`` of ``attention_mask`` (through Sub, Mul, Cast, ...) whose
         values are the keys' positions 0..past+seq-1, ``[batch, ..., keys]``:
         the ALiBi index of Bloom, MPT-style and Falcon-ALiBi exports. In the
-        rewrite the key position is the slot index.
+        rewrite the key position is the slot index. ``check_key_uses`` refuses a
+        graph whose first layer's new keys or values depend on it (positions
+        of the new tokens cut from the CumSum, e.g. for the rotary).
 
 A graph that has a ``position_ids`` input gets no query source (its positions
 already come from there).
@@ -27,7 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..errors import UnsupportedPatternError
-from ..graph_utils import SHAPE_ONLY_OPS, const_value, producer
+from ..graph_utils import SHAPE_ONLY_OPS, const_value, producer, value_dependence
 from ._probe import Probe, ProbeError, probe_inputs
 
 PAST, SEQ = 7, 3
@@ -159,6 +161,27 @@ def check_query_uses(sources: PositionSources, mask_operands: list[gs.Tensor]) -
         for n in t.outputs:
             if n.op not in SHAPE_ONLY_OPS:
                 stack += list(n.outputs)
+
+
+def check_key_uses(graph: gs.Graph, nodes: list[gs.Node], sources: PositionSources, layers) -> None:
+    """ALiBi key positions only bias the scores: the rewrite replaces them by the slot index
+    0..ctx_len-1, read off the cache. A layer whose new keys or values (computed before any
+    attention) depend on them reads them as the new tokens' positions (position_ids =
+    cumsum(attention_mask) - 1, sliced to the last tokens, for the rotary): refused."""
+    if not sources.key:
+        return
+    before = value_dependence(graph, [a.softmax.outputs[0] for a in layers], nodes)
+    for t in sources.key:
+        dep = value_dependence(graph, [t], nodes)
+        for i, a in enumerate(layers):
+            for what, concat in (("keys", a.key), ("values", a.value)):
+                new = concat.inputs[1]
+                if id(new) in dep and id(new) not in before:
+                    raise UnsupportedPatternError(
+                        f"layer {i}: the new {what} (Concat {concat.name!r}) depend on {t.name!r}, a CumSum of "
+                        f"attention_mask holding the key positions: positions of the new tokens computed from "
+                        f"attention_mask (e.g. for the rotary) are not supported; export the model reading "
+                        f"position_ids")
 
 
 def _backward_cone(tensors: list[gs.Tensor]) -> set[int]:

@@ -1,0 +1,93 @@
+"""Valid exports edited to compute something else: detection must read the edit or refuse it in
+one line, never hand the passes a graph they would rewrite into another model (exit 0, wrong
+logits: the compile does not run verify)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from specdec_compile.detect import detect
+from specdec_compile.errors import UnsupportedPatternError
+from specdec_compile.graph_utils import name_unnamed_nodes
+from specdec_compile.options import Options
+from specdec_compile.pipeline import rewrite
+
+L0 = "/model/layers.0/self_attn/"
+
+
+def _load(fixture_path, name="llama_gqa") -> onnx.ModelProto:
+    return onnx.load(str(fixture_path(name)))
+
+
+def _node(model: onnx.ModelProto, name: str):
+    return next(n for n in model.graph.node if n.name == name)
+
+
+def _detect(model: onnx.ModelProto):
+    g = gs.import_onnx(model)
+    name_unnamed_nodes(g)
+    return detect(g)
+
+
+def _softmax_axis(model: onnx.ModelProto, axis: int) -> None:
+    sm = _node(model, L0 + "Softmax")
+    keep = [a for a in sm.attribute if a.name != "axis"]
+    del sm.attribute[:]
+    sm.attribute.extend(keep + [helper.make_attribute("axis", axis)])
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_a_softmax_over_heads_or_queries_is_refused(fixture_path, axis):
+    # was: compiled (exit 0); over heads verify then differed by 0.34 in the logits
+    model = _load(fixture_path)
+    _softmax_axis(model, axis)
+    with pytest.raises(UnsupportedPatternError, match=f"Softmax '{L0}Softmax' normalizes over axis {axis}"):
+        _detect(model)
+
+
+def test_a_softmax_over_the_last_axis_written_positively_is_read(fixture_path):
+    model = _load(fixture_path)
+    _softmax_axis(model, 3)
+    assert len(_detect(model).layers) == 2
+
+
+def _positions_from_attention_mask(model: onnx.ModelProto, drop_input: bool) -> None:
+    """The rotary reads (CumSum(attention_mask) - 1)[:, -seq:] instead of position_ids."""
+    ints = {"ax1": 1, "one": 1, "ax1v": [1], "big": [1 << 40], "one_v": [1]}
+    model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items())
+    nodes = [helper.make_node("Cast", ["attention_mask"], ["am64"], to=TensorProto.INT64),
+             helper.make_node("CumSum", ["am64", "ax1"], ["cs"]),
+             helper.make_node("Sub", ["cs", "one"], ["cs1"]),
+             helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
+             helper.make_node("Slice", ["ids_shape", "one_v", "big"], ["seq_v"]),
+             helper.make_node("Neg", ["seq_v"], ["neg_seq"]),
+             helper.make_node("Slice", ["cs1", "neg_seq", "big", "ax1v"], ["pos_from_am"])]
+    for i, n in enumerate(nodes):
+        n.name = f"pos_from_am_{i}"
+        model.graph.node.insert(i, n)
+    for n in model.graph.node:
+        if n.name.startswith("/model/rotary_emb"):
+            n.input[:] = ["pos_from_am" if x == "position_ids" else x for x in n.input]
+    if drop_input:
+        keep = [i for i in model.graph.input if i.name != "position_ids"]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+
+
+@pytest.mark.parametrize("drop_input", [False, True], ids=["position_ids-unused", "no-position_ids"])
+def test_positions_from_a_cumsum_of_attention_mask_are_refused_in_one_line(fixture_path, tmp_path, drop_input):
+    # was: the CumSum was taken for ALiBi key positions; synth_positions then built a cycle
+    # (OnnxGraphSurgeonException, "internal error", exit 3)
+    model = _load(fixture_path)
+    _positions_from_attention_mask(model, drop_input)
+    onnx.checker.check_model(model)
+    with pytest.raises(UnsupportedPatternError, match=r"layer 0: the new keys .* depend on 'cs1', a CumSum"):
+        _detect(model)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(UnsupportedPatternError, match="CumSum of attention_mask"):
+        rewrite(str(path), Options(role="tlm", k=3, target="ort", prefill_len=8, ctx_len=64))
+
