@@ -113,10 +113,16 @@ class Builder:
         self.graph = graph
         self.scope = scope
         self.count = 0
+        # names the graph has (an export may hold one like ours): a new node or tensor never takes one
+        self.used = {n.name for n in graph.nodes} | set(graph.tensors())
 
     def _name(self, hint: str) -> str:
-        self.count += 1
-        return f"specdec/{self.scope}/{hint}_{self.count}"
+        while True:
+            self.count += 1
+            name = f"specdec/{self.scope}/{hint}_{self.count}"
+            if not {name, f"{name}_out", f"{name}_out0"} & self.used:
+                self.used.add(name)
+                return name
 
     def const(self, value, dtype=None, hint: str = "const") -> gs.Constant:
         arr = np.asarray(value, dtype=dtype)
@@ -148,11 +154,19 @@ def replace_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor,
 
 
 def name_unnamed_nodes(graph: gs.Graph) -> None:
-    """Give unnamed nodes stable names (their position), so passes can refer to them."""
-    seen = set()
+    """Give unnamed nodes stable names (their position), so passes can refer to them; never a name
+    another node has (an export may name one ``Concat__222``, as we would name node 222)."""
+    taken = {n.name for n in graph.nodes if n.name}
+    seen: set[str] = set()
     for i, node in enumerate(graph.nodes):
         if not node.name or node.name in seen:
-            node.name = f"{node.name or node.op}__{i}"
+            base = name = f"{node.name or node.op}__{i}"
+            j = 0
+            while name in taken:
+                j += 1
+                name = f"{base}_{j}"
+            node.name = name
+            taken.add(name)
         seen.add(node.name)
 
 

@@ -58,7 +58,12 @@ Bad arguments are one-line ``SpecdecError``s: a ``graph`` that is not an onnx-gr
 hand: ``ctx_len`` 0 or over 2^18, a NaN or non-negative ``mask_value``, an unknown
 ``interface``, ``source_opset`` outside 13..onnx's newest, booleans that are not ``bool``);
 a node or tensor the detection names that the graph lacks (the detection of another graph);
-``retained_kv``, ``role_logits`` and ``rotary_tables`` run a second time on their own output.
+``retained_kv``, ``role_logits``, ``rotary_tables``, ``expose_hidden_states``, ``batch_index`` and
+``logits_to_keep`` run a second time on their own output; a graph with two nodes of one name (or
+several unnamed: run ``name_unnamed_nodes`` first), as the detection names nodes by name; a past
+input read by more than its cache Concat and Shape, or ``attention_mask`` read inside an If, Loop
+or Scan body (``_subgraphs``: such reads are not their node's inputs), would read other values
+after the rewrite.
 A pass called alone leaves its input graph as it was (its model-local functions included:
 ``graph_utils.copy_graph``). A pass refuses a context that lacks what it reads (``SpecdecError`` naming
 the field): ``fp16_safe``, ``cleanup``, ``fold_static_shapes``, ``dense_experts``,

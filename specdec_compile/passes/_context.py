@@ -119,6 +119,18 @@ def need(pass_name: str, ctx, *fields: str) -> PassContext:
     return ctx
 
 
+def distinct_node_names(pass_name: str, graph: gs.Graph) -> None:
+    """Refuse a graph where two nodes share a name (or several have none), for the passes that find
+    the nodes the detection names by name: they would rewrite the wrong node."""
+    seen: set[str] = set()
+    for node in graph.nodes:
+        if node.name in seen:
+            what = f"two nodes are named {node.name!r}" if node.name else "several nodes have no name"
+            raise SpecdecError(f"pass {pass_name}: {what}, and the passes find nodes by name: give every node "
+                               f"a name of its own (graph_utils.name_unnamed_nodes names the unnamed ones)")
+        seen.add(node.name)
+
+
 def graph_pass(fn):
     """``fn(graph, ctx)``, a pass, refusing a ``graph`` that is not an onnx-graphsurgeon graph
     (a path, a ``ModelProto``, None) in one line, and naming itself when a node or tensor

@@ -36,7 +36,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, BATCH_INDEX, CACHE_WRITE, FULL_BATCH, QAIC_DOMAIN, SPECDEC_DOMAIN
-from ..errors import UnsupportedPatternError
+from ..errors import SpecdecError, UnsupportedPatternError
 from ..graph_utils import copy_graph, Builder
 from ._cb_functions import ctx_gather_cb, ctx_scatter_cb
 from ._context import PassContext, need, graph_pass
@@ -113,6 +113,9 @@ def batch_index(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     graph = copy_graph(graph)
     writes = [n for n in graph.nodes if n.op == CACHE_WRITE and n.domain == SPECDEC_DOMAIN]
     if not writes:
+        if any(n.name.startswith("specdec/batch_index/") for n in graph.nodes):
+            raise SpecdecError("pass batch_index has already run on this graph (its cache writes are routed by "
+                               "row): run each pass once")
         raise UnsupportedPatternError("batch_index: no cache writes (run retained_kv first)")
     b = Builder(graph, "batch_index")
     pos = writes[0].inputs[1]

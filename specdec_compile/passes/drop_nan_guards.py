@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph_utils import copy_graph, const_value, node_by_name, producer, replace_uses
-from ._context import PassContext, need, graph_pass
+from ._context import PassContext, need, graph_pass, distinct_node_names
 
 
 def _site_is_finite(graph: gs.Graph, site, mask_value: float) -> bool:
@@ -63,6 +63,7 @@ def _guard(node: gs.Node, finite: set[str]):
 @graph_pass
 def drop_nan_guards(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     need("drop_nan_guards", ctx, "detection")
+    distinct_node_names("drop_nan_guards", graph)
     if not any(n.op == "IsNaN" for n in graph.nodes):
         return graph
     graph = copy_graph(graph)

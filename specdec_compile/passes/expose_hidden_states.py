@@ -16,7 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, DRAFT_HIDDEN_STATES, HIDDEN_STATES, SEQ
-from ..errors import UnsupportedPatternError
+from ..errors import SpecdecError, UnsupportedPatternError
 from ..graph_utils import copy_graph, Builder, tensor_by_name
 from ..layer_lists import resolve_layers
 from ._context import PassContext, need, graph_pass
@@ -28,6 +28,8 @@ def expose_hidden_states(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     if ctx.exposed_layers is None:
         return graph
     det = ctx.detection
+    if any(n.name.startswith("specdec/hidden_states/") for n in graph.nodes):
+        raise SpecdecError("pass expose_hidden_states has already run on this graph: run each pass once")
     option = "--hidden-states" if ctx.role == "tlm" else "--feature-layers (the draft's own features)"
     if not det.layer_outputs:
         raise UnsupportedPatternError(f"{option}: the decoder layers' outputs are not found: "

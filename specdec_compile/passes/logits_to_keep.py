@@ -15,6 +15,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, LOGITS, NUM_LOGITS_TO_KEEP
+from ..errors import SpecdecError
 from ..graph_utils import copy_graph, Builder, tensor_by_name
 from ._context import PassContext, need, graph_pass
 from .role_logits import lm_head_matmul
@@ -42,6 +43,9 @@ def _keep(b: Builder, x: gs.Tensor, pos: gs.Tensor, nlk: gs.Tensor) -> gs.Tensor
 @graph_pass
 def logits_to_keep(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("logits_to_keep", ctx, "detection").detection
+    if any(t.name == NUM_LOGITS_TO_KEEP for t in graph.inputs):
+        raise SpecdecError(f"pass logits_to_keep has already run on this graph (it has the input "
+                           f"{NUM_LOGITS_TO_KEEP}): run each pass once")
     graph = copy_graph(graph)
     b = Builder(graph, "logits_to_keep")
     nlk = gs.Variable(NUM_LOGITS_TO_KEEP, dtype=np.int64, shape=[NUM_LOGITS_TO_KEEP, 1])

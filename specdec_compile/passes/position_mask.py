@@ -17,8 +17,9 @@ import onnx_graphsurgeon as gs
 
 from ..contract import past_name, retained_name
 from ..errors import UnsupportedPatternError
-from ..graph_utils import copy_graph, Builder, node_by_name, replace_uses, tensor_by_name, value_dependence
-from ._context import PassContext, need, graph_pass
+from ..graph_utils import copy_graph, Builder, node_by_name, replace_uses, tensor_by_name
+from ._context import PassContext, need, graph_pass, distinct_node_names
+from ._subgraphs import deep_dependence
 
 
 def _key_length_source(graph: gs.Graph, det) -> gs.Tensor:
@@ -96,6 +97,7 @@ def _site_windows(det) -> dict[tuple[str, int], int | None]:
 @graph_pass
 def position_mask(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("position_mask", ctx, "detection").detection
+    distinct_node_names("position_mask", graph)
     if not det.mask_sites:
         return graph
     graph = copy_graph(graph)
@@ -124,10 +126,13 @@ def position_mask(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
 def _drop_attention_mask(graph: gs.Graph, det, b: Builder) -> None:
     """Remove the ``attention_mask`` input. Uses left that read only its shape
     (an exporter slicing its mask to the key length) read a stand-in of the
-    cache's length, ``[batch, ctx_len]``; a use of its values is refused."""
+    cache's length, ``[batch, ctx_len]``; a use of its values is refused (inside an If, Loop or
+    Scan body too: those read it without naming it as their node's input)."""
     am = graph.tensors().get(det.attention_mask)
     if am is not None and am.outputs:
-        users = ", ".join(sorted(n.name for n in am.outputs))
+        top = {id(n) for n in graph.nodes}
+        users = ", ".join(sorted({n.name if id(n) in top else f"{n.op} {n.name!r} in an If/Loop/Scan body"
+                                  for n in am.outputs}))
         ids = tensor_by_name(graph, det.input_ids)
         batch = b.op("Slice", [b.op("Shape", [ids]), b.const([0], "int64"), b.const([1], "int64")], hint="batch")
         ctx_len = b.op("Slice", [b.op("Shape", [_key_length_source(graph, det)]), b.const([2], "int64"),
@@ -136,7 +141,7 @@ def _drop_attention_mask(graph: gs.Graph, det, b: Builder) -> None:
         stand_in = b.op("ConstantOfShape", [b.op("Concat", [batch, ctx_len], attrs={"axis": 0})],
                         attrs={"value": fill}, hint="attention_mask_shape")
         replace_uses(graph, am, stand_in)
-        dep = value_dependence(graph, [stand_in])
+        dep = deep_dependence(graph, [stand_in])
         if any(id(t) in dep for t in graph.outputs):
             raise UnsupportedPatternError(
                 f"{det.attention_mask!r} is still used outside the attention mask (by {users}); "

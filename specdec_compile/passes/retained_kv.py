@@ -18,9 +18,10 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, CACHE_WRITE, CTX, SPECDEC_DOMAIN, past_name, retained_name
-from ..errors import SpecdecError
+from ..errors import SpecdecError, UnsupportedPatternError
 from ..graph_utils import copy_graph, Builder, graph_input, node_by_name, replace_uses, tensor_by_name
-from ._context import PassContext, need, graph_pass
+from ._context import PassContext, need, graph_pass, distinct_node_names
+from ._subgraphs import subgraph_readers
 
 
 def _virtual_past_shapes(graph: gs.Graph, pasts: list[gs.Tensor], pos: gs.Tensor) -> None:
@@ -53,9 +54,24 @@ def _virtual_past_shapes(graph: gs.Graph, pasts: list[gs.Tensor], pos: gs.Tensor
             graph.nodes.remove(node)
 
 
+def _check_past_readers(graph: gs.Graph, past: gs.Tensor, concat: gs.Node) -> None:
+    """The past is read by its cache Concat and by Shape nodes (the past length) only: any other
+    reader would read the whole ``ctx_len`` cache, written slots and stale ones, where the export
+    reads the past tokens (a silently different value), and a subgraph's reads are not rewritten."""
+    inner = {id(n) for n in subgraph_readers(graph, past)}
+    others = [n for n in past.outputs if n is not concat and (n.op != "Shape" or id(n) in inner)]
+    if others:
+        n = others[0]
+        where = " in an If/Loop/Scan body" if id(n) in inner else ""
+        raise UnsupportedPatternError(
+            f"past input {past.name!r} is read by {n.op} node {n.name!r}{where}, not only by its cache Concat "
+            f"{concat.name!r} (and Shape): with a retained cache that node would read all ctx_len slots")
+
+
 @graph_pass
 def retained_kv(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("retained_kv", ctx, "detection").detection
+    distinct_node_names("retained_kv", graph)
     if any(n.op == CACHE_WRITE and n.domain == SPECDEC_DOMAIN for n in graph.nodes):
         raise SpecdecError("pass retained_kv has already run on this graph (it has cache writes): run each pass once")
     graph = copy_graph(graph)
@@ -69,6 +85,7 @@ def retained_kv(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
                 ("value", layer.value_concat, layer.value_input, layer.value_outputs)):
             concat = node_by_name(graph, concat_name)
             past = graph_input(graph, in_name)
+            _check_past_readers(graph, past, concat)
             new = concat.inputs[1]
             old_out = concat.outputs[0]
             pasts.append(past)

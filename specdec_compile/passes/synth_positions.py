@@ -20,7 +20,7 @@ import onnx_graphsurgeon as gs
 
 from ..contract import BATCH, SEQ
 from ..graph_utils import copy_graph, Builder, node_by_name, replace_uses, tensor_by_name
-from ._context import PassContext, need, graph_pass
+from ._context import PassContext, need, graph_pass, distinct_node_names
 
 
 def _key_slots(b: Builder, graph: gs.Graph, det, ids: gs.Tensor, rank: int, dtype: str) -> gs.Tensor:
@@ -48,6 +48,7 @@ def _onnx_type(dtype: str) -> int:
 @graph_pass
 def synth_positions(graph: gs.Graph, ctx: PassContext) -> gs.Graph:
     det = need("synth_positions", ctx, "detection").detection
+    distinct_node_names("synth_positions", graph)
     if not det.synthesize_position_ids and not det.position_sources:
         return graph
     graph = copy_graph(graph)
