@@ -22,6 +22,9 @@ One finder per thing found, each a module of this package with its own tests
     hints           patches/default.json + patches/<family>.json (op lists, name tie-breakers)
     rotary          Cos/Sin computed on the device from position_ids (rotary angles)
     feature_input   a feature draft's float input (the target's hidden states), if any
+    key_length_uses values computed from the cache's key length (a Shape of the cache) must mean
+                    the same for the rewrite's ctx_len long cache (shapes, masks, ALiBi) or
+                    the graph is refused (Qwen-1's logn[K-S:K] query scale is not)
     layers          the residual stream after each decoder layer (by dominance); a model
                     where it is not found still compiles: the reason is recorded and a
                     compile that asks for hidden states is refused with it
@@ -48,6 +51,7 @@ from .cache_concats import find_cache_concats, present_outputs
 from .feature_input import find_feature_input
 from .hints import load_hints
 from .integer_inputs import find_integer_inputs, require_integer_input
+from .key_length_uses import check_key_length_uses
 from .layers import find_layer_outputs
 from .logits import find_logits, vocab_dim
 from .model_info import find_model_info
@@ -97,6 +101,7 @@ def detect(graph: gs.Graph, family: str | None = None, exporter: str | None = No
     check_query_uses(sources, [n.inputs[j] for a in attention for n, j, _ in a.sites])
     check_key_uses(graph, nodes, sources, attention)
     windows, dtypes = find_windows(graph, attention, inputs, concats)
+    check_key_length_uses(graph, nodes, inputs, concats, sources, attention, windows)
     info = find_model_info(attention, logits, inputs.input_ids, family=family, exporter=exporter)
     layers, sites = _named(graph, attention, windows, dtypes)
     amask = inputs.attention_mask

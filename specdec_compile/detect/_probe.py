@@ -24,6 +24,9 @@ from ..graph_utils import const_value, producer
 #: ops whose output values depend on learned weights or activations: a mask never needs them
 _ACTIVATION_OPS = {"MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "ReduceMean", "Pow", "Sqrt",
                    "Erf", "Tanh", "Sigmoid", "Exp", "Log"}
+#: of those, the elementwise ones: they read no weight themselves (``Probe(..., elementwise=True)``
+#: evaluates them, for a cone already known not to depend on the activations)
+ELEMENTWISE_OPS = frozenset({"Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "Exp", "Log"})
 
 
 class ProbeError(Exception):
@@ -50,12 +53,14 @@ class Probe:
 
     ``dims``: graph input name -> static shape for the probe (every input the
     graph has). ``feeds``: input name -> value for the integer inputs the cones
-    may read (attention_mask, position_ids)."""
+    may read (attention_mask, position_ids). ``elementwise``: evaluate ``ELEMENTWISE_OPS`` too."""
 
-    def __init__(self, graph: gs.Graph, dims: dict[str, list[int]], feeds: dict[str, np.ndarray]):
+    def __init__(self, graph: gs.Graph, dims: dict[str, list[int]], feeds: dict[str, np.ndarray],
+                 elementwise: bool = False):
         self.graph = graph
         self.feeds = feeds
         self.dims = dims
+        self.refused = _ACTIVATION_OPS - ELEMENTWISE_OPS if elementwise else _ACTIVATION_OPS
         self.shapes, self.types = _static_shapes(graph, dims)
 
     def dtype(self, name: str) -> int | None:
@@ -66,7 +71,7 @@ class Probe:
         g = self.graph.copy()
         tensors = g.tensors()
         outs = [tensors[t.name] for t in targets]
-        _cut_shapes(g, outs, self.shapes, self.types)
+        _cut_shapes(g, outs, self.shapes, self.types, self.refused)
         used = _cone_inputs(g, outs)
         for t in outs:
             if t.dtype is None and self.types.get(t.name) is not None:
@@ -142,7 +147,8 @@ def _static_shapes(graph: gs.Graph, dims: dict[str, list[int]]) -> tuple[dict, d
     return shapes, types
 
 
-def _cut_shapes(g: gs.Graph, outs: list[gs.Tensor], shapes: dict, types: dict) -> None:
+def _cut_shapes(g: gs.Graph, outs: list[gs.Tensor], shapes: dict, types: dict,
+                refused: set[str] = frozenset(_ACTIVATION_OPS)) -> None:
     """Replace each Shape in the cone of ``outs`` whose input has a static
     shape by its value. The values themselves must not need activations
     (refused); behind a Shape whose input's shape inference could not fix,
@@ -162,7 +168,7 @@ def _cut_shapes(g: gs.Graph, outs: list[gs.Tensor], shapes: dict, types: dict) -
             n.outputs.clear()          # the tensor is now a constant with no producer
             out.to_constant(value)
             continue
-        if not shape_only and n.op in _ACTIVATION_OPS:
+        if not shape_only and n.op in refused:
             raise ProbeError(f"the values depend on activations ({n.op} node {n.name!r})")
         for sub in n.attrs.values():
             if isinstance(sub, gs.Graph):
