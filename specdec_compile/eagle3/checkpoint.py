@@ -15,6 +15,13 @@ The directory holds ``config.json`` (``speculators_model_type: "eagle3"``) and
   target's). A tensor that is missing, of another shape, or not expected is
   refused, and so is a NaN or infinity in a weight: nothing is guessed.
 
+A layer-config field that changes what speculators 0.9 (transformers 5) computes
+is read as transformers reads it or refused, never dropped: ``rope_scaling``
+beside ``rope_parameters``, a partial rotary inside the rope's parameters, a
+top-level ``original_max_position_embeddings``, ``layer_types``, an absent
+``num_hidden_layers`` (32 layers, not 1); fields it ignores (qwen3's
+``mlp_bias``) are not read.
+
 Pairing checks against the target (``check_target``): hidden size, vocabulary,
 layer ids in range, ``d2t`` ids inside the target's vocabulary and ``t2d``
 marking exactly them.
@@ -88,30 +95,80 @@ def _need(cfg: dict, key: str, kind, where: str):
     return v
 
 
-def _rope(tl: dict, where: str) -> dict:
-    """The rope of the layer config, as transformers 4 (rope_theta, rope_scaling) or 5 (rope_parameters) writes it."""
-    params = tl.get("rope_parameters")
-    if params is None:
-        params = tl.get("rope_scaling") or {}
-        if isinstance(params, dict):
-            params = {"rope_theta": tl.get("rope_theta", 10000.0), **params}
+def _rope_params(tl: dict, where: str) -> dict:
+    """The rope's parameters as transformers 5 reads them: ``rope_scaling`` (transformers 4's key), when
+    given, wins over ``rope_parameters`` (``convert_rope_params_to_dict``), so the two given and
+    disagreeing are refused, never read from the one the library ignores."""
+    params, legacy = tl.get("rope_parameters"), tl.get("rope_scaling")
+    if params is None or legacy:
+        if legacy and not isinstance(legacy, dict):
+            raise SpecdecError(f"{where}: rope parameters {legacy!r} are not an object")
+        if params is not None and _rope_key(legacy, tl) != _rope_key(params, tl):
+            raise SpecdecError(f"{where}: transformer_layer_config has both rope_parameters {params!r} and "
+                               f"rope_scaling {legacy!r}, which disagree (transformers reads rope_scaling): "
+                               f"give one")
+        params = {"rope_theta": tl.get("rope_theta", 10000.0), **(legacy or {})}
     if not isinstance(params, dict):
         raise SpecdecError(f"{where}: rope parameters {params!r} are not an object")
+    nested = sorted(k for k, v in params.items() if isinstance(v, dict))
+    if nested:
+        raise SpecdecError(f"{where}: rope parameters per layer type ({', '.join(nested)}) are not supported "
+                           f"(one flat rope_parameters object)")
+    return params
+
+
+def _rope_key(params, tl: dict):
+    """A rope's parameters compared as transformers reads them (``type`` spelled ``rope_type``; rope_theta
+    the top-level one or 10000 when the object has none)."""
+    if not isinstance(params, dict):
+        return params
+    out = {k: v for k, v in params.items() if k != "type"}
+    out["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    out.setdefault("rope_theta", tl.get("rope_theta", 10000.0))
+    return out
+
+
+def _rope(tl: dict, where: str) -> dict:
+    """The rope of the layer config, as transformers 4 (rope_theta, rope_scaling) or 5 (rope_parameters) writes it."""
+    params = _rope_params(tl, where)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise SpecdecError(f"{where}: rope type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
     theta = params.get("rope_theta", tl.get("rope_theta", 10000.0))
     if not _positive(theta):
         raise SpecdecError(f"{where}: rope_theta {theta!r} is not a positive number")
-    partial = tl.get("partial_rotary_factor")
-    if partial not in (None, 0, 1) or isinstance(partial, bool):
-        raise SpecdecError(f"{where}: partial_rotary_factor {partial!r} is not supported (only 1)")
-    out = {k: v for k, v in params.items() if k not in ("rope_type", "type", "rope_theta")}
+    # transformers 5 moves a top-level partial_rotary_factor into the rope's parameters (theirs wins); the
+    # library then rotates part of each head (or fails), so anything but 1 is refused wherever it is given
+    for partial in (tl.get("partial_rotary_factor"), params.get("partial_rotary_factor")):
+        if partial not in (None, 1) or isinstance(partial, bool):
+            raise SpecdecError(f"{where}: partial_rotary_factor {partial!r} is not supported (only 1)")
+    out = {k: v for k, v in params.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")}
     for key in _ROPE_KEYS[kind]:
         v = out.get(key)
         if not _positive(v):
             raise SpecdecError(f"{where}: rope type {kind!r} needs a positive {key}, got {v!r}")
+    top = tl.get("original_max_position_embeddings")
+    if kind == "llama3" and top is not None and top != out["original_max_position_embeddings"]:
+        # transformers 5 (standardize_rope_params) takes the top-level value over the rope's own
+        raise SpecdecError(f"{where}: original_max_position_embeddings {top!r} disagrees with the rope's "
+                           f"{out['original_max_position_embeddings']!r} (transformers reads the top-level one): "
+                           f"give one")
     return {"type": kind, "theta": float(theta), **out}
+
+
+def _layer_types(tl: dict, where: str) -> None:
+    """``layer_types``: null, or the one layer's full attention. speculators reads a ``sliding_attention``
+    entry (with ``sliding_window``) as a sliding-window mask even for a llama layer, and transformers 5
+    refuses a list of another length than the layers."""
+    kinds = tl.get("layer_types")
+    if kinds is None:
+        return
+    if not isinstance(kinds, list) or len(kinds) != 1:
+        raise SpecdecError(f"{where}: transformer_layer_config.layer_types {kinds!r} is not a list of the head's "
+                           f"1 layer")
+    if kinds[0] not in ("full_attention", "attention"):
+        raise SpecdecError(f"{where}: transformer_layer_config.layer_types {kinds!r}: only full attention is "
+                           f"supported (a sliding-window head is not)")
 
 
 def _layer_config(tl, where: str) -> dict:
@@ -121,7 +178,10 @@ def _layer_config(tl, where: str) -> dict:
     if fam not in FAMILIES:
         raise SpecdecError(f"{where}: transformer_layer_config.model_type {fam!r} is not supported "
                            f"(supported: {', '.join(FAMILIES)})")
-    layers = _need(tl, "num_hidden_layers", int, where) if "num_hidden_layers" in tl else 1
+    if "num_hidden_layers" not in tl:      # transformers' default for either family is 32 layers, not 1
+        raise SpecdecError(f"{where}: transformer_layer_config has no num_hidden_layers (transformers would "
+                           f"build its default of 32 layers); a 1-layer head says 1")
+    layers = _need(tl, "num_hidden_layers", int, where)
     if layers != 1:
         raise SpecdecError(f"{where}: the head has {layers} decoder layers; only 1-layer EAGLE-3 heads are supported")
     if tl.get("hidden_act", "silu") != "silu":
@@ -131,6 +191,7 @@ def _layer_config(tl, where: str) -> dict:
             raise SpecdecError(f"{where}: transformer_layer_config.{key} is {tl[key]!r}, expected true or false")
     if fam == "qwen3" and tl.get("use_sliding_window"):
         raise SpecdecError(f"{where}: a sliding-window head is not supported")
+    _layer_types(tl, where)
     H, heads = _need(tl, "hidden_size", int, where), _need(tl, "num_attention_heads", int, where)
     kv, hd = tl.get("num_key_value_heads"), tl.get("head_dim")    # null: transformers' defaults
     kv, hd = heads if kv is None else kv, H // heads if hd is None else hd
@@ -142,7 +203,8 @@ def _layer_config(tl, where: str) -> dict:
     return dict(family=fam, hidden_size=H, intermediate_size=_need(tl, "intermediate_size", int, where),
                 num_heads=heads, num_kv_heads=kv, head_dim=hd, eps=float(_need(tl, "rms_norm_eps", float, where)),
                 rope=_rope(tl, where), attention_bias=bool(tl.get("attention_bias")),
-                mlp_bias=bool(tl.get("mlp_bias")), target_vocab=_need(tl, "vocab_size", int, where),
+                mlp_bias=fam == "llama" and bool(tl.get("mlp_bias")),    # qwen3's MLP has no bias: not read
+                target_vocab=_need(tl, "vocab_size", int, where),
                 max_positions=int(tl.get("max_position_embeddings") or 4096))
 
 
@@ -304,6 +366,12 @@ def draft_to_target(ck: Eagle3Checkpoint, target_vocab: int) -> np.ndarray:
     if "d2t" not in ck.tensors:
         return np.arange(ck.draft_vocab, dtype=np.int64)
     ids = np.arange(ck.draft_vocab, dtype=np.int64) + ck.tensors["d2t"].astype(np.int64)
+    if ck.draft_vocab == ck.target_vocab and ck.tensors["d2t"].any():
+        # speculators ignores d2t/t2d when the vocabularies are equal (draft index i is target id i); a
+        # server that applies them would permute the ids: which one the head was trained for is unknown
+        i = int(np.flatnonzero(ck.tensors["d2t"])[0])
+        raise SpecdecError(f"{f}: draft_vocab_size is the target's {ck.target_vocab}, but d2t maps draft index "
+                           f"{i} to target id {int(ids[i])} (speculators ignores d2t then): not supported")
     bad = np.flatnonzero((ids < 0) | (ids >= target_vocab))
     if bad.size:
         raise SpecdecError(f"{f}: d2t maps draft index {int(bad[0])} to target id {int(ids[bad[0]])}, outside the "
