@@ -67,6 +67,20 @@ class Probe:
         """The ONNX element type of tensor ``name`` as inference found it."""
         return self.types.get(name)
 
+    def values_each(self, targets: list[gs.Tensor]) -> list:
+        """``values``, one tensor at a time when the batch fails: each a value or the ``ProbeError``
+        that tensor gave."""
+        try:
+            return self.values(targets)
+        except ProbeError:
+            out = []
+            for t in targets:
+                try:
+                    out.append(self.values([t])[0])
+                except ProbeError as e:
+                    out.append(e)
+            return out
+
     def values(self, targets: list[gs.Tensor]) -> list[np.ndarray]:
         g = self.graph.copy()
         tensors = g.tensors()

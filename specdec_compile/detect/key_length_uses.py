@@ -111,20 +111,6 @@ def _shape_value(n: gs.Node, shapes: dict) -> list | None:
     return shape[start:None if end is None else int(end)]
 
 
-def _values(probe: Probe, tensors: list[gs.Tensor]) -> list:
-    """Probe values, one at a time when the batch fails (a ``ProbeError``: the reason)."""
-    try:
-        return probe.values(tensors)
-    except ProbeError:
-        out = []
-        for t in tensors:
-            try:
-                out.append(probe.values([t])[0])
-            except ProbeError as e:
-                out.append(e)
-        return out
-
-
 def length_sources(nodes: list[gs.Node], export: Probe, rewrite: Probe) -> tuple[list, list]:
     """(Shape/Size nodes whose static value differs between the two probes, those whose input's
     shape inference left unknown)."""
@@ -144,7 +130,7 @@ def _changing(unknown: list[gs.Node], export: Probe, rewrite: Probe) -> list[gs.
     """Of ``unknown`` Shape/Size nodes, those whose evaluated value differs between the probes
     (or that cannot be evaluated: the check then evaluates what they feed)."""
     outs = [n.outputs[0] for n in unknown]
-    return [n for n, a, b in zip(unknown, _values(export, outs), _values(rewrite, outs))
+    return [n for n, a, b in zip(unknown, export.values_each(outs), rewrite.values_each(outs))
             if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or not np.array_equal(a, b)]
 
 
@@ -343,7 +329,7 @@ def check_key_length_uses(graph: gs.Graph, nodes: list[gs.Node], inputs, concats
         return
     shifts = shift_sites(layers, active, export.shapes)
     tensors = [t for t, _ in frontier]
-    want = _values(export, tensors)
+    want = export.values_each(tensors)
     tables = [min(_largest_table([t]), MAX_CTX) for t in tensors]
     for ctx in sorted({CTX} | {n for n in tables if n >= CTX + SEQ}):
         try:
@@ -351,7 +337,7 @@ def check_key_length_uses(graph: gs.Graph, nodes: list[gs.Node], inputs, concats
         except ProbeError as e:
             raise UnsupportedPatternError(f"cannot trace what the cache's key length feeds: {e}") from None
         mine = [i for i, n in enumerate(tables) if ctx in (CTX, n)]   # each against its own table's length
-        for i, r in zip(mine, _values(probe, [tensors[i] for i in mine])):
+        for i, r in zip(mine, probe.values_each([tensors[i] for i in mine])):
             (t, uses), e = frontier[i], want[i]
             if not isinstance(e, np.ndarray) or not isinstance(r, np.ndarray):
                 why = e if not isinstance(e, np.ndarray) else r

@@ -60,16 +60,7 @@ def _is_unsqueeze0(n: gs.Node) -> bool:
 
 def _values(probe: Probe, tensors: list[gs.Tensor]) -> list[np.ndarray | None]:
     """Probe values, one tensor at a time when the batch fails (None: cannot evaluate)."""
-    try:
-        return probe.values(tensors)
-    except ProbeError:
-        out = []
-        for t in tensors:
-            try:
-                out.append(probe.values([t])[0])
-            except ProbeError:
-                out.append(None)
-        return out
+    return [None if isinstance(v, ProbeError) else v for v in probe.values_each(tensors)]
 
 
 def _query_ranges(probe: Probe, nodes: list[gs.Node]) -> list[gs.Node]:

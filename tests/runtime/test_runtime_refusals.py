@@ -146,14 +146,18 @@ def test_load_artifact_refuses_an_unknown_expect_role_as_a_programming_error(art
         load_artifact(arts / "tlm", expect_role="dlm")
 
 
-def test_a_draft_sources_size_may_be_any_integer():
-    """A size past 2**64 is an integer: refused by the source's own bound, or taken (a cache cap), never
-    the TypeError np.isfinite raises for it (an internal error on the old code)."""
+def test_a_draft_sources_size_past_2_63_is_refused_in_one_line():
+    """A size past 2**64 is an integer: refused in one line (sizes are below 2**63, docs/runtime.md),
+    never the TypeError np.isfinite raises for it (an internal error on the old code); a cap below
+    that is taken as given."""
     from specdec_compile.runtime.drafts.ngram import NgramDraft
     from specdec_compile.runtime.drafts.suffix import SuffixDraft
     with pytest.raises(SpecdecError, match="at most"):
-        NgramDraft(10 ** 20)
-    assert SuffixDraft(cache_tokens=10 ** 20).cache_tokens == 10 ** 20
+        NgramDraft(10 ** 6)
+    for big in (lambda: NgramDraft(10 ** 20), lambda: SuffixDraft(cache_tokens=10 ** 20)):
+        with pytest.raises(SpecdecError, match=r"magnitude below 2\*\*63"):
+            big()
+    assert SuffixDraft(cache_tokens=2 ** 62).cache_tokens == 2 ** 62
     for bad in (True, 2.5, float("inf"), "3"):
         with pytest.raises(SpecdecError, match="whole number"):
             NgramDraft(bad)
