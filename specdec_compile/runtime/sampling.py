@@ -175,15 +175,12 @@ def verify(drafts, target_logits, start: int, params: SamplingParams, noise: Noi
 
     ``target_logits`` has len(drafts)+1 rows (len(drafts) with ``bonus=False``):
     row i is the target's logits for position start+i. The target's token at
-    each position is :func:`choose`'s; a draft is accepted while it equals it. A draft that is no
-    integer (a float, a bool: a broken draft source) is refused, never rounded into a token.
+    each position is :func:`choose`'s; a draft is accepted while it equals it. ``drafts`` are token
+    ids (ints): the decode loop checks a source's drafts once, before the target's call
+    (generation.draft_ids), so a float is never rounded into a token here.
     Returns (number accepted, the next token: the target's at the first
     mismatch, or the bonus token; None after a full accept without ``bonus``).
     """
-    bad = next((d for d in drafts if _not_int(d)), None)
-    if bad is not None:    # int(11.5) == 11 would accept it, and 11.5 would be emitted
-        raise SpecdecError(f"a draft source proposed {bad!r} ({type(bad).__name__}): drafts are token ids "
-                           f"(integers)")
     n = len(drafts)
     rows = n + 1 if bonus else n
     if params.greedy or noise is None:
