@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from ..errors import UnsupportedPatternError
-from ..graph_utils import producer, value_dependence
+from ..graph_utils import SHAPE_ONLY_OPS, producer, value_dependence
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,6 +32,8 @@ class Attention:
     value: gs.Node
     softmax: gs.Node
     sites: tuple[tuple[gs.Node, int, str], ...]
+    qk: gs.Node | None = None   # MatMul(Q, K)
+    pv: gs.Node | None = None   # MatMul(probs, V)
 
 
 def walk_back(t: gs.Tensor, ops: set[str], dep: set[int], stop, max_steps: int = 16):
@@ -153,6 +155,30 @@ def _check_softmax_axis(sm: gs.Node, opset: int) -> None:
             f"over the keys (the last axis); cannot rewrite it")
 
 
+def check_cache_reads(concat: gs.Node, end: gs.Node, layout_ops: set[str], top: set[int]) -> None:
+    """The cache Concat's output is read, through ``layout_ops``, only by its attention's MatMul
+    ``end`` (as its second operand), by Shape/Size and as a graph output. Any other reader (a mean
+    over the keys, a body of an If) would read all ``ctx_len`` slots of the retained cache, stale
+    ones too, where the export reads the tokens so far: refused in one line."""
+    seen, stack = set(), [concat.outputs[0]]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        for c in t.outputs:
+            if id(c) in top and (c.op in SHAPE_ONLY_OPS or (c is end and c.inputs[1] is t)):
+                continue
+            if id(c) in top and c.op in layout_ops:
+                stack += list(c.outputs)
+                continue
+            where = "" if id(c) in top else " in an If/Loop/Scan body"
+            raise UnsupportedPatternError(
+                f"cache Concat {concat.name!r} is read by {c.op} node {c.name!r}{where}, not only by its "
+                f"attention's MatMul {end.name!r} (and Shape): with a retained cache that node would read all "
+                f"ctx_len slots; cannot rewrite it")
+
+
 def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], am_dep: set[int],
            sources: list[gs.Tensor], key_dep: set[int], opset: int = 13) -> Attention | None:
     """The attention layer at Softmax ``sm``, or None when it is not one."""
@@ -177,7 +203,7 @@ def _layer(sm: gs.Node, hints: dict, concat_ids: set[int], cache_dep: set[int], 
         raise UnsupportedPatternError(
             f"attention at Softmax {sm.name!r}: no operand depending on {what} on the "
             f"scores path from MatMul {qk.name!r}; cannot find the attention mask")
-    return Attention(key=key, value=value, softmax=sm, sites=tuple(sites))
+    return Attention(key=key, value=value, softmax=sm, sites=tuple(sites), qk=qk, pv=pv)
 
 
 def _check_every_concat_read_once(found: list[Attention], concats: list[gs.Node]) -> None:
@@ -218,5 +244,9 @@ def find_attention(graph: gs.Graph, nodes: list[gs.Node], hints: dict, concats: 
         if layer is not None:
             found.append(layer)
     _check_every_concat_read_once(found, concats)
+    top, layout_ops = {id(n) for n in nodes}, set(hints["layout_ops"])
+    for a in found:
+        check_cache_reads(a.key, a.qk, layout_ops, top)
+        check_cache_reads(a.value, a.pv, layout_ops, top)
     order = {id(n): i for i, n in enumerate(nodes)}
     return sorted(found, key=lambda a: order[id(a.key)])

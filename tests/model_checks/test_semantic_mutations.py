@@ -91,3 +91,53 @@ def test_positions_from_a_cumsum_of_attention_mask_are_refused_in_one_line(fixtu
     with pytest.raises(UnsupportedPatternError, match="CumSum of attention_mask"):
         rewrite(str(path), Options(role="tlm", k=3, target="ort", prefill_len=8, ctx_len=64))
 
+
+
+def _logits_plus(model: onnx.ModelProto, extra: list, term: str) -> None:
+    """The logits become ``logits + term``, ``extra`` the nodes computing ``term``."""
+    head = next(n for n in model.graph.node if "logits" in n.output)
+    head.output[:] = ["logits_raw"]
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(4, dtype=np.int64), "all_axes"))
+    model.graph.node.extend(extra + [helper.make_node("Add", ["logits_raw", term], ["logits"], name="mut_add")])
+
+
+def _body(name: str, op: str, present: str) -> onnx.GraphProto:
+    return helper.make_graph([helper.make_node(op, [present, "all_axes"], [name + "_y"], keepdims=0)], name, [],
+                             [helper.make_tensor_value_info(name + "_y", TensorProto.FLOAT, [])])
+
+
+@pytest.mark.parametrize("present,op", [("present.0.key", "ReduceMean"), ("present.1.value", "ReduceMax")])
+def test_a_reduction_over_the_cache_is_refused(fixture_path, tmp_path, present, op):
+    # was: compiled (exit 0); the rewrite's reduction read all ctx_len slots, stale ones too
+    # (a mean over present.0.key: verify then differed by 7.8e-3 in the logits)
+    model = _load(fixture_path)
+    _logits_plus(model, [helper.make_node(op, [present, "all_axes"], ["term"], keepdims=0, name="mut_red")], "term")
+    onnx.checker.check_model(model)
+    with pytest.raises(UnsupportedPatternError, match=f"is read by {op} node 'mut_red', not only by its attention"):
+        _detect(model)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(UnsupportedPatternError, match="would read all ctx_len slots"):
+        rewrite(str(path), Options(role="tlm", k=3, target="ort", prefill_len=8, ctx_len=64))
+
+
+def test_the_cache_read_in_an_if_body_is_refused(fixture_path):
+    model = _load(fixture_path)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(True), "cond"))
+    node = helper.make_node("If", ["cond"], ["term"], name="mut_if",
+                            then_branch=_body("then", "ReduceMean", "present.0.value"),
+                            else_branch=_body("else", "ReduceMax", "present.0.value"))
+    _logits_plus(model, [node], "term")
+    with pytest.raises(UnsupportedPatternError, match=r"is read by Reduce\w+ node .* in an If/Loop/Scan body"):
+        _detect(model)
+
+
+def test_the_cache_read_through_layout_ops_and_shape_is_kept(fixture_path):
+    # beside the attention's own reads (Transpose, Expand, Reshape, Mul): a copy of the cache and
+    # its Shape as graph outputs still detect
+    model = _load(fixture_path)
+    model.graph.node.extend([helper.make_node("Identity", ["present.0.key"], ["key_copy"], name="mut_copy"),
+                             helper.make_node("Shape", ["present.0.key"], ["key_shape"], name="mut_shape")])
+    model.graph.output.extend([helper.make_tensor_value_info("key_copy", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("key_shape", TensorProto.INT64, [4])])
+    assert len(_detect(model).layers) == 2
