@@ -24,6 +24,10 @@ two must be equal, except for a bias added to a layer's attention scores
 (MPT-style ALiBi, ``slope * (c - (K-1))``): there a shift constant along the
 keys is what the softmax ignores. Anything else is refused in one line naming
 the layer, the tensor, the node that reads it and both values.
+
+Besides, an activation with an axis as long as the cache may not be reduced over
+it outside the attention's own MatMul(probs, V) (``check_key_axis_reductions``,
+on the shapes shape inference finds).
 """
 from __future__ import annotations
 
@@ -315,6 +319,41 @@ def _seen(uses, shifts: dict, windows) -> np.ndarray | None:
     return visible(PAST + SEQ, None if None in ws else max(ws))
 
 
+def _varies(t: gs.Tensor, export: Probe, rewrite: Probe) -> bool | None:
+    """``t`` has an axis as long as the cache (its length differs between the probes); None: unknown."""
+    a, b = export.shapes.get(t.name), rewrite.shapes.get(t.name)
+    if a is None or b is None or len(a) != len(b):
+        return None
+    if any(x != y and x is not None and y is not None for x, y in zip(a, b)):
+        return True
+    return None if None in a or None in b else False
+
+
+def _max_shift(n: gs.Node) -> bool:
+    """``n`` is the ReduceMax of ``Sub(x, ReduceMax(x))`` (a stable softmax)."""
+    return n.op == "ReduceMax" and any(c.op == "Sub" and len(c.inputs) == 2 and c.inputs[0] is n.inputs[0]
+                                       and c.inputs[1] is n.outputs[0] for c in n.outputs[0].outputs)
+
+
+def check_key_axis_reductions(graph, nodes: list[gs.Node], layers, active: set[int], export: Probe,
+                              rewrite: Probe) -> None:
+    """A node that reads an activation with an axis as long as the cache and makes no such axis
+    (a sum or mean over the keys, a Gather of one slot) reads the retained cache's stale slots
+    in the rewrite, or counts them: refused, except the attention's own (its MatMul(probs, V),
+    the ReduceMax of a stable softmax) and Shape/Size."""
+    own = {id(a.pv) for a in layers if a.pv is not None}
+    for n in nodes:
+        if n.op in SHAPE_ONLY_OPS or id(n) in own or _max_shift(n):
+            continue
+        long = [x for x in n.inputs if id(x) in active and _varies(x, export, rewrite)]
+        if long and all(_varies(o, export, rewrite) is False for o in n.outputs):
+            x = long[0]
+            raise UnsupportedPatternError(
+                f"{_layer_of(graph, nodes, n, layers)}: {n.op} node {n.name!r} reduces {x.name!r} (shape "
+                f"{export.shapes[x.name]} for {SEQ} tokens after {PAST} cached) over the cache's key length, "
+                f"which the rewrite's cache fixes at ctx_len (stale slots included); cannot rewrite it")
+
+
 def check_key_length_uses(graph: gs.Graph, nodes: list[gs.Node], inputs, concats: list[gs.Node], sources,
                           layers, windows: list[int | None]) -> None:
     """``inputs``: the IntegerInputs; ``sources``: the PositionSources; ``layers``: the Attention
@@ -325,6 +364,7 @@ def check_key_length_uses(graph: gs.Graph, nodes: list[gs.Node], inputs, concats
                                                             windows)
     except ProbeError as e:
         raise UnsupportedPatternError(f"cannot trace what the cache's key length feeds: {e}") from None
+    check_key_axis_reductions(graph, nodes, layers, active, export, first)
     if not frontier:
         return
     shifts = shift_sites(layers, active, export.shapes)

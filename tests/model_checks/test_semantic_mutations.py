@@ -141,3 +141,29 @@ def test_the_cache_read_through_layout_ops_and_shape_is_kept(fixture_path):
     model.graph.output.extend([helper.make_tensor_value_info("key_copy", TensorProto.FLOAT, None),
                                helper.make_tensor_value_info("key_shape", TensorProto.INT64, [4])])
     assert len(_detect(model).layers) == 2
+
+
+def _sum_over_key_length(model: onnx.ModelProto) -> None:
+    """logits + 1e-3 * sum over K copies of mean(logits): an activation expanded to the cache's
+    length (Shape of present.0.key) and summed over it, so the term is K times the mean."""
+    ints = {"axes3": [0, 1, 2], "one_v": [1], "two_v": [2], "three_v": [3], "zero_v": [0]}
+    model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items())
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1e-3, np.float32), "small"))
+    _logits_plus(model, [
+        helper.make_node("ReduceMean", ["logits_raw", "axes3"], ["lm"], keepdims=0, name="mut_mean"),
+        helper.make_node("Reshape", ["lm", "one_v"], ["lm1"], name="mut_reshape"),
+        helper.make_node("Shape", ["present.0.key"], ["pk_shape"], name="mut_shape"),
+        helper.make_node("Slice", ["pk_shape", "two_v", "three_v"], ["k_len"], name="mut_slice"),
+        helper.make_node("Expand", ["lm1", "k_len"], ["over_k"], name="mut_expand"),
+        helper.make_node("ReduceSum", ["over_k", "zero_v"], ["k_sum"], keepdims=0, name="mut_sum"),
+        helper.make_node("Mul", ["k_sum", "small"], ["term"], name="mut_scale")], "term")
+
+
+def test_an_activation_summed_over_the_key_length_is_refused(fixture_path):
+    # was: compiled (exit 0): the rewrite's sum ran over ctx_len slots (verify: logits off by 2.3e-3)
+    model = _load(fixture_path)
+    _sum_over_key_length(model)
+    onnx.checker.check_model(model)
+    with pytest.raises(UnsupportedPatternError,
+                       match=r"ReduceSum node 'mut_sum' reduces 'over_k' \(shape \[10\] .*over the cache's key length"):
+        _detect(model)
