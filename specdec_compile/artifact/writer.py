@@ -374,11 +374,12 @@ def _fill(tmp: Path, result, options: Options, values: dict,
 
 
 def write_artifact(result, options: Options, out: str | os.PathLike, *, force: bool = False,
-                   original: onnx.ModelProto | None = None) -> WrittenArtifact:
+                   original: onnx.ModelProto | None = None, check=None) -> WrittenArtifact:
     """Write the artifact directory for ``result`` to ``out``, all or nothing.
 
     ``original`` (the graph before the rewrite, weights not loaded) is only used
-    to report which inputs and outputs changed.
+    to report which inputs and outputs changed. ``check(directory)``, when given, runs on the
+    finished directory before it takes ``out``'s place; what it raises leaves ``out`` as it was.
     """
     check_graph_agrees(result, options)
     shown = Path(out)
@@ -398,6 +399,8 @@ def write_artifact(result, options: Options, out: str | os.PathLike, *, force: b
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
         os.chmod(tmp, 0o755)
         files, record = _fill(tmp, result, options, values, source_sha)
+        if check is not None:
+            check(tmp)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
             os.rename(out, old / "prev")  # aside, so the new one can take its name

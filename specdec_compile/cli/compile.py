@@ -124,6 +124,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--supported-ops", default=None, metavar="FILE",
                    help="qaic: the operator list of `qaic-exec -operators-supported=onnx`; refuse (exit 2, "
                         "nothing written) when the emitted graph uses an op it lacks")
+    p.add_argument("--verify", action="store_true",
+                   help="check the rewrite against the export (specdec-compile verify at the artifact's shapes) "
+                        "before OUT is written: a difference exits 1 and writes nothing")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--explain", action="store_true", help="print what each pass changed in the graph")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -227,7 +230,9 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     res = pipeline.rewrite(original, opts, record=a.explain, source=model_path)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
-    art = write_artifact(res, opts, a.output, force=a.force, original=original)
+    checked = {}
+    art = write_artifact(res, opts, a.output, force=a.force, original=original,
+                         check=_verifier(model_path, checked) if a.verify else None)
 
     compiler = find_compiler()
     shown_compiler = compiler.name if compiler else "qaic-compile"
@@ -241,9 +246,11 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
 
         explanation = explain_result(res)
     if a.json:
-        print(json.dumps(_summary_dict(art, opts, command, explanation), indent=2, sort_keys=True))
+        print(json.dumps(_summary_dict(art, opts, command, explanation, checked if a.verify else None),
+                         indent=2, sort_keys=True))
     else:
-        _print_summary(art, opts, command, compile_now=a.compile, explanation=explanation)
+        _print_summary(art, opts, command, compile_now=a.compile, explanation=explanation,
+                       checked=checked if a.verify else None)
 
     if not a.compile:
         return 0
@@ -253,6 +260,21 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
                            f"PATH or in /opt/qti-aic/exec/); the artifact is written: copy {a.output} to a "
                            f"machine with the Cloud AI 100 SDK and run {script}")
     return run_compile(Path(a.output), compiler, to_stderr=a.json)
+
+
+def _verifier(model_path: Path, checked: dict):
+    """``write_artifact``'s check for ``--verify``: the finished directory against the export at its
+    own shapes (``specdec-compile verify``); a difference is exit 1 with nothing written. The
+    report's numbers go into ``checked``."""
+    def check(directory: Path) -> None:
+        from ..verify.artifact_check import VerifyFailed, verify_artifact
+        try:
+            checked.update(verify_artifact(Path(model_path), Path(directory), "model", "nothing written (--verify)"))
+        except VerifyFailed:
+            raise
+        except SpecdecError as e:   # a scenario verify cannot run: said as --verify's, nothing written
+            raise SpecdecError(f"--verify: {e}; nothing written") from None
+    return check
 
 
 def check_supported(model, supported: set[str], list_file: str, prog: str) -> None:
@@ -283,7 +305,7 @@ def run_compile(out: Path, compiler: Path, to_stderr: bool = False) -> int:
 
 # --------------------------------------------------------------------------- reporting
 
-def _summary_dict(art: Artifact, opts: Options, command, explanation=None) -> dict:
+def _summary_dict(art: Artifact, opts: Options, command, explanation=None, checked=None) -> dict:
     m = art.manifest
     d = {
         "out": str(art.out),
@@ -302,6 +324,7 @@ def _summary_dict(art: Artifact, opts: Options, command, explanation=None) -> di
         "io_changes": art.io_changes,
         "files": art.files,
         "compile_command": command,
+        "verify": checked,   # --verify: the report's numbers; None: not run
     }
     if explanation is not None:
         d["explain"] = explanation
@@ -351,7 +374,8 @@ def _summary_lines(art: Artifact, command, compile_now: bool) -> list[tuple[str,
     return rows
 
 
-def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, explanation=None) -> None:
+def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, explanation=None,
+                   checked=None) -> None:
     from rich.console import Console
     from rich.text import Text
 
@@ -365,7 +389,12 @@ def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, exp
     head.append(role, style="bold")
     head.append(f" for {where} -> {art.out}")
     con.print(head)
-    for label, parts in _summary_lines(art, command, compile_now):
+    rows = _summary_lines(art, command, compile_now)
+    if checked:
+        rows.insert(-2 if command and not compile_now else (-1 if command else len(rows)),
+                    ("verify", [(f"PASS, the rewrite against its export on this host: max |Δ logits| {checked['max_logits_diff']:.3e}, "
+                                 f"max |Δ cache| {checked['max_cache_diff']:.3e} (tolerance {checked['tol']:g})", "")]))
+    for label, parts in rows:
         t = Text(f"  {label:<8} ", style="cyan")
         for text, style in parts:
             t.append(text, style=style)

@@ -21,16 +21,11 @@ from pathlib import Path
 from ..contract import MANIFEST_FILE, MODEL_FILE
 from ..errors import SpecdecError
 from ..options import Options, check_num_cores
+from ..verify.artifact_check import verify_artifact
 from .inputs import SIDE_FILES, ModelInput, digest, known_inputs, resolve, resolve_head
 from .manifest import DRAFT_KINDS, FORMAT, FORMAT_VERSION, PAIR_FILE, TARGETS, cache_key, dumps, read_pair
 
 _log = logging.getLogger(__name__)
-
-
-class VerifyFailed(SpecdecError):
-    """A compiled model is not numerically its export (exit 1, as ``specdec-compile verify``)."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -336,19 +331,19 @@ def _build(work: Path, req: PairRequest, inputs_: dict, tlm_opts: Options, dlm_o
                                                       "hidden_states": list(tlm_opts.hidden_states)}}
     _log.info("compiling the TLM (k %d, %s)", req.k, req.target)
     write_artifact(pipeline.rewrite(tlm_onnx, tlm_opts, source=tlm_onnx), tlm_opts, pair / "tlm")
-    checks = {"tlm": _verify(tlm_onnx, pair / "tlm", "TLM")}
+    checks = {"tlm": verify_artifact(tlm_onnx, pair / "tlm", "TLM")}
     if req.draft == "model":
         dlm_onnx = _export(inputs_["dlm"], work, "dlm")
         _log.info("compiling the DLM (%s)", req.target)
         write_artifact(pipeline.rewrite(dlm_onnx, dlm_opts, source=dlm_onnx), dlm_opts, pair / "dlm")
-        checks["dlm"] = _verify(dlm_onnx, pair / "dlm", "DLM")
+        checks["dlm"] = verify_artifact(dlm_onnx, pair / "dlm", "DLM")
     elif req.draft == "head":
         from ..eagle3.importer import import_head
         _log.info("importing the EAGLE-3 head %s", inputs_["head"].path)
         import_head(inputs_["head"].path, pair / "tlm", pair / "dlm", target=req.target, k=req.k,
                     prefill_len=req.prefill_len, ctx_len=req.ctx_len, batch_size=req.batch_size,
                     export_dir=work / "export" / "head", weights=req.head_weights, **head_compile_options(req))
-        checks["dlm"] = _verify(work / "export" / "head" / MODEL_FILE, pair / "dlm", "draft head")
+        checks["dlm"] = verify_artifact(work / "export" / "head" / MODEL_FILE, pair / "dlm", "draft head")
     tok = _copy_tokenizer(inputs_["tlm"], tlm_onnx.parent, pair / "tokenizer")
     manifest.update(tlm="tlm", dlm="dlm" if req.draft in ("model", "head") else None,
                     tokenizer="tokenizer" if tok else None, verify=checks)
@@ -366,22 +361,6 @@ def _with_head_layers(opts: Options, head: ModelInput, tlm_onnx: Path) -> Option
     from ..eagle3.target import read_target
     _, layers = check_pair(read_checkpoint(head.path), read_target(tlm_onnx))
     return dataclasses.replace(opts, hidden_states=tuple(layers))
-
-
-def _verify(original: Path, art: Path, what: str) -> dict:
-    """``verify`` of the artifact ``art`` against its export, at the artifact's own shapes."""
-    from ..artifact.manifest import Manifest
-    from ..verify import verify
-    m = Manifest.read(art)
-    _log.info("verifying the %s against its export", what)
-    rep = verify(original, art / MODEL_FILE, k=m.k or 7, prefill_len=m.prefill_len, ctx_len=m.ctx_len,
-                 batch_size=m.batch_size, widths=m.specializations or ())
-    if not rep.ok:
-        raise VerifyFailed(f"verify: the compiled {what} differs from its export (max |Δ logits| "
-                           f"{rep.max_logits_diff:.3e}, max |Δ cache| {rep.max_cache_diff:.3e}, tolerance "
-                           f"{rep.tol:g}); nothing written")
-    return {"ok": True, "max_logits_diff": rep.max_logits_diff, "max_cache_diff": rep.max_cache_diff,
-            "max_hidden_diff": rep.max_hidden_diff, "tol": rep.tol}
 
 
 def _copy_tokenizer(tlm: ModelInput, export_dir: Path, dest: Path) -> bool:
