@@ -83,14 +83,18 @@ def test_positions_from_a_cumsum_of_attention_mask_are_refused_in_one_line(fixtu
     # (OnnxGraphSurgeonException, "internal error", exit 3)
     model = _load(fixture_path)
     _positions_from_attention_mask(model, drop_input)
+    _refused(model, tmp_path, r"layer 0: the new keys .* depend on 'cs1', a CumSum", "CumSum of attention_mask")
+
+
+def _refused(model: onnx.ModelProto, tmp_path, by_detect: str, by_rewrite: str) -> None:
+    """A valid model that detection refuses (``by_detect``), and the rewrite from a file too."""
     onnx.checker.check_model(model)
-    with pytest.raises(UnsupportedPatternError, match=r"layer 0: the new keys .* depend on 'cs1', a CumSum"):
+    with pytest.raises(UnsupportedPatternError, match=by_detect):
         _detect(model)
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
-    with pytest.raises(UnsupportedPatternError, match="CumSum of attention_mask"):
+    with pytest.raises(UnsupportedPatternError, match=by_rewrite):
         rewrite(str(path), Options(role="tlm", k=3, target="ort", prefill_len=8, ctx_len=64))
-
 
 
 def _logits_plus(model: onnx.ModelProto, extra: list, term: str) -> None:
@@ -112,13 +116,8 @@ def test_a_reduction_over_the_cache_is_refused(fixture_path, tmp_path, present, 
     # (a mean over present.0.key: verify then differed by 7.8e-3 in the logits)
     model = _load(fixture_path)
     _logits_plus(model, [helper.make_node(op, [present, "all_axes"], ["term"], keepdims=0, name="mut_red")], "term")
-    onnx.checker.check_model(model)
-    with pytest.raises(UnsupportedPatternError, match=f"is read by {op} node 'mut_red', not only by its attention"):
-        _detect(model)
-    path = tmp_path / "model.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(UnsupportedPatternError, match="would read all ctx_len slots"):
-        rewrite(str(path), Options(role="tlm", k=3, target="ort", prefill_len=8, ctx_len=64))
+    _refused(model, tmp_path, f"is read by {op} node 'mut_red', not only by its attention",
+             "would read all ctx_len slots")
 
 
 def test_the_cache_read_in_an_if_body_is_refused(fixture_path):
