@@ -392,8 +392,9 @@ def _print_summary(art: Artifact, opts: Options, command, compile_now: bool, exp
     rows = _summary_lines(art, command, compile_now)
     if checked:
         rows.insert(-2 if command and not compile_now else (-1 if command else len(rows)),
-                    ("verify", [(f"PASS, the rewrite against its export on this host: max |Δ logits| {checked['max_logits_diff']:.3e}, "
-                                 f"max |Δ cache| {checked['max_cache_diff']:.3e} (tolerance {checked['tol']:g})", "")]))
+                    ("verify", [(f"PASS, the rewrite against its export on this host: max |Δ logits| "
+                                 f"{checked['max_logits_diff']:.3e}, max |Δ cache| {checked['max_cache_diff']:.3e} "
+                                 f"(tolerance {checked['tol']:g})", "")]))
     for label, parts in rows:
         t = Text(f"  {label:<8} ", style="cyan")
         for text, style in parts:
