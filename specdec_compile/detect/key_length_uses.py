@@ -350,8 +350,9 @@ def check_key_axis_reductions(graph, nodes: list[gs.Node], layers, active: set[i
             x = long[0]
             raise UnsupportedPatternError(
                 f"{_layer_of(graph, nodes, n, layers)}: {n.op} node {n.name!r} reduces {x.name!r} (shape "
-                f"{export.shapes[x.name]} for {SEQ} tokens after {PAST} cached) over the cache's key length, "
-                f"which the rewrite's cache fixes at ctx_len (stale slots included); cannot rewrite it")
+                f"{export.shapes[x.name]} for {SEQ} tokens after {PAST} cached) over an axis as long as the cache "
+                f"(its past or key length), which the rewrite fixes at ctx_len (stale slots included); cannot "
+                f"rewrite it")
 
 
 def check_key_length_uses(graph: gs.Graph, nodes: list[gs.Node], inputs, concats: list[gs.Node], sources,
