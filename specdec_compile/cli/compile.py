@@ -230,9 +230,9 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
     res = pipeline.rewrite(original, opts, record=a.explain, source=model_path)
     if supported is not None:
         check_supported(res.model, supported, a.supported_ops, prog)
-    checked = {}
+    checked = {} if a.verify else None   # --verify: the report's numbers
     art = write_artifact(res, opts, a.output, force=a.force, original=original,
-                         check=_verifier(model_path, checked) if a.verify else None)
+                         check=_verifier(model_path, checked) if checked is not None else None)
 
     compiler = find_compiler()
     shown_compiler = compiler.name if compiler else "qaic-compile"
@@ -246,11 +246,10 @@ def main(argv: list[str], prog: str = "specdec-compile") -> int:
 
         explanation = explain_result(res)
     if a.json:
-        print(json.dumps(_summary_dict(art, opts, command, explanation, checked if a.verify else None),
-                         indent=2, sort_keys=True))
+        print(json.dumps(_summary_dict(art, opts, command, explanation, checked), indent=2, sort_keys=True))
     else:
         _print_summary(art, opts, command, compile_now=a.compile, explanation=explanation,
-                       checked=checked if a.verify else None)
+                       checked=checked)
 
     if not a.compile:
         return 0

@@ -103,20 +103,20 @@ def scores_path(softmax: gs.Node, score_ops: set[str], cache_dep: set[int], am_d
         if n.op not in score_ops:
             break
         chain = [j for j, x in enumerate(n.inputs) if id(x) in cache_dep]
-        if len(chain) == 2 and _is_max_shift(n):
+        if len(chain) == 2 and is_max_shift(n):
             chain = [0]    # x - max(x): a stable softmax (gpt-oss with attention sinks)
         if len(chain) != 1:
             break
         for j, x in enumerate(n.inputs):
             cond = n.op == "Where" and j == 0 and chain[0] > 0   # a Where condition on the scores is a mask
-            if j != chain[0] and (id(x) in am_dep or cond) and not (j == 1 and _is_max_shift(n)):
+            if j != chain[0] and (id(x) in am_dep or cond) and not (j == 1 and is_max_shift(n)):
                 kind = mask_kind(n, j, chain[0])
                 sites.append(_refine(n, j, am_dep, key_dep) if kind == "additive" else (n, j, kind))
         t = n.inputs[chain[0]]
     return None, sites
 
 
-def _is_max_shift(n: gs.Node) -> bool:
+def is_max_shift(n: gs.Node) -> bool:
     """``Sub(x, ReduceMax(x))``."""
     red = producer(n.inputs[1]) if n.op == "Sub" and len(n.inputs) == 2 else None
     return red is not None and red.op == "ReduceMax" and red.inputs[0] is n.inputs[0]

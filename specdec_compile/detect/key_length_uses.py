@@ -39,6 +39,7 @@ from ..contract import MASK_VALUE
 from ..errors import UnsupportedPatternError
 from ..graph_utils import SHAPE_ONLY_OPS, producer, value_dependence
 from ._probe import Probe, ProbeError, probe_inputs
+from .attention import is_max_shift
 
 PAST, SEQ = 7, 3
 #: the cache length of the rewrite's first probe; a second one is as long as the largest table read
@@ -331,8 +332,8 @@ def _varies(t: gs.Tensor, export: Probe, rewrite: Probe) -> bool | None:
 
 def _max_shift(n: gs.Node) -> bool:
     """``n`` is the ReduceMax of ``Sub(x, ReduceMax(x))`` (a stable softmax)."""
-    return n.op == "ReduceMax" and any(c.op == "Sub" and len(c.inputs) == 2 and c.inputs[0] is n.inputs[0]
-                                       and c.inputs[1] is n.outputs[0] for c in n.outputs[0].outputs)
+    return n.op == "ReduceMax" and any(is_max_shift(c) and c.inputs[1] is n.outputs[0]
+                                       for c in n.outputs[0].outputs)
 
 
 def check_key_axis_reductions(graph, nodes: list[gs.Node], layers, active: set[int], export: Probe,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ..contract import MODEL_FILE
 from ..errors import SpecdecError
 from .replay import verify
 
@@ -25,7 +26,7 @@ def verify_artifact(original: Path, art: Path, what: str, done: str = "nothing w
     from ..artifact.manifest import Manifest
     m = Manifest.read(art)
     _log.info("verifying the %s against its export", what)
-    rep = verify(original, art / "model.onnx", k=m.k or 7, prefill_len=m.prefill_len, ctx_len=m.ctx_len,
+    rep = verify(original, art / MODEL_FILE, k=m.k or 7, prefill_len=m.prefill_len, ctx_len=m.ctx_len,
                  batch_size=m.batch_size, widths=m.specializations or ())
     if not rep.ok:
         raise VerifyFailed(f"verify: the compiled {what} differs from its export (max |Δ logits| "
